@@ -1,0 +1,68 @@
+# Sourced by bin/ablate and bin/test: make sure the pinned libtorch is installed and the binary is built.
+# Everything heavy is cached outside the repository so that every clone (and CI) reuses it.
+# Overrides:
+#   ABLATE_TORCH_DIR  where the torch 2.11.0 wheel is (or will be) installed
+#                     (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-2.11.0)
+#   LIBTORCH          an existing libtorch 2.11.0 (a `torch/` dir of the wheel, or an unpacked libtorch zip)
+set -euo pipefail
+
+ABLATE_TORCH_VERSION=2.11.0
+ABLATE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+ablate_die() {
+  echo "ablate: $*" >&2
+  exit 1
+}
+
+ablate_libtorch_version() {
+  # Both the wheel (torch/version.py) and the libtorch zip (build-version) record their version.
+  local dir="$1"
+  if [[ -f "$dir/version.py" ]]; then
+    sed -n "s/^__version__ = '\([^'+]*\).*/\1/p" "$dir/version.py"
+  elif [[ -f "$dir/build-version" ]]; then
+    sed 's/+.*//' "$dir/build-version"
+  fi
+}
+
+ablate_install_torch() {
+  local target="$1"
+  command -v python3 >/dev/null 2>&1 ||
+    ablate_die "python3 is missing: install Python 3 with pip (e.g. 'apt-get install python3 python3-pip'), or set LIBTORCH to an existing libtorch $ABLATE_TORCH_VERSION"
+  python3 -m pip --version >/dev/null 2>&1 ||
+    ablate_die "pip is missing for python3: install it (e.g. 'apt-get install python3-pip' or 'python3 -m ensurepip'), or set LIBTORCH to an existing libtorch $ABLATE_TORCH_VERSION"
+  echo "ablate: installing torch $ABLATE_TORCH_VERSION (libtorch, about 4.6 GB with its CUDA libraries) into $target" >&2
+  echo "ablate: this happens once; every clone reuses it" >&2
+  rm -rf "$target.partial"
+  mkdir -p "$(dirname "$target")"
+  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --progress-bar on \
+      --target "$target.partial" "torch==$ABLATE_TORCH_VERSION" >&2; then
+    rm -rf "$target.partial"
+    ablate_die "downloading torch $ABLATE_TORCH_VERSION from PyPI failed (see pip's message above): check the network or proxy and run again, or set LIBTORCH to an existing libtorch $ABLATE_TORCH_VERSION"
+  fi
+  # Rename only once complete, so an interrupted install is never mistaken for a good one.
+  mv "$target.partial" "$target"
+}
+
+ablate_setup_torch() {
+  if [[ -n "${LIBTORCH:-}" ]]; then
+    [[ -d "$LIBTORCH/lib" ]] || ablate_die "LIBTORCH=$LIBTORCH has no lib/ directory: point it at the wheel's torch/ dir or an unpacked libtorch, or unset it"
+  else
+    local dir="${ABLATE_TORCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-$ABLATE_TORCH_VERSION}"
+    [[ -d "$dir/torch/lib" ]] || ablate_install_torch "$dir"
+    export LIBTORCH="$dir/torch"
+  fi
+  local found
+  found="$(ablate_libtorch_version "$LIBTORCH")"
+  [[ "$found" == "$ABLATE_TORCH_VERSION" ]] ||
+    ablate_die "libtorch at $LIBTORCH is version '${found:-unknown}', but ablate (tch 0.24) needs exactly $ABLATE_TORCH_VERSION: unset LIBTORCH (or remove that directory) to let ablate install the right one"
+  export LIBTORCH_CXX11_ABI=1
+  # The wheel's Python package is also the PyTorch reference that benchmarks and numeric tests compare against.
+  export ABLATE_TORCH_PYTHONPATH="$(dirname "$LIBTORCH")"
+}
+
+ablate_build() {
+  command -v cargo >/dev/null 2>&1 ||
+    ablate_die "cargo is missing: install the Rust toolchain (https://rustup.rs) and run again"
+  (cd "$ABLATE_ROOT" && cargo build --release --quiet "$@") ||
+    ablate_die "the build failed (see the compiler's message above)"
+}

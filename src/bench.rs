@@ -1,0 +1,57 @@
+//! Training-step throughput of a GPT on random tokens, for side-by-side comparison with PyTorch eager
+//! (`bench/eager_gpt.py` builds the same model and optimiser). Not a test: numbers go to `results/bench/`.
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{Config, ModelConfig};
+use crate::optim::AdamW;
+use crate::train::{build_model, train_step};
+
+pub struct BenchConfig {
+    pub layers: i64,
+    pub heads: i64,
+    pub d_model: i64,
+    pub block: i64,
+    pub batch: i64,
+    pub vocab: i64,
+    pub warmup: i64,
+    pub steps: i64,
+}
+
+pub struct BenchResult {
+    pub params: i64,
+    pub tokens_per_s: f64,
+    pub step_ms: f64,
+}
+
+pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
+    let mut cfg = Config { model: ModelConfig::default(), data: Default::default(), train: Default::default() };
+    cfg.model.layers = b.layers;
+    cfg.model.heads = b.heads;
+    cfg.model.d_model = b.d_model;
+    cfg.model.block_size = b.block;
+    cfg.model.dropout = 0.0;
+    // nanoGPT's layout: pre-LN, GELU, tied embeddings — what the eager script builds.
+    cfg.model.pre_ln = true;
+    tch::manual_seed(0);
+    let (vs, model) = build_model(&cfg, b.vocab, device);
+    let mut opt = AdamW::new(vs.trainable_variables(), 0.9, 0.99, 0.1);
+    let x = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
+    let y = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
+    for _ in 0..b.warmup {
+        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0));
+    }
+    let start = Instant::now();
+    for _ in 0..b.steps {
+        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0));
+    }
+    if let Device::Cuda(_) = device {
+        tch::Cuda::synchronize(0);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    BenchResult {
+        params: opt.num_params(),
+        tokens_per_s: (b.steps * b.batch * b.block) as f64 / secs,
+        step_ms: secs * 1000.0 / b.steps as f64,
+    }
+}

@@ -1,0 +1,360 @@
+//! The recipe schema. These structs *are* the config: serde gives the defaults, `deny_unknown_fields` rejects
+//! typos, `validate` rejects impossible combinations, and the flattened serialisation gives the CSV columns.
+use serde::{Deserialize, Serialize};
+
+/// One concrete training run's configuration (a recipe's base config with one sweep point applied).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Width D of every token embedding.
+    pub d_model: i64,
+    /// Number of Transformer layers.
+    pub layers: i64,
+    /// Number of attention heads H; each head works in D/H dimensions.
+    pub heads: i64,
+    /// Hidden size of the per-token FFN; `null` means 4·D.
+    pub ffn_hidden: Option<i64>,
+    pub activation: Activation,
+    /// false: the seed's post-LN order (residual, then LayerNorm); true: LayerNorm inside the residual branch.
+    pub pre_ln: bool,
+    /// A LayerNorm after the last layer, before the LM head.
+    pub final_norm: bool,
+    /// Dropout on embeddings, attention outputs and FFN outputs.
+    pub dropout: f64,
+    /// Absolute position encoding added to the input embedding.
+    pub pe: PositionEncoding,
+    /// Context length: the longest sequence the model sees (and the size of a learned PE table).
+    pub block_size: i64,
+    /// Share the token embedding matrix with the LM head.
+    pub tie_embeddings: bool,
+    #[serde(default)]
+    pub attention: AttentionConfig,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            d_model: 128,
+            layers: 4,
+            heads: 4,
+            ffn_hidden: None,
+            activation: Activation::Gelu,
+            pre_ln: false,
+            final_norm: true,
+            dropout: 0.0,
+            pe: PositionEncoding::Learned,
+            block_size: 64,
+            tie_embeddings: true,
+            attention: AttentionConfig::default(),
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn ffn_hidden(&self) -> i64 {
+        self.ffn_hidden.unwrap_or(4 * self.d_model)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    Relu,
+    Gelu,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionEncoding {
+    None,
+    Sinusoidal,
+    Learned,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionConfig {
+    /// What the dot products are divided by before the softmax.
+    pub scale: Scale,
+    /// Which of the two implementations of the same maths computes attention in training.
+    pub implementation: Implementation,
+    /// Dropout on the attention weights.
+    pub dropout: f64,
+    /// Biases β_q, β_k, β_v and on the output projection, as in the seed's equations.
+    pub bias: bool,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        Self { scale: Scale::SqrtDk, implementation: Implementation::Auto, dropout: 0.0, bias: true }
+    }
+}
+
+/// `sqrt_dk` (divide by √D_q), `none` (no scaling), or a number to multiply the scores by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    SqrtDk,
+    None,
+    Factor(f64),
+}
+
+impl Scale {
+    /// The factor the raw scores kᵀq are multiplied by, for heads of size `head_dim`.
+    pub fn factor(self, head_dim: i64) -> f64 {
+        match self {
+            Scale::SqrtDk => 1.0 / (head_dim as f64).sqrt(),
+            Scale::None => 1.0,
+            Scale::Factor(f) => f,
+        }
+    }
+}
+
+impl Serialize for Scale {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Scale::SqrtDk => s.serialize_str("sqrt_dk"),
+            Scale::None => s.serialize_str("none"),
+            Scale::Factor(f) => s.serialize_f64(*f),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Scale {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Name(String),
+        }
+        let expected = "sqrt_dk, none, or a positive number";
+        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(format!("expected {expected}")))? {
+            Raw::Number(f) if f.is_finite() && f > 0.0 => Ok(Scale::Factor(f)),
+            Raw::Number(f) => Err(serde::de::Error::custom(format!("scale {f} must be {expected}"))),
+            Raw::Name(n) if n == "sqrt_dk" => Ok(Scale::SqrtDk),
+            Raw::Name(n) if n == "none" => Ok(Scale::None),
+            Raw::Name(n) => Err(serde::de::Error::custom(format!("unknown scale `{n}`, expected {expected}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// The fused kernel whenever the variant allows it.
+    Auto,
+    /// libtorch's `scaled_dot_product_attention`.
+    Fused,
+    /// Scores, additive mask, softmax, weighted sum: every variant, and the weights can be inspected.
+    Explicit,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// `bible`: the World English Bible (public domain), fetched from Debian's `sword-text-web` and cached.
+    /// Ignored when `path` is set.
+    pub corpus: Corpus,
+    /// Any local UTF-8 text file to train on instead of the default corpus.
+    pub path: Option<String>,
+    pub tokenizer: Tokenizer,
+    /// Use only the first N characters of the corpus (`null`: all of it).
+    pub max_chars: Option<usize>,
+    /// The last fraction of the text is held out for evaluation.
+    pub val_fraction: f64,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self { corpus: Corpus::Bible, path: None, tokenizer: Tokenizer::Char, max_chars: None, val_fraction: 0.1 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Corpus {
+    Bible,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    Char,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub steps: i64,
+    pub batch_size: i64,
+    /// Peak learning rate, reached after `warmup_steps` of linear warm-up, then cosine decay to `min_lr`.
+    pub lr: f64,
+    pub min_lr: f64,
+    pub warmup_steps: i64,
+    /// AdamW's decoupled weight decay, applied to matrices only (not biases, norms).
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// Clip the global gradient norm to this value (`null`: no clipping).
+    pub grad_clip: Option<f64>,
+    /// Evaluate on the held-out split every this many steps (and at the end).
+    pub eval_interval: i64,
+    /// Batches averaged per evaluation.
+    pub eval_batches: i64,
+    /// Record training loss (and gradient norm) every this many steps.
+    pub log_interval: i64,
+    /// Record attention entropy and maximum weight per evaluation (one extra forward pass).
+    pub probe_attention: bool,
+    /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
+    pub seed: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 2000,
+            batch_size: 12,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 100,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            grad_clip: Some(1.0),
+            eval_interval: 250,
+            eval_batches: 20,
+            log_interval: 10,
+            probe_attention: false,
+            seed: 0,
+        }
+    }
+}
+
+/// A config value that fails validation: the dotted key, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub key: &'static str,
+    pub message: String,
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid { key, message: message.into() }
+}
+
+impl Config {
+    /// Every impossible combination, caught before anything trains.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let m = &self.model;
+        let positive = [
+            ("model.d_model", m.d_model),
+            ("model.layers", m.layers),
+            ("model.heads", m.heads),
+            ("model.block_size", m.block_size),
+            ("train.steps", self.train.steps),
+            ("train.batch_size", self.train.batch_size),
+            ("train.eval_interval", self.train.eval_interval),
+            ("train.eval_batches", self.train.eval_batches),
+            ("train.log_interval", self.train.log_interval),
+        ];
+        for (key, value) in positive {
+            if value < 1 {
+                return Err(invalid(key, format!("must be at least 1, got {value}")));
+            }
+        }
+        if m.d_model % m.heads != 0 {
+            let divisors: Vec<String> =
+                (1..=m.d_model).filter(|h| m.d_model % h == 0).map(|h| h.to_string()).collect();
+            return Err(invalid(
+                "model.heads",
+                format!(
+                    "{} heads do not divide d_model {} (each head works in d_model/heads dimensions); allowed: {}",
+                    m.heads,
+                    m.d_model,
+                    divisors.join(", ")
+                ),
+            ));
+        }
+        if let Some(h) = m.ffn_hidden {
+            if h < 1 {
+                return Err(invalid("model.ffn_hidden", format!("must be at least 1 (or null for 4·d_model), got {h}")));
+            }
+        }
+        for (key, p) in [("model.dropout", m.dropout), ("model.attention.dropout", m.attention.dropout)] {
+            if !(0.0..1.0).contains(&p) {
+                return Err(invalid(key, format!("must be in [0, 1), got {p}")));
+            }
+        }
+        let t = &self.train;
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return Err(invalid("train.lr", format!("must be a positive number, got {}", t.lr)));
+        }
+        if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            return Err(invalid("train.min_lr", format!("must be in [0, lr={}], got {}", t.lr, t.min_lr)));
+        }
+        if t.warmup_steps < 0 {
+            return Err(invalid("train.warmup_steps", format!("must be at least 0, got {}", t.warmup_steps)));
+        }
+        if t.weight_decay < 0.0 {
+            return Err(invalid("train.weight_decay", format!("must be at least 0, got {}", t.weight_decay)));
+        }
+        for (key, b) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(invalid(key, format!("must be in [0, 1), got {b}")));
+            }
+        }
+        if let Some(c) = t.grad_clip {
+            if c <= 0.0 {
+                return Err(invalid("train.grad_clip", format!("must be positive (or null for no clipping), got {c}")));
+            }
+        }
+        let d = &self.data;
+        if !(d.val_fraction > 0.0 && d.val_fraction < 1.0) {
+            return Err(invalid("data.val_fraction", format!("must be in (0, 1), got {}", d.val_fraction)));
+        }
+        if let Some(path) = &d.path {
+            if !std::path::Path::new(path).is_file() {
+                return Err(invalid("data.path", format!("no such file: {path}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_must_divide_d_model_and_the_error_lists_the_allowed_values() {
+        let mut c = Config { model: ModelConfig::default(), data: DataConfig::default(), train: TrainConfig::default() };
+        c.model.d_model = 12;
+        c.model.heads = 5;
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "model.heads");
+        assert!(e.message.contains("allowed: 1, 2, 3, 4, 6, 12"), "{}", e.message);
+        c.model.heads = 6;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn scale_parses_names_and_numbers_and_rejects_the_rest() {
+        let s: Scale = serde_yaml::from_str("sqrt_dk").unwrap();
+        assert_eq!(s, Scale::SqrtDk);
+        let s: Scale = serde_yaml::from_str("0.5").unwrap();
+        assert_eq!(s, Scale::Factor(0.5));
+        assert!(serde_yaml::from_str::<Scale>("-1").is_err());
+        assert!(serde_yaml::from_str::<Scale>("sqrt").is_err());
+        assert_eq!(Scale::SqrtDk.factor(16), 0.25);
+    }
+}

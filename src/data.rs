@@ -1,0 +1,238 @@
+//! Text data: the default corpus (the World English Bible, public domain, fetched from Debian's
+//! `sword-text-web` package and cached), any local text file, a character-level tokenizer, and batches.
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{Corpus, DataConfig};
+
+/// SHA-256 of the plain text we extract from `sword-text-web` 426.0-1 (one verse per line).
+const BIBLE_SHA256: &str = "f5d398a11101886e50c9f7743e8e712b37d14e2636e8bd2ce53e4c0ff735c63c";
+
+/// Where downloaded corpora are cached: `$ABLATE_DATA_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/ablate/data`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("ABLATE_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache"));
+    base.join("ablate").join("data")
+}
+
+/// The corpus text a data config names (fetching and caching the default corpus on first use).
+pub fn load_text(cfg: &DataConfig) -> Result<String> {
+    let text = match &cfg.path {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("data.path: cannot read {path} as UTF-8 text"))?,
+        None => match cfg.corpus {
+            Corpus::Bible => std::fs::read_to_string(bible_path()?)?,
+        },
+    };
+    Ok(match cfg.max_chars {
+        Some(n) => text.chars().take(n).collect(),
+        None => text,
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The cached World English Bible, built from the Debian package on first use.
+pub fn bible_path() -> Result<PathBuf> {
+    let dir = cache_dir();
+    let path = dir.join("web-bible.txt");
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating the data cache {}", dir.display()))?;
+    eprintln!("ablate: fetching the default corpus (World English Bible, Debian package sword-text-web, ~4 MB) into {}", dir.display());
+    let work = tempdir_in(&dir)?;
+    let result = fetch_bible(&work);
+    let _ = std::fs::remove_dir_all(&work);
+    let text = result?;
+    let digest = sha256_hex(text.as_bytes());
+    if digest != BIBLE_SHA256 {
+        bail!(
+            "the corpus extracted from sword-text-web has SHA-256 {digest}, expected {BIBLE_SHA256}: the Debian package changed; set data.path to a local text file instead"
+        );
+    }
+    let tmp = path.with_extension("txt.partial");
+    std::fs::write(&tmp, &text)?;
+    std::fs::rename(&tmp, &path)?;
+    eprintln!("ablate: corpus ready: {} characters, checksum ok", text.chars().count());
+    Ok(path)
+}
+
+fn tempdir_in(dir: &Path) -> Result<PathBuf> {
+    let p = dir.join(format!("fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p)?;
+    Ok(p)
+}
+
+/// `apt-get download` (after `apt-get update` if the package lists are empty), unpack, read the module.
+fn fetch_bible(work: &Path) -> Result<String> {
+    let download = || Command::new("apt-get").args(["download", "-qq", "sword-text-web"]).current_dir(work).output();
+    let mut out = download().context("running apt-get (the default corpus comes from Debian's package archive); set data.path to a local text file on systems without apt")?;
+    if !out.status.success() {
+        eprintln!("ablate: apt-get download failed; refreshing package lists with apt-get update");
+        let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+        out = download()?;
+        if !out.status.success() {
+            bail!(
+                "could not download Debian package sword-text-web ({}): run `apt-get update` as root and retry, or set data.path to a local text file",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    let deb = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download reported success but left no .deb")?;
+    let unpacked = work.join("unpacked");
+    let status = Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked).status().context("running dpkg-deb")?;
+    if !status.success() {
+        bail!("dpkg-deb could not unpack {}", deb.display());
+    }
+    let ztext = unpacked.join("usr/share/sword/modules/texts/ztext");
+    let module = std::fs::read_dir(&ztext)
+        .with_context(|| format!("the package has no {}", ztext.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.join("ot.bzs").exists())
+        .context("no SWORD ztext module in the package")?;
+    let verses = crate::sword::read_verses(&module)?;
+    let mut text = String::new();
+    for (_, _, v) in verses {
+        text.push_str(&v);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Characters as tokens: the vocabulary is the sorted set of characters in the corpus.
+#[derive(Debug, Clone)]
+pub struct CharTokenizer {
+    chars: Vec<char>,
+}
+
+impl CharTokenizer {
+    pub fn fit(text: &str) -> Self {
+        let set: BTreeSet<char> = text.chars().collect();
+        Self { chars: set.into_iter().collect() }
+    }
+
+    pub fn vocab_size(&self) -> i64 {
+        self.chars.len() as i64
+    }
+
+    /// Token ids of `text`; characters outside the vocabulary are an error naming the first one.
+    pub fn encode(&self, text: &str) -> Result<Vec<i64>> {
+        text.chars()
+            .map(|c| match self.chars.binary_search(&c) {
+                Ok(i) => Ok(i as i64),
+                Err(_) => bail!("character {c:?} is not in the vocabulary"),
+            })
+            .collect()
+    }
+
+    pub fn decode(&self, ids: &[i64]) -> String {
+        ids.iter().map(|&i| self.chars.get(i as usize).copied().unwrap_or('\u{FFFD}')).collect()
+    }
+}
+
+/// A tokenised corpus split into a training part and a held-out part (the last `val_fraction` of the text).
+pub struct TextData {
+    pub tokenizer: CharTokenizer,
+    pub train: Tensor,
+    pub val: Tensor,
+}
+
+impl TextData {
+    pub fn from_text(text: &str, val_fraction: f64) -> Result<Self> {
+        let tokenizer = CharTokenizer::fit(text);
+        let ids = tokenizer.encode(text)?;
+        let n_val = ((ids.len() as f64) * val_fraction).round() as usize;
+        let n_train = ids.len() - n_val;
+        let all = Tensor::from_slice(&ids);
+        Ok(Self { tokenizer, train: all.narrow(0, 0, n_train as i64), val: all.narrow(0, n_train as i64, n_val as i64) })
+    }
+
+    pub fn load(cfg: &DataConfig) -> Result<Self> {
+        Self::from_text(&load_text(cfg)?, cfg.val_fraction)
+    }
+
+    /// Checks that both splits hold at least one window of `block_size + 1` tokens.
+    pub fn check_block_size(&self, block_size: i64) -> Result<()> {
+        for (name, split) in [("training", &self.train), ("held-out", &self.val)] {
+            if split.numel() as i64 <= block_size {
+                bail!(
+                    "the {name} split has {} tokens, fewer than model.block_size + 1 = {}: use more data (data.max_chars) or a shorter block",
+                    split.numel(),
+                    block_size + 1
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `batch` random training windows: inputs (B, T) and next-token targets (B, T). Uses libtorch's generator.
+    pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
+        let starts = Tensor::randint(self.train.numel() as i64 - block, [batch], (Kind::Int64, Device::Cpu));
+        windows(&self.train, &starts, block, device)
+    }
+
+    /// A fixed set of `batches` held-out batches, evenly spaced over the split, so every evaluation (of every
+    /// run in a sweep) sees exactly the same text.
+    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        let span = self.val.numel() as i64 - block - 1;
+        let count = batches * batch;
+        let starts: Vec<i64> = (0..count).map(|i| if count > 1 { i * span / (count - 1) } else { 0 }).collect();
+        starts
+            .chunks(batch as usize)
+            .map(|c| windows(&self.val, &Tensor::from_slice(c), block, device))
+            .collect()
+    }
+}
+
+fn windows(data: &Tensor, starts: &Tensor, block: i64, device: Device) -> (Tensor, Tensor) {
+    let offsets = Tensor::arange(block + 1, (Kind::Int64, Device::Cpu));
+    let idx = starts.unsqueeze(1) + offsets.unsqueeze(0);
+    let rows = data.index_select(0, &idx.view([-1])).view([starts.size()[0], block + 1]);
+    let x = rows.narrow(1, 0, block).contiguous().to_device(device);
+    let y = rows.narrow(1, 1, block).contiguous().to_device(device);
+    (x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_round_trips_and_names_unknown_characters() {
+        let t = CharTokenizer::fit("hello world");
+        assert_eq!(t.vocab_size(), 8);
+        let ids = t.encode("low held").unwrap();
+        assert_eq!(t.decode(&ids), "low held");
+        assert!(t.encode("hex").unwrap_err().to_string().contains("'x'"));
+    }
+
+    #[test]
+    fn batches_are_shifted_windows_of_the_text() {
+        let text: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let d = TextData::from_text(&text, 0.25).unwrap();
+        assert_eq!(d.train.numel() + d.val.numel(), 200);
+        tch::manual_seed(1);
+        let (x, y) = d.train_batch(4, 10, Device::Cpu);
+        assert_eq!(x.size(), vec![4, 10]);
+        // The alphabet cycles, so every target is the next letter of its input.
+        let expected = (&x + 1).remainder(26);
+        assert!(y.equal(&expected));
+        let val = d.val_batches(3, 2, 8, Device::Cpu);
+        assert_eq!(val.len(), 3);
+        assert!(val[0].0.equal(&d.val.narrow(0, 0, 8).unsqueeze(0)));
+    }
+}

@@ -1,0 +1,154 @@
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use ablate::bench::{self, BenchConfig};
+use ablate::recipe::{self, RecipeError};
+use ablate::sweep::{plot_results, run_recipe, SweepOptions};
+use clap::{Parser, Subcommand};
+
+/// Train Transformer variants from a YAML recipe; write tidy CSV metrics and plots.
+#[derive(Parser)]
+#[command(name = "ablate", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Recipe file (looked up under recipes/ when not found as given).
+    recipe: Option<PathBuf>,
+    /// Shrink every run to seconds (few steps, small model and data) keeping the sweep's shape.
+    #[arg(long)]
+    smoke: bool,
+    /// Re-run everything, discarding earlier results in the output directory.
+    #[arg(long)]
+    force: bool,
+    /// auto (CUDA when available), cpu, cuda, or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Output directory (default: results/<recipe name>, or target/smoke/<name> with --smoke).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar or per-run lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a recipe and list the runs it expands to, without training.
+    Check {
+        recipe: PathBuf,
+        #[arg(long)]
+        smoke: bool,
+    },
+    /// Redraw a recipe's plots from the CSV files in its output directory.
+    Plot {
+        recipe: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Training-step throughput of a GPT on random tokens (compare with bench/eager_gpt.py).
+    Bench {
+        #[arg(long, default_value_t = 4)]
+        layers: i64,
+        #[arg(long, default_value_t = 4)]
+        heads: i64,
+        #[arg(long, default_value_t = 128)]
+        d_model: i64,
+        #[arg(long, default_value_t = 64)]
+        block: i64,
+        #[arg(long, default_value_t = 12)]
+        batch: i64,
+        #[arg(long, default_value_t = 65)]
+        vocab: i64,
+        #[arg(long, default_value_t = 10)]
+        warmup: i64,
+        #[arg(long, default_value_t = 50)]
+        steps: i64,
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
+        Some(Command::Plot { recipe, out }) => plot(&recipe, out),
+        Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, device }) => {
+            device_or_exit(&device).and_then(|device| {
+                let r = bench::run(&BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps }, device);
+                println!(
+                    "ablate (Rust/tch) {layers}L/{heads}H/d{d_model} T={block} B={batch} {device:?}: {:.0} tokens/s, {:.2} ms/step, {} params",
+                    r.tokens_per_s, r.step_ms, r.params
+                );
+                Ok(())
+            })
+        }
+        None => match &cli.run.recipe {
+            Some(recipe) => run(recipe, &cli.run),
+            None => Err(anyhow::anyhow!("no recipe given: try `ablate recipes/heads.yaml` or `ablate --help`")),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: what is wrong and where (recipe errors carry file:line already).
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("ablate: error: {}", chain.join(": "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn device_or_exit(spec: &str) -> anyhow::Result<tch::Device> {
+    ablate::parse_device(spec).map_err(anyhow::Error::msg)
+}
+
+fn find_recipe(name: &Path) -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("ABLATE_RECIPES_DIR").map(PathBuf::from);
+    recipe::resolve_path(name, dir.as_deref()).ok_or_else(|| {
+        anyhow::Error::new(RecipeError {
+            file: name.display().to_string(),
+            line: 0,
+            message: "no such recipe (looked as given and under recipes/)".into(),
+        })
+    })
+}
+
+fn default_out(name: &str, smoke: bool) -> PathBuf {
+    if smoke {
+        PathBuf::from("target/smoke").join(name)
+    } else {
+        PathBuf::from("results").join(name)
+    }
+}
+
+fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
+    let path = find_recipe(name)?;
+    let recipe = recipe::load(&path, args.smoke)?;
+    let device = device_or_exit(&args.device)?;
+    let out = args.out.clone().unwrap_or_else(|| default_out(&recipe.name, args.smoke));
+    run_recipe(&recipe, &SweepOptions { out: &out, device, force: args.force, quiet: args.quiet })
+}
+
+fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
+    let path = find_recipe(name)?;
+    let recipe = recipe::load(&path, smoke)?;
+    println!("{}: ok, {} runs", path.display(), recipe.runs.len());
+    for r in &recipe.runs {
+        println!("  {} (config {})", r.id, r.config_hash);
+    }
+    Ok(())
+}
+
+fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let path = find_recipe(name)?;
+    let recipe = recipe::load(&path, false)?;
+    let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
+    plot_results(&out, &recipe.sweep_keys, &recipe.name)
+}

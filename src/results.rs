@@ -1,0 +1,219 @@
+//! The result files of a recipe: `runs.csv` (one row per finished run, every resolved config value as a
+//! column), `curves.csv` (step, split, metric, value per run) and `samples.txt`. Rows are appended one run
+//! at a time and flushed, so an interrupted sweep keeps what finished and a re-run skips it.
+use anyhow::{bail, Context, Result};
+use serde_yaml::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::recipe::RunSpec;
+use crate::train::RunOutcome;
+
+/// Every leaf of the config as (dotted key, text value), in declaration order.
+pub fn flatten_config(config: &Config) -> Vec<(String, String)> {
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let k = k.as_str().unwrap_or_default();
+                    let key = if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            Value::Null => out.push((prefix.to_string(), String::new())),
+            Value::String(s) => out.push((prefix.to_string(), s.clone())),
+            other => out.push((prefix.to_string(), serde_yaml::to_string(other).unwrap_or_default().trim().to_string())),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", &serde_yaml::to_value(config).expect("config serialises"), &mut out);
+    // Derived values a reader needs and the config leaves implicit.
+    for (k, v) in out.iter_mut() {
+        if k == "model.ffn_hidden" && v.is_empty() {
+            *v = config.model.ffn_hidden().to_string();
+        }
+    }
+    out
+}
+
+const RUN_FIXED_COLUMNS: [&str; 5] = ["run_id", "variant", "seed", "config_hash", "status"];
+const RUN_METRIC_COLUMNS: [&str; 8] =
+    ["params", "train_loss", "val_loss", "val_perplexity", "val_accuracy", "wall_s", "tokens_per_s", "steps"];
+
+pub fn run_header(spec: &RunSpec) -> Vec<String> {
+    RUN_FIXED_COLUMNS
+        .iter()
+        .map(|s| s.to_string())
+        .chain(flatten_config(&spec.config).into_iter().map(|(k, _)| k))
+        .chain(RUN_METRIC_COLUMNS.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
+    let e = &outcome.final_eval;
+    let metrics = [
+        outcome.params.to_string(),
+        format!("{:.6}", outcome.final_train_loss),
+        format!("{:.6}", e.loss),
+        format!("{:.6}", e.loss.exp()),
+        format!("{:.6}", e.accuracy),
+        format!("{:.3}", outcome.wall_s),
+        format!("{:.1}", outcome.tokens_per_s),
+        spec.config.train.steps.to_string(),
+    ];
+    [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), "ok".into()]
+        .into_iter()
+        .chain(flatten_config(&spec.config).into_iter().map(|(_, v)| v))
+        .chain(metrics)
+        .collect()
+}
+
+/// The output directory of one recipe.
+pub struct ResultsDir {
+    pub dir: PathBuf,
+}
+
+impl ResultsDir {
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        let probe = dir.join(".write-test");
+        File::create(&probe).with_context(|| format!("the output directory {} is not writable", dir.display()))?;
+        let _ = std::fs::remove_file(probe);
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    pub fn runs_csv(&self) -> PathBuf {
+        self.dir.join("runs.csv")
+    }
+
+    pub fn curves_csv(&self) -> PathBuf {
+        self.dir.join("curves.csv")
+    }
+
+    /// Deletes previous results (for `--force`).
+    pub fn clear(&self) -> Result<()> {
+        for f in ["runs.csv", "curves.csv", "samples.txt"] {
+            let p = self.dir.join(f);
+            if p.exists() {
+                std::fs::remove_file(&p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// (run id, config hash) of every run already recorded in `runs.csv`.
+    pub fn finished(&self) -> Result<HashSet<(String, String)>> {
+        let path = self.runs_csv();
+        if !path.exists() {
+            return Ok(HashSet::new());
+        }
+        let mut reader = csv::Reader::from_path(&path)?;
+        let mut done = HashSet::new();
+        for row in reader.records() {
+            let row = row.with_context(|| format!("{} is damaged; re-run with --force", path.display()))?;
+            done.insert((row[0].to_string(), row[3].to_string()));
+        }
+        Ok(done)
+    }
+
+    /// Drops curve rows of runs that never reached `runs.csv` (a run killed mid-way), so a re-run does not
+    /// duplicate them. Rewrites through a temporary file and a rename.
+    pub fn drop_orphan_curves(&self, finished: &HashSet<(String, String)>) -> Result<()> {
+        let path = self.curves_csv();
+        if !path.exists() {
+            return Ok(());
+        }
+        let ids: HashSet<&str> = finished.iter().map(|(id, _)| id.as_str()).collect();
+        let mut reader = csv::Reader::from_path(&path)?;
+        let header = reader.headers()?.clone();
+        let rows: Vec<csv::StringRecord> = reader.records().collect::<Result<_, _>>()?;
+        let keep: Vec<&csv::StringRecord> = rows.iter().filter(|r| ids.contains(&r[0])).collect();
+        if keep.len() == rows.len() {
+            return Ok(());
+        }
+        let tmp = path.with_extension("csv.tmp");
+        {
+            let mut w = csv::Writer::from_path(&tmp)?;
+            w.write_record(&header)?;
+            for r in keep {
+                w.write_record(r)?;
+            }
+            w.flush()?;
+        }
+        std::fs::rename(tmp, path)?;
+        Ok(())
+    }
+
+    /// Appends one finished run: its curve rows first, then its `runs.csv` row (the commit point), then its
+    /// sample.
+    pub fn append(&self, spec: &RunSpec, outcome: &RunOutcome) -> Result<()> {
+        let curve_rows: Vec<Vec<String>> = outcome
+            .curves
+            .iter()
+            .map(|p| vec![spec.id.clone(), p.step.to_string(), p.split.to_string(), p.metric.to_string(), format!("{:.6}", p.value)])
+            .collect();
+        let curve_header: Vec<String> = ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
+        append_rows(&self.curves_csv(), &curve_header, &curve_rows)?;
+        append_rows(&self.runs_csv(), &run_header(spec), &[run_row(spec, outcome)])?;
+        let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
+        writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;
+        Ok(())
+    }
+}
+
+/// Appends rows to a CSV file, writing the header if the file is new; refuses if the existing header differs.
+fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<()> {
+    let exists = path.exists() && std::fs::metadata(path)?.len() > 0;
+    if exists {
+        let mut reader = csv::Reader::from_path(path)?;
+        let existing: Vec<String> = reader.headers()?.iter().map(String::from).collect();
+        if existing != header {
+            bail!(
+                "{} was written by a different version of this recipe (its columns differ); re-run with --force to start over",
+                path.display()
+            );
+        }
+    }
+    // Build the whole chunk first and write it with one call, so a crash cannot leave half a row.
+    let mut buf = csv::Writer::from_writer(Vec::new());
+    if !exists {
+        buf.write_record(header)?;
+    }
+    for r in rows {
+        buf.write_record(r)?;
+    }
+    let bytes = buf.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(&bytes)?;
+    f.sync_data()?;
+    Ok(())
+}
+
+/// All rows of `curves.csv` grouped as run id -> metric key (`split/metric`) -> [(step, value)].
+pub type Curves = BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>;
+
+pub fn read_curves(path: &Path) -> Result<Curves> {
+    let mut out: Curves = BTreeMap::new();
+    let mut reader = csv::Reader::from_path(path)?;
+    for row in reader.records() {
+        let row = row?;
+        let key = format!("{}/{}", &row[2], &row[3]);
+        let step: i64 = row[1].parse()?;
+        let value: f64 = row[4].parse()?;
+        out.entry(row[0].to_string()).or_default().entry(key).or_default().push((step, value));
+    }
+    Ok(out)
+}
+
+/// `runs.csv` as a list of column -> value maps.
+pub fn read_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
+    let mut reader = csv::Reader::from_path(path)?;
+    let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
+    reader
+        .records()
+        .map(|r| Ok(header.iter().cloned().zip(r?.iter().map(String::from)).collect()))
+        .collect()
+}

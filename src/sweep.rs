@@ -1,0 +1,233 @@
+//! Running an expanded recipe: load every data set and check every run before training anything, skip runs
+//! already in `runs.csv`, train the rest with a progress bar, then draw the plots from the CSV files.
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use tch::Device;
+
+use crate::data::TextData;
+use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
+use crate::recipe::Recipe;
+use crate::results::{read_curves, read_runs, ResultsDir};
+
+pub struct SweepOptions<'a> {
+    pub out: &'a Path,
+    pub device: Device,
+    pub force: bool,
+    pub quiet: bool,
+}
+
+pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
+    // Everything that can fail on input fails here, before the first step: data, block sizes, output dir.
+    let mut datasets: HashMap<String, TextData> = HashMap::new();
+    for run in &recipe.runs {
+        let key = serde_yaml::to_string(&run.config.data)?;
+        if !datasets.contains_key(&key) {
+            datasets.insert(key.clone(), TextData::load(&run.config.data)?);
+        }
+        datasets[&key]
+            .check_block_size(run.config.model.block_size)
+            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+    }
+    let results = ResultsDir::create(opts.out)?;
+    if opts.force {
+        results.clear()?;
+    }
+    let finished = results.finished()?;
+    results.drop_orphan_curves(&finished)?;
+    write_resolved(recipe, &results.dir.join("recipe.resolved.yaml"))?;
+
+    let todo: Vec<_> = recipe.runs.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).collect();
+    let skipped = recipe.runs.len() - todo.len();
+    if !opts.quiet {
+        eprintln!(
+            "ablate: {} — {} runs ({} already finished, {} to train) on {:?} -> {}",
+            recipe.name,
+            recipe.runs.len(),
+            skipped,
+            todo.len(),
+            opts.device,
+            results.dir.display()
+        );
+    }
+    let total_steps: u64 = todo.iter().map(|r| r.config.train.steps as u64).sum();
+    let bar = if opts.quiet { ProgressBar::hidden() } else { ProgressBar::new(total_steps) };
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} steps {msg} ({elapsed} elapsed, eta {eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    for (k, run) in todo.iter().enumerate() {
+        let data = &datasets[&serde_yaml::to_string(&run.config.data)?];
+        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, recipe.runs.len(), run.id));
+        let steps = run.config.train.steps;
+        let mut progress = |step: i64, loss: f64| {
+            bar.inc(1);
+            if step % 10 == 0 || step == steps {
+                bar.set_message(format!("step {step}/{steps} loss {loss:.4}"));
+            }
+        };
+        let outcome = crate::train::train(&run.config, data, opts.device, &mut progress)
+            .with_context(|| format!("run `{}`", run.id))?;
+        results.append(run, &outcome)?;
+        if !opts.quiet {
+            bar.println(format!(
+                "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, {:.1}s",
+                run.id,
+                outcome.final_eval.loss,
+                outcome.final_eval.loss.exp(),
+                outcome.final_eval.accuracy,
+                outcome.tokens_per_s,
+                outcome.wall_s
+            ));
+        }
+    }
+    bar.finish_and_clear();
+    plot_results(&results.dir, &recipe.sweep_keys, &recipe.name)?;
+    if !opts.quiet {
+        eprintln!("ablate: wrote {}", results.dir.display());
+    }
+    Ok(())
+}
+
+fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
+    #[derive(serde::Serialize)]
+    struct Resolved<'a> {
+        name: &'a str,
+        source: &'a str,
+        description: Option<&'a str>,
+        smoke: bool,
+        sweep_keys: &'a [String],
+        seeds: &'a [u64],
+        base: &'a crate::config::Config,
+        runs: Vec<BTreeMap<&'a str, serde_yaml::Value>>,
+    }
+    let runs = recipe
+        .runs
+        .iter()
+        .map(|r| {
+            let mut m = BTreeMap::new();
+            m.insert("id", serde_yaml::Value::from(r.id.as_str()));
+            m.insert("config_hash", serde_yaml::Value::from(r.config_hash.as_str()));
+            m.insert("config", serde_yaml::to_value(&r.config).expect("config serialises"));
+            m
+        })
+        .collect();
+    let resolved = Resolved {
+        name: &recipe.name,
+        source: &recipe.file,
+        description: recipe.description.as_deref(),
+        smoke: recipe.smoke,
+        sweep_keys: &recipe.sweep_keys,
+        seeds: &recipe.seeds,
+        base: &recipe.base,
+        runs,
+    };
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::write(&tmp, serde_yaml::to_string(&resolved)?)?;
+    std::fs::rename(tmp, path)?;
+    Ok(())
+}
+
+/// Draws every plot of a results directory from its CSV files.
+pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()> {
+    let runs = read_runs(&dir.join("runs.csv"))?;
+    let curves = read_curves(&dir.join("curves.csv"))?;
+    // Variants in first-seen order, each with its run ids.
+    let mut variants: Vec<(String, Vec<String>)> = Vec::new();
+    for r in &runs {
+        let label = r["variant"].clone();
+        match variants.iter_mut().find(|v| v.0 == label) {
+            Some(v) => v.1.push(r["run_id"].clone()),
+            None => variants.push((label, vec![r["run_id"].clone()])),
+        }
+    }
+    let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
+    let band = if seeds > 1 { format!(" (mean ± std over {seeds} seeds)") } else { String::new() };
+    let charts = [
+        ("val/loss", "val_loss.png", "held-out loss (nats/token)", true),
+        ("val/accuracy", "val_accuracy.png", "held-out next-token accuracy", false),
+        ("train/loss", "train_loss.png", "training loss (nats/token)", true),
+        ("train/grad_norm", "grad_norm.png", "gradient norm (before clipping)", true),
+        ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)", false),
+        ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight", false),
+    ];
+    for (metric, file, y_label, log_y) in charts {
+        let series = variant_curves(&curves, &variants, metric);
+        if series.is_empty() {
+            continue;
+        }
+        let title = format!("{name}: {y_label}{band}");
+        line_chart(&dir.join(file), &series, &Axes { title: &title, x_label: "step", y_label, x_categories: None, log_y })?;
+    }
+    if let Some(x_key) = sweep_keys.first() {
+        for (column, file, y_label) in [
+            ("val_loss", "final_val_loss.png", "final held-out loss"),
+            ("val_accuracy", "final_val_accuracy.png", "final held-out accuracy"),
+        ] {
+            let series = final_metric_series(&runs, x_key, &sweep_keys[1..], column);
+            let categories = x_categories(&runs, x_key);
+            let title = format!("{name}: {y_label} against {x_key}{band}");
+            line_chart(
+                &dir.join(file),
+                &series,
+                &Axes { title: &title, x_label: x_key, y_label, x_categories: Some(&categories), log_y: false },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Distinct values of `key` in `runs.csv`, in first-seen order (the x positions of the final-metric plot).
+fn x_categories(runs: &[BTreeMap<String, String>], key: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in runs {
+        if let Some(v) = r.get(key) {
+            if !out.contains(v) {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// One series per combination of the other swept keys: the final `column` against the first swept key.
+fn final_metric_series(runs: &[BTreeMap<String, String>], x_key: &str, other_keys: &[String], column: &str) -> Vec<Series> {
+    let cats = x_categories(runs, x_key);
+    let mut groups: Vec<(String, BTreeMap<usize, Vec<f64>>)> = Vec::new();
+    for r in runs {
+        let label = if other_keys.is_empty() {
+            column.to_string()
+        } else {
+            other_keys
+                .iter()
+                .map(|k| format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.get(k).map(String::as_str).unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let (Some(x), Some(Ok(v))) = (r.get(x_key), r.get(column).map(|v| v.parse::<f64>())) else { continue };
+        let xi = cats.iter().position(|c| c == x).expect("category listed");
+        let idx = match groups.iter().position(|g| g.0 == label) {
+            Some(i) => i,
+            None => {
+                groups.push((label, BTreeMap::new()));
+                groups.len() - 1
+            }
+        };
+        groups[idx].1.entry(xi).or_default().push(v);
+    }
+    groups
+        .into_iter()
+        .map(|(label, by_x)| Series {
+            label,
+            points: by_x
+                .into_iter()
+                .map(|(x, vs)| {
+                    let (m, sd) = mean_std(&vs);
+                    (x as f64, m, sd)
+                })
+                .collect(),
+        })
+        .collect()
+}
