@@ -45,9 +45,7 @@ impl Mask<'_> {
                 None => pad,
             });
         }
-        allowed.map(|a| {
-            Tensor::zeros(a.size(), (kind, device)).masked_fill(&a.logical_not(), f64::NEG_INFINITY)
-        })
+        allowed.map(|a| Tensor::zeros(a.size(), (kind, device)).masked_fill(&a.logical_not(), f64::NEG_INFINITY))
     }
 }
 
@@ -167,7 +165,7 @@ pub fn explicit_attention(
     let n_k = k.size()[2];
     let mut scores = q.matmul(&k.transpose(-2, -1)) * scale;
     if let Some(bias) = mask.additive_bias(n_q, n_k, q.device(), scores.kind()) {
-        scores = scores + bias;
+        scores += bias;
     }
     let weights = scores.softmax(-1, scores.kind());
     let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };

@@ -33,6 +33,7 @@ pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
     cfg.model.dropout = 0.0;
     // nanoGPT's layout: pre-LN, GELU, tied embeddings — what the eager script builds.
     cfg.model.pre_ln = true;
+    cfg.model.tie_embeddings = true;
     tch::manual_seed(0);
     let (vs, model) = build_model(&cfg, b.vocab, device);
     let mut opt = AdamW::new(vs.trainable_variables(), 0.9, 0.99, 0.1);

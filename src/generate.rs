@@ -17,9 +17,14 @@ impl NextToken for crate::gpt::Gpt {
 pub enum Decoding {
     Greedy,
     /// Sample from softmax(logits / temperature), restricted to the `top_k` most likely tokens when set.
-    Sample { temperature: f64, top_k: Option<i64> },
+    Sample {
+        temperature: f64,
+        top_k: Option<i64>,
+    },
     /// Keep the `width` most likely partial sequences; return the most likely full one.
-    Beam { width: usize },
+    Beam {
+        width: usize,
+    },
 }
 
 /// Extends `prompt` by `new_tokens` tokens. Sampling draws from libtorch's generator (seed it with

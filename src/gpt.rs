@@ -39,14 +39,17 @@ impl Gpt {
         };
         let layers = (0..cfg.layers).map(|i| TransformerLayer::new(vs / "layers" / i, &layer_cfg)).collect();
         let lm_head = (!cfg.tie_embeddings).then(|| {
-            let c = nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, bs_init: None, bias: false };
+            let c =
+                nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, bs_init: None, bias: false };
             nn::linear(vs / "lm_head", cfg.d_model, vocab_size, c)
         });
         Self {
             token_embedding: nn::embedding(vs / "token_embedding", vocab_size, cfg.d_model, emb_cfg),
             positions: AbsolutePositions::new(vs / "position", cfg.pe, cfg.block_size, cfg.d_model),
             layers,
-            final_norm: cfg.final_norm.then(|| nn::layer_norm(vs / "final_norm", vec![cfg.d_model], Default::default())),
+            final_norm: cfg
+                .final_norm
+                .then(|| nn::layer_norm(vs / "final_norm", vec![cfg.d_model], Default::default())),
             lm_head,
             dropout: cfg.dropout,
             block_size: cfg.block_size,
@@ -81,17 +84,16 @@ impl Gpt {
     /// Mean next-token cross-entropy of predicting `targets` (B, N) from `idx` (B, N).
     pub fn loss(&self, idx: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor) {
         let logits = self.forward(idx, train);
-        let loss = logits
-            .view([-1, self.vocab_size])
-            .to_kind(Kind::Float)
-            .cross_entropy_for_logits(&targets.reshape([-1]));
+        let loss =
+            logits.view([-1, self.vocab_size]).to_kind(Kind::Float).cross_entropy_for_logits(&targets.reshape([-1]));
         (logits, loss)
     }
 
     /// Logits of the next token after each sequence in `idx` (B, N), cropped to the context length.
     pub fn next_token_logits(&self, idx: &Tensor) -> Tensor {
         let n = idx.size()[1];
-        let ctx = if n > self.block_size { idx.narrow(1, n - self.block_size, self.block_size) } else { idx.shallow_clone() };
+        let ctx =
+            if n > self.block_size { idx.narrow(1, n - self.block_size, self.block_size) } else { idx.shallow_clone() };
         let logits = self.forward(&ctx, false);
         logits.select(1, -1).to_kind(Kind::Float)
     }

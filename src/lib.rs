@@ -21,7 +21,10 @@ pub fn parse_device(spec: &str) -> Result<tch::Device, String> {
         if tch::Cuda::is_available() && i < tch::Cuda::device_count() as usize {
             Ok(tch::Device::Cuda(i))
         } else {
-            Err(format!("--device {spec}: CUDA device {i} is not available (found {} CUDA devices); use --device cpu", tch::Cuda::device_count()))
+            Err(format!(
+                "--device {spec}: CUDA device {i} is not available (found {} CUDA devices); use --device cpu",
+                tch::Cuda::device_count()
+            ))
         }
     };
     match spec {

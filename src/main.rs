@@ -80,13 +80,12 @@ fn main() -> ExitCode {
         Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
         Some(Command::Plot { recipe, out }) => plot(&recipe, out),
         Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, device }) => {
-            device_or_exit(&device).and_then(|device| {
+            device_or_exit(&device).map(|device| {
                 let r = bench::run(&BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps }, device);
                 println!(
                     "ablate (Rust/tch) {layers}L/{heads}H/d{d_model} T={block} B={batch} {device:?}: {:.0} tokens/s, {:.2} ms/step, {} params",
                     r.tokens_per_s, r.step_ms, r.params
                 );
-                Ok(())
             })
         }
         None => match &cli.run.recipe {

@@ -86,12 +86,10 @@ impl AdamW {
     pub fn step(&mut self, lr: f64, clip: Option<f64>) -> f64 {
         let _guard = tch::no_grad_guard();
         let mut g = self.flat_grad().to_kind(self.flat.kind());
-        let norm = g.norm().double_value(&[]);
-        if let Some(max) = clip {
-            if norm > max {
-                let _ = g.g_mul_scalar_(max / (norm + 1e-6));
-            }
-        }
+        let norm = match clip {
+            Some(max) => clip_by_global_norm(&mut g, max),
+            None => g.norm().double_value(&[]),
+        };
         self.step += 1;
         let t = self.step as f64;
         let _ = self.m.lerp_(&g, 1.0 - self.beta1);
@@ -110,6 +108,16 @@ impl AdamW {
     }
 }
 
+/// Scales `grad` in place so that its norm is at most `max` (as `torch.nn.utils.clip_grad_norm_`);
+/// returns the norm before clipping.
+pub fn clip_by_global_norm(grad: &mut Tensor, max: f64) -> f64 {
+    let norm = grad.norm().double_value(&[]);
+    if norm > max {
+        let _ = grad.g_mul_scalar_(max / (norm + 1e-6));
+    }
+    norm
+}
+
 /// Linear warm-up to `lr` over `warmup` steps, then cosine decay to `min_lr` at `total` steps.
 pub fn warmup_cosine(step: i64, warmup: i64, total: i64, lr: f64, min_lr: f64) -> f64 {
     if step < warmup {
@@ -121,4 +129,3 @@ pub fn warmup_cosine(step: i64, warmup: i64, total: i64, lr: f64, min_lr: f64) -
     let progress = (step - warmup) as f64 / (total - warmup).max(1) as f64;
     min_lr + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (lr - min_lr)
 }
-

@@ -16,7 +16,9 @@ impl AbsolutePositions {
     pub fn new(vs: nn::Path, kind: PositionEncoding, max_len: i64, d_model: i64) -> Self {
         match kind {
             PositionEncoding::None => AbsolutePositions::None,
-            PositionEncoding::Sinusoidal => AbsolutePositions::Sinusoidal(sinusoidal_table(max_len, d_model, vs.device())),
+            PositionEncoding::Sinusoidal => {
+                AbsolutePositions::Sinusoidal(sinusoidal_table(max_len, d_model, vs.device()))
+            }
             PositionEncoding::Learned => AbsolutePositions::Learned(vs.var(
                 "table",
                 &[max_len, d_model],

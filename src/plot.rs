@@ -83,7 +83,6 @@ pub struct Axes<'a> {
     pub y_label: &'a str,
     /// Category names for the x positions 0, 1, 2, … (`None`: numeric x axis).
     pub x_categories: Option<&'a [String]>,
-    pub log_y: bool,
 }
 
 /// Draws `series` as lines with ±std bands (and markers for category charts) into `path`.
@@ -107,73 +106,60 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    if axes.log_y {
-        y0 = y0.max(1e-6);
-    }
     let pad = ((y1 - y0).abs() * 0.05).max(1e-6);
-    let (y0, y1) = if axes.log_y { (y0 * 0.95, y1 * 1.05) } else { (y0 - pad, y1 + pad) };
+    let (y0, y1) = (y0 - pad, y1 + pad);
 
     let tmp = path.with_extension("tmp.png");
     {
         let root = BitMapBackend::new(&tmp, (960, 600)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut builder = ChartBuilder::on(&root);
-        builder
+        let mut chart = ChartBuilder::on(&root)
             .caption(axes.title, ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(45)
-            .y_label_area_size(70);
-        macro_rules! draw {
-            ($chart:expr) => {{
-                let mut chart = $chart;
-                let cats = axes.x_categories.map(|c| c.to_vec());
-                chart
-                    .configure_mesh()
-                    .x_desc(axes.x_label)
-                    .y_desc(axes.y_label)
-                    .label_style(("sans-serif", 14))
-                    .x_label_formatter(&|x: &f64| match &cats {
-                        Some(c) => {
-                            let i = x.round();
-                            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
-                                c[i as usize].clone()
-                            } else {
-                                String::new()
-                            }
-                        }
-                        None => format!("{x}"),
-                    })
-                    .draw()?;
-                for (i, s) in series.iter().enumerate() {
-                    let color = PALETTE[i % PALETTE.len()];
-                    if s.points.iter().any(|p| p.2 > 0.0) {
-                        let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
-                        let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
-                        let band: Vec<(f64, f64)> = upper.chain(lower).collect();
-                        chart.draw_series(std::iter::once(Polygon::new(band, color.mix(0.18).filled())))?;
-                    }
-                    chart
-                        .draw_series(LineSeries::new(s.points.iter().map(|&(x, m, _)| (x, m)), color.stroke_width(2)))?
-                        .label(s.label.clone())
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
-                    if axes.x_categories.is_some() || s.points.len() == 1 {
-                        chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, color.filled())))?;
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        let cats = axes.x_categories.map(|c| c.to_vec());
+        chart
+            .configure_mesh()
+            .x_desc(axes.x_label)
+            .y_desc(axes.y_label)
+            .label_style(("sans-serif", 14))
+            .x_label_formatter(&|x: &f64| match &cats {
+                Some(c) => {
+                    let i = x.round();
+                    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
+                        c[i as usize].clone()
+                    } else {
+                        String::new()
                     }
                 }
-                chart
-                    .configure_series_labels()
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK.mix(0.4))
-                    .label_font(("sans-serif", 14))
-                    .position(SeriesLabelPosition::UpperRight)
-                    .draw()?;
-            }};
+                None => format!("{x}"),
+            })
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            if s.points.iter().any(|p| p.2 > 0.0) {
+                let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
+                let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
+                let band: Vec<(f64, f64)> = upper.chain(lower).collect();
+                chart.draw_series(std::iter::once(Polygon::new(band, color.mix(0.18).filled())))?;
+            }
+            chart
+                .draw_series(LineSeries::new(s.points.iter().map(|&(x, m, _)| (x, m)), color.stroke_width(2)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+            if axes.x_categories.is_some() || s.points.len() == 1 {
+                chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, color.filled())))?;
+            }
         }
-        if axes.log_y {
-            draw!(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?);
-        } else {
-            draw!(builder.build_cartesian_2d(x0..x1, y0..y1)?);
-        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 14))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
         root.present()?;
     }
     std::fs::rename(&tmp, path)?;

@@ -4,26 +4,18 @@ use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{Config, DataConfig, ModelConfig, TrainConfig};
 
 /// A recipe error pointing at a place in the YAML file.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
 pub struct RecipeError {
     pub file: String,
     pub line: usize,
     pub message: String,
 }
-
-impl fmt::Display for RecipeError {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{}:{}: {}", self.file, self.line, self.message)
-    }
-}
-
-impl std::error::Error for RecipeError {}
 
 /// The file as written. The base config sections are the config structs themselves.
 #[derive(Debug, Deserialize)]
@@ -92,8 +84,11 @@ pub fn resolve_path(name: &Path, recipes_dir: Option<&Path>) -> Option<PathBuf> 
 
 pub fn load(path: &Path, smoke: bool) -> Result<Recipe, RecipeError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| RecipeError { file: file.clone(), line: 0, message: format!("cannot read recipe: {e}") })?;
+    let text = std::fs::read_to_string(path).map_err(|e| RecipeError {
+        file: file.clone(),
+        line: 0,
+        message: format!("cannot read recipe: {e}"),
+    })?;
     parse(&text, &file, path.file_stem().and_then(|s| s.to_str()).unwrap_or("recipe"), smoke)
 }
 
@@ -111,7 +106,9 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
     })?;
     let base = Config { model: parsed.model, data: parsed.data, train: parsed.train };
     let seeds = match parsed.seeds {
-        Some(s) if s.is_empty() => return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into())),
+        Some(s) if s.is_empty() => {
+            return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))
+        }
         Some(s) => s,
         None => vec![base.train.seed],
     };
@@ -208,10 +205,8 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
 fn grid(axes: &[(String, Vec<Value>)]) -> Vec<Vec<usize>> {
     let mut points = vec![Vec::new()];
     for (_, values) in axes {
-        points = points
-            .into_iter()
-            .flat_map(|p| (0..values.len()).map(move |i| [p.clone(), vec![i]].concat()))
-            .collect();
+        points =
+            points.into_iter().flat_map(|p| (0..values.len()).map(move |i| [p.clone(), vec![i]].concat())).collect();
     }
     points
 }

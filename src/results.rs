@@ -25,7 +25,9 @@ pub fn flatten_config(config: &Config) -> Vec<(String, String)> {
             }
             Value::Null => out.push((prefix.to_string(), String::new())),
             Value::String(s) => out.push((prefix.to_string(), s.clone())),
-            other => out.push((prefix.to_string(), serde_yaml::to_string(other).unwrap_or_default().trim().to_string())),
+            other => {
+                out.push((prefix.to_string(), serde_yaml::to_string(other).unwrap_or_default().trim().to_string()))
+            }
         }
     }
     let mut out = Vec::new();
@@ -78,7 +80,8 @@ pub struct ResultsDir {
 
 impl ResultsDir {
     pub fn create(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
         let probe = dir.join(".write-test");
         File::create(&probe).with_context(|| format!("the output directory {} is not writable", dir.display()))?;
         let _ = std::fs::remove_file(probe);
@@ -153,9 +156,18 @@ impl ResultsDir {
         let curve_rows: Vec<Vec<String>> = outcome
             .curves
             .iter()
-            .map(|p| vec![spec.id.clone(), p.step.to_string(), p.split.to_string(), p.metric.to_string(), format!("{:.6}", p.value)])
+            .map(|p| {
+                vec![
+                    spec.id.clone(),
+                    p.step.to_string(),
+                    p.split.to_string(),
+                    p.metric.to_string(),
+                    format!("{:.6}", p.value),
+                ]
+            })
             .collect();
-        let curve_header: Vec<String> = ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
+        let curve_header: Vec<String> =
+            ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
         append_rows(&self.curves_csv(), &curve_header, &curve_rows)?;
         append_rows(&self.runs_csv(), &run_header(spec), &[run_row(spec, outcome)])?;
         let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
@@ -212,8 +224,5 @@ pub fn read_curves(path: &Path) -> Result<Curves> {
 pub fn read_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
     let mut reader = csv::Reader::from_path(path)?;
     let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
-    reader
-        .records()
-        .map(|r| Ok(header.iter().cloned().zip(r?.iter().map(String::from)).collect()))
-        .collect()
+    reader.records().map(|r| Ok(header.iter().cloned().zip(r?.iter().map(String::from)).collect())).collect()
 }

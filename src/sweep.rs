@@ -38,7 +38,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     results.drop_orphan_curves(&finished)?;
     write_resolved(recipe, &results.dir.join("recipe.resolved.yaml"))?;
 
-    let todo: Vec<_> = recipe.runs.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).collect();
+    let todo: Vec<_> =
+        recipe.runs.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).collect();
     let skipped = recipe.runs.len() - todo.len();
     if !opts.quiet {
         eprintln!(
@@ -69,10 +70,12 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             }
         };
         let outcome = crate::train::train(&run.config, data, opts.device, &mut progress)
-            .with_context(|| format!("run `{}`", run.id))?;
+            .with_context(|| format!("run `{}`", run.id))?
+            .outcome;
         results.append(run, &outcome)?;
         if !opts.quiet {
-            bar.println(format!(
+            // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
+            let line = format!(
                 "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, {:.1}s",
                 run.id,
                 outcome.final_eval.loss,
@@ -80,7 +83,12 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 outcome.final_eval.accuracy,
                 outcome.tokens_per_s,
                 outcome.wall_s
-            ));
+            );
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
         }
     }
     bar.finish_and_clear();
@@ -146,20 +154,20 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
     let band = if seeds > 1 { format!(" (mean ± std over {seeds} seeds)") } else { String::new() };
     let charts = [
-        ("val/loss", "val_loss.png", "held-out loss (nats/token)", true),
-        ("val/accuracy", "val_accuracy.png", "held-out next-token accuracy", false),
-        ("train/loss", "train_loss.png", "training loss (nats/token)", true),
-        ("train/grad_norm", "grad_norm.png", "gradient norm (before clipping)", true),
-        ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)", false),
-        ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight", false),
+        ("val/loss", "val_loss.png", "held-out loss (nats/token)"),
+        ("val/accuracy", "val_accuracy.png", "held-out next-token accuracy"),
+        ("train/loss", "train_loss.png", "training loss (nats/token)"),
+        ("train/grad_norm", "grad_norm.png", "gradient norm (before clipping)"),
+        ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)"),
+        ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight"),
     ];
-    for (metric, file, y_label, log_y) in charts {
+    for (metric, file, y_label) in charts {
         let series = variant_curves(&curves, &variants, metric);
         if series.is_empty() {
             continue;
         }
         let title = format!("{name}: {y_label}{band}");
-        line_chart(&dir.join(file), &series, &Axes { title: &title, x_label: "step", y_label, x_categories: None, log_y })?;
+        line_chart(&dir.join(file), &series, &Axes { title: &title, x_label: "step", y_label, x_categories: None })?;
     }
     if let Some(x_key) = sweep_keys.first() {
         for (column, file, y_label) in [
@@ -172,7 +180,7 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             line_chart(
                 &dir.join(file),
                 &series,
-                &Axes { title: &title, x_label: x_key, y_label, x_categories: Some(&categories), log_y: false },
+                &Axes { title: &title, x_label: x_key, y_label, x_categories: Some(&categories) },
             )?;
         }
     }
@@ -193,7 +201,12 @@ fn x_categories(runs: &[BTreeMap<String, String>], key: &str) -> Vec<String> {
 }
 
 /// One series per combination of the other swept keys: the final `column` against the first swept key.
-fn final_metric_series(runs: &[BTreeMap<String, String>], x_key: &str, other_keys: &[String], column: &str) -> Vec<Series> {
+fn final_metric_series(
+    runs: &[BTreeMap<String, String>],
+    x_key: &str,
+    other_keys: &[String],
+    column: &str,
+) -> Vec<Series> {
     let cats = x_categories(runs, x_key);
     let mut groups: Vec<(String, BTreeMap<usize, Vec<f64>>)> = Vec::new();
     for r in runs {
@@ -202,7 +215,9 @@ fn final_metric_series(runs: &[BTreeMap<String, String>], x_key: &str, other_key
         } else {
             other_keys
                 .iter()
-                .map(|k| format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.get(k).map(String::as_str).unwrap_or("")))
+                .map(|k| {
+                    format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.get(k).map(String::as_str).unwrap_or(""))
+                })
                 .collect::<Vec<_>>()
                 .join(" ")
         };

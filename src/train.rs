@@ -68,7 +68,14 @@ pub fn train_step(model: &Gpt, opt: &mut AdamW, x: &Tensor, y: &Tensor, lr: f64,
     (loss.double_value(&[]), grad_norm)
 }
 
-pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) -> Result<RunOutcome> {
+/// A finished run: its measurements and the trained model.
+pub struct TrainedRun {
+    pub outcome: RunOutcome,
+    pub model: Gpt,
+    pub vs: nn::VarStore,
+}
+
+pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) -> Result<TrainedRun> {
     let t = &cfg.train;
     let block = cfg.model.block_size;
     data.check_block_size(block)?;
@@ -123,7 +130,7 @@ pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) 
     tch::manual_seed(t.seed as i64);
     let prompt = vec![data.val.int64_value(&[0])];
     let ids = generate(&model, &prompt, 200, Decoding::Sample { temperature: 0.8, top_k: Some(10) });
-    Ok(RunOutcome {
+    let outcome = RunOutcome {
         params: opt.num_params(),
         final_train_loss: last_loss,
         final_eval,
@@ -131,5 +138,6 @@ pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) 
         tokens_per_s: tokens / train_time.max(1e-9),
         curves,
         sample: data.tokenizer.decode(&ids),
-    })
+    };
+    Ok(TrainedRun { outcome, model, vs })
 }

@@ -1,0 +1,231 @@
+//! Properties of the attention core and the Transformer layer (the seed's 12.2–12.4), not snapshots.
+use ablate::attention::{explicit_attention, fused_attention, Mask, MultiHeadAttention};
+use ablate::config::{AttentionConfig, Implementation, ModelConfig, PositionEncoding, Scale};
+use ablate::gpt::Gpt;
+use tch::{nn, Device, Kind, Tensor};
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+fn mha(d: i64, heads: i64, scale: Scale, implementation: Implementation) -> (nn::VarStore, MultiHeadAttention) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = AttentionConfig { scale, implementation, dropout: 0.0, bias: true };
+    let m = MultiHeadAttention::new(vs.root(), d, heads, &cfg, 0.02);
+    // Larger weights than the training init, so the softmax is far from uniform and differences show.
+    tch::no_grad(|| {
+        for mut p in vs.trainable_variables() {
+            p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.3));
+        }
+    });
+    (vs, m)
+}
+
+#[test]
+fn attention_rows_sum_to_one_and_masked_keys_get_zero_weight() {
+    tch::manual_seed(0);
+    let (_vs, m) = mha(16, 4, Scale::SqrtDk, Implementation::Explicit);
+    let x = Tensor::randn([3, 7, 16], (Kind::Float, Device::Cpu));
+    let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0).repeat([3, 1]);
+    let mask = Mask { causal: true, key_padding: Some(&keep) };
+    let w = m.self_attend(&x, &mask, false, true).weights.unwrap();
+    assert_eq!(w.size(), vec![3, 4, 7, 7]);
+    let row_sums = w.sum_dim_intlist(-1, false, Kind::Float);
+    assert!(max_abs_diff(&row_sums, &row_sums.ones_like()) < 1e-5);
+    assert!(w.min().double_value(&[]) >= 0.0);
+    // Future keys (j > i) and padded keys (j >= 5) receive exactly zero weight.
+    for i in 0..7 {
+        for j in 0..7 {
+            if j > i || j >= 5 {
+                assert_eq!(w.select(2, i).select(2, j).abs().max().double_value(&[]), 0.0, "query {i} key {j}");
+            }
+        }
+    }
+}
+
+#[test]
+fn without_position_encoding_permuting_the_input_permutes_the_output() {
+    tch::manual_seed(1);
+    let (_vs, m) = mha(24, 3, Scale::SqrtDk, Implementation::Auto);
+    let x = Tensor::randn([2, 9, 24], (Kind::Float, Device::Cpu));
+    let perm = Tensor::from_slice(&[4i64, 0, 8, 2, 7, 1, 3, 6, 5]);
+    let y = m.self_attend(&x, &Mask::default(), false, false).output;
+    let y_of_permuted = m.self_attend(&x.index_select(1, &perm), &Mask::default(), false, false).output;
+    assert!(max_abs_diff(&y.index_select(1, &perm), &y_of_permuted) < 1e-5);
+}
+
+fn small_gpt(pe: PositionEncoding, pre_ln: bool, implementation: Implementation) -> (nn::VarStore, Gpt) {
+    let cfg = ModelConfig {
+        d_model: 32,
+        layers: 2,
+        heads: 4,
+        block_size: 16,
+        pe,
+        pre_ln,
+        attention: AttentionConfig { implementation, ..Default::default() },
+        ..Default::default()
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let gpt = Gpt::new(&vs.root(), &cfg, 20);
+    (vs, gpt)
+}
+
+#[test]
+fn causal_outputs_do_not_depend_on_future_tokens() {
+    for pe in [PositionEncoding::None, PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
+        for implementation in [Implementation::Fused, Implementation::Explicit] {
+            tch::manual_seed(2);
+            let (_vs, gpt) = small_gpt(pe, false, implementation);
+            let a = Tensor::from_slice(&[1i64, 5, 7, 2, 9, 3, 3, 8, 0, 4]).unsqueeze(0);
+            let b = a.copy();
+            b.narrow(1, 6, 4).copy_(&Tensor::from_slice(&[11i64, 12, 13, 14]).unsqueeze(0));
+            let la = gpt.forward(&a, false);
+            let lb = gpt.forward(&b, false);
+            assert!(max_abs_diff(&la.narrow(1, 0, 6), &lb.narrow(1, 0, 6)) < 1e-5, "{pe:?} {implementation:?}");
+            assert!(max_abs_diff(&la.narrow(1, 6, 4), &lb.narrow(1, 6, 4)) > 1e-4, "later positions must change");
+        }
+    }
+}
+
+#[test]
+fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
+    tch::manual_seed(3);
+    let opts = (Kind::Float, Device::Cpu);
+    let (b, h, n_q, n_k, d) = (2, 3, 5, 8, 6);
+    let q = Tensor::randn([b, h, n_q, d], opts);
+    let k = Tensor::randn([b, h, n_k, d], opts);
+    let v = Tensor::randn([b, h, n_k, d], opts);
+    let keep =
+        Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0]).view([2, 8]).to_kind(Kind::Bool);
+    let q_sq = Tensor::randn([b, h, n_k, d], opts);
+    for scale in [1.0 / (d as f64).sqrt(), 1.0, 0.37] {
+        let cases: Vec<(&str, &Tensor, Mask)> = vec![
+            ("none", &q, Mask::default()),
+            ("padding", &q, Mask { causal: false, key_padding: Some(&keep) }),
+            ("causal, fewer queries than keys", &q, Mask::causal()),
+            ("causal square", &q_sq, Mask::causal()),
+            ("causal + padding", &q_sq, Mask { causal: true, key_padding: Some(&keep) }),
+        ];
+        for (name, q, mask) in cases {
+            let (explicit, _) = explicit_attention(q, &k, &v, &mask, scale, 0.0, false);
+            let fused = fused_attention(q, &k, &v, &mask, scale, 0.0);
+            let diff = max_abs_diff(&explicit, &fused);
+            assert!(diff < 1e-5, "{name}, scale {scale}: max difference {diff}");
+        }
+    }
+}
+
+#[test]
+fn module_level_fused_and_explicit_agree_for_self_and_cross_attention() {
+    tch::manual_seed(4);
+    let (vs_a, fused) = mha(32, 4, Scale::SqrtDk, Implementation::Fused);
+    let (mut vs_b, explicit) = mha(32, 4, Scale::SqrtDk, Implementation::Explicit);
+    vs_b.copy(&vs_a).unwrap();
+    let x = Tensor::randn([2, 6, 32], (Kind::Float, Device::Cpu));
+    let memory = Tensor::randn([2, 9, 32], (Kind::Float, Device::Cpu));
+    let a = fused.self_attend(&x, &Mask::causal(), false, false).output;
+    let b = explicit.self_attend(&x, &Mask::causal(), false, false).output;
+    assert!(max_abs_diff(&a, &b) < 1e-5);
+    let a = fused.cross_attend(&x, &memory, &Mask::default(), false, false).output;
+    let b = explicit.cross_attend(&x, &memory, &Mask::default(), false, false).output;
+    assert!(max_abs_diff(&a, &b) < 1e-5);
+    assert_eq!(a.size(), vec![2, 6, 32]);
+}
+
+#[test]
+fn cross_attention_reads_keys_and_values_from_the_other_sequence() {
+    tch::manual_seed(5);
+    let (_vs, m) = mha(16, 2, Scale::SqrtDk, Implementation::Explicit);
+    let x = Tensor::randn([1, 4, 16], (Kind::Float, Device::Cpu));
+    let memory = Tensor::randn([1, 7, 16], (Kind::Float, Device::Cpu));
+    let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0);
+    let mask = Mask { causal: false, key_padding: Some(&keep) };
+    let out = m.cross_attend(&x, &memory, &mask, false, true);
+    assert_eq!(out.weights.as_ref().unwrap().size(), vec![1, 2, 4, 7]);
+    // Changing the memory changes the output; changing only padded memory positions does not.
+    let other = m.cross_attend(&x, &Tensor::randn([1, 7, 16], (Kind::Float, Device::Cpu)), &mask, false, false);
+    assert!(max_abs_diff(&out.output, &other.output) > 1e-3);
+    let padded_changed = memory.copy();
+    padded_changed.narrow(1, 5, 2).copy_(&Tensor::randn([1, 2, 16], (Kind::Float, Device::Cpu)));
+    let same = m.cross_attend(&x, &padded_changed, &mask, false, false);
+    assert!(max_abs_diff(&out.output, &same.output) < 1e-6);
+}
+
+#[test]
+fn scaling_by_sqrt_dq_matches_the_closed_form() {
+    // One head, D_q = 4, two keys. Scores kᵀq = [4, 0]; divided by sqrt(4) = 2 they are [2, 0].
+    let q = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0]).view([1, 1, 1, 4]);
+    let k = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0, -1.0]).view([1, 1, 2, 4]);
+    let v = Tensor::from_slice(&[10.0f32, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0]).view([1, 1, 2, 4]);
+    let expected_w0 = 1.0 / (1.0 + (-2.0f64).exp()); // softmax([2, 0])[0]
+    for (scale, w0) in [(0.5, expected_w0), (1.0, 1.0 / (1.0 + (-4.0f64).exp()))] {
+        let (out, w) = explicit_attention(&q, &k, &v, &Mask::default(), scale, 0.0, false);
+        assert!((w.double_value(&[0, 0, 0, 0]) - w0).abs() < 1e-6);
+        assert!((out.double_value(&[0, 0, 0, 0]) - 10.0 * w0).abs() < 1e-5);
+        assert!((out.double_value(&[0, 0, 0, 1]) - 10.0 * (1.0 - w0)).abs() < 1e-5);
+        let fused = fused_attention(&q, &k, &v, &Mask::default(), scale, 0.0);
+        assert!(max_abs_diff(&out, &fused) < 1e-5);
+    }
+    // The module's `sqrt_dk` knob is exactly 1/sqrt(head size).
+    assert_eq!(Scale::SqrtDk.factor(4), 0.5);
+}
+
+#[test]
+fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() {
+    // The seed's MhSa[X] = Ω_c [Sa_1[X]; …; Sa_H[X]], written out head by head with plain matmuls.
+    tch::manual_seed(6);
+    let (d, heads) = (12, 3);
+    let (vs, m) = mha(d, heads, Scale::SqrtDk, Implementation::Auto);
+    let vars = vs.variables();
+    let x = Tensor::randn([1, 5, d], (Kind::Float, Device::Cpu));
+    let (w, b) = (&vars["qkv.weight"], &vars["qkv.bias"]);
+    let (wo, bo) = (&vars["out.weight"], &vars["out.bias"]);
+    let hd = d / heads;
+    let mut outs = Vec::new();
+    for h in 0..heads {
+        let proj = |part: i64| {
+            let rows = part * d + h * hd;
+            x.matmul(&w.narrow(0, rows, hd).tr()) + b.narrow(0, rows, hd)
+        };
+        let (qh, kh, vh) = (proj(0), proj(1), proj(2));
+        let a = (qh.matmul(&kh.transpose(-2, -1)) / (hd as f64).sqrt()).softmax(-1, Kind::Float);
+        outs.push(a.matmul(&vh));
+    }
+    let expected = Tensor::cat(&outs, -1).matmul(&wo.tr()) + bo;
+    let got = m.self_attend(&x, &Mask::default(), false, false).output;
+    assert!(max_abs_diff(&expected, &got) < 1e-5);
+}
+
+#[test]
+fn post_ln_and_pre_ln_layers_normalise_where_the_seed_says() {
+    // Post-LN: the layer's output is a LayerNorm output, so every token has mean 0 and variance 1.
+    tch::manual_seed(7);
+    let layer_for = |pre_ln: bool| {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let att = AttentionConfig::default();
+        let cfg = ablate::layers::LayerConfig {
+            d_model: 16,
+            heads: 4,
+            ffn_hidden: 32,
+            activation: ablate::config::Activation::Relu,
+            pre_ln,
+            dropout: 0.0,
+            attention: &att,
+            cross_attention: false,
+            residual_init_std: 0.02,
+        };
+        let l = ablate::layers::TransformerLayer::new(vs.root(), &cfg);
+        (vs, l)
+    };
+    let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)) * 3.0 + 1.0;
+    let (_vs, post) = layer_for(false);
+    let y = post.forward(&x, &Mask::default(), None, false, false).output;
+    let mean = y.mean_dim(-1, false, Kind::Float);
+    let var = y.var_dim(-1, false, false);
+    assert!(mean.abs().max().double_value(&[]) < 1e-5);
+    assert!((var - 1.0).abs().max().double_value(&[]) < 1e-3);
+    // Pre-LN keeps the residual stream un-normalised: the input's scale and offset survive.
+    let (_vs2, pre) = layer_for(true);
+    let y = pre.forward(&x, &Mask::default(), None, false, false).output;
+    assert!(y.mean(Kind::Float).double_value(&[]) > 0.5);
+}

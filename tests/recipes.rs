@@ -1,0 +1,212 @@
+//! Recipe loading, sweep expansion, error reporting and the result files of a (tiny) real run.
+use ablate::recipe::{parse, Recipe, RecipeError};
+use ablate::results::read_runs;
+use ablate::sweep::{run_recipe, SweepOptions};
+use std::path::PathBuf;
+use tch::Device;
+
+fn load(text: &str) -> Result<Recipe, RecipeError> {
+    parse(text, "test.yaml", "test", false)
+}
+
+fn error(text: &str) -> RecipeError {
+    load(text).expect_err("the recipe should be rejected")
+}
+
+#[test]
+fn a_sweep_expands_to_the_grid_times_the_seeds() {
+    let r =
+        load("model:\n  d_model: 64\nsweep:\n  model.heads: [1, 2, 4]\n  model.pe: [none, learned]\nseeds: [0, 1]\n")
+            .unwrap();
+    assert_eq!(r.runs.len(), 12);
+    assert_eq!(r.sweep_keys, vec!["model.heads", "model.pe"]);
+    let ids: std::collections::HashSet<_> = r.runs.iter().map(|x| x.id.clone()).collect();
+    assert_eq!(ids.len(), 12);
+    let first = &r.runs[0];
+    assert_eq!(first.id, "model.heads=1 model.pe=none seed=0");
+    assert_eq!(first.label, "heads=1 pe=none");
+    assert_eq!(first.config.model.heads, 1);
+    assert_eq!(first.config.model.d_model, 64);
+    assert_eq!(r.runs[11].config.model.heads, 4);
+    assert_eq!(r.runs[11].config.train.seed, 1);
+    // Distinct configs hash differently; the same config hashes the same.
+    assert_ne!(r.runs[0].config_hash, r.runs[1].config_hash);
+    assert_eq!(
+        load("sweep:\n  model.heads: [2]\n").unwrap().runs[0].config_hash,
+        load("model:\n  heads: 2\n").unwrap().runs[0].config_hash
+    );
+}
+
+#[test]
+fn smoke_shrinks_runs_but_keeps_the_sweep_shape() {
+    let text = "model:\n  layers: 6\ntrain:\n  steps: 5000\nsweep:\n  train.batch_size: [8, 32]\nseeds: [0, 1, 2]\n";
+    let full = parse(text, "t.yaml", "t", false).unwrap();
+    let smoke = parse(text, "t.yaml", "t", true).unwrap();
+    assert_eq!(full.runs.len(), smoke.runs.len());
+    assert!(smoke.runs.iter().all(|r| r.config.train.steps <= 6 && r.config.model.layers <= 2));
+    // A swept key keeps its values even when smoke would otherwise shrink it.
+    let sizes: Vec<i64> = smoke.runs.iter().map(|r| r.config.train.batch_size).collect();
+    assert_eq!(sizes, vec![8, 8, 8, 32, 32, 32]);
+}
+
+#[test]
+fn unknown_keys_name_the_line_and_suggest_the_intended_key() {
+    let e = error("model:\n  d_model: 64\n  hedas: 4\n");
+    assert_eq!(e.line, 3, "{e}");
+    assert!(e.message.contains("hedas") && e.message.contains("did you mean `heads`"), "{e}");
+    assert!(e.to_string().starts_with("test.yaml:3: "), "{e}");
+
+    let e = error("model:\n  heads: 2\nsweep:\n  model.hedas: [1, 2]\n");
+    assert_eq!(e.line, 4, "{e}");
+    assert!(e.message.contains("did you mean model.heads?"), "{e}");
+    assert!(e.message.contains("d_model"), "lists the allowed keys: {e}");
+
+    let e = error("modle:\n  heads: 2\n");
+    assert_eq!(e.line, 1, "{e}");
+    assert!(e.message.contains("did you mean `model`"), "{e}");
+}
+
+#[test]
+fn wrong_types_and_bad_enum_values_name_the_line_and_the_allowed_values() {
+    let e = error("model:\n  heads: four\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("model.heads"), "{e}");
+
+    let e = error("model:\n  pe: rotary-ish\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("none") && e.message.contains("sinusoidal") && e.message.contains("learned"), "{e}");
+
+    let e = error("model:\n  attention:\n    scale: sqrt\n");
+    assert_eq!(e.line, 3, "{e}");
+    assert!(e.message.contains("sqrt_dk"), "{e}");
+
+    // A bad value inside a sweep list points at that value's line.
+    let e = error("sweep:\n  model.pe:\n    - none\n    - learnt\n");
+    assert_eq!(e.line, 4, "{e}");
+}
+
+#[test]
+fn impossible_combinations_point_at_the_sweep_value_that_causes_them() {
+    let e = error("model:\n  d_model: 96\nsweep:\n  model.heads:\n    - 2\n    - 5\n");
+    assert_eq!(e.line, 6, "{e}");
+    assert!(e.message.contains("allowed: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96"), "{e}");
+
+    let e = error("model:\n  d_model: 100\n  heads: 8\n");
+    assert_eq!(e.line, 3, "{e}");
+
+    let e = error("train:\n  lr: -0.1\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("train.lr"), "{e}");
+
+    let e = error("data:\n  path: /no/such/file.txt\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("no such file"), "{e}");
+}
+
+#[test]
+fn malformed_sweeps_and_yaml_are_reported_with_their_line() {
+    let e = error("sweep:\n  model.heads: []\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("non-empty list"), "{e}");
+
+    let e = error("sweep:\n  model.heads: 4\n");
+    assert!(e.message.contains("non-empty list"), "{e}");
+
+    let e = error("model:\n  heads: [1, 2\n");
+    assert!(e.message.contains("YAML syntax error"), "{e}");
+    assert!(e.line >= 2, "{e}");
+
+    let e = error("seeds: []\n");
+    assert_eq!(e.line, 1, "{e}");
+
+    let e = error("sweep:\n  model.heads.x: [1]\n");
+    assert!(e.message.contains("is a value, not a section"), "{e}");
+}
+
+#[test]
+fn every_shipped_recipe_loads_and_expands() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let r = ablate::recipe::load(&path, false).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!r.runs.is_empty());
+            count += 1;
+        }
+    }
+    assert!(count >= 2);
+}
+
+fn tiny_recipe(dir: &std::path::Path) -> String {
+    let text: String = "In the beginning was the word, and the word was with the text. ".repeat(120);
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, text).unwrap();
+    format!(
+        "model:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 6\n  batch_size: 4\n  eval_interval: 3\n  eval_batches: 2\n  log_interval: 2\n  probe_attention: true\nsweep:\n  model.heads: [1, 2]\nseeds: [0, 1]\n",
+        data.display()
+    )
+}
+
+#[test]
+fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
+    let dir = std::env::temp_dir().join(format!("ablate-recipe-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = parse(&tiny_recipe(&dir), "tiny.yaml", "tiny", false).unwrap();
+    let out = dir.join("out");
+    let opts = SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true };
+    run_recipe(&recipe, &opts).unwrap();
+    let runs = read_runs(&out.join("runs.csv")).unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        // Every resolved config value is a column, next to the parameter count and the final metrics.
+        for col in [
+            "model.heads",
+            "model.d_model",
+            "train.lr",
+            "data.path",
+            "params",
+            "val_loss",
+            "val_perplexity",
+            "tokens_per_s",
+            "wall_s",
+        ] {
+            assert!(r.contains_key(col), "missing column {col}");
+        }
+        let loss: f64 = r["val_loss"].parse().unwrap();
+        let ppl: f64 = r["val_perplexity"].parse().unwrap();
+        assert!((loss.exp() - ppl).abs() < 1e-3 * ppl);
+    }
+    let curves = ablate::results::read_curves(&out.join("curves.csv")).unwrap();
+    let first = &curves["model.heads=1 seed=0"];
+    assert_eq!(first["val/loss"].iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3, 6]);
+    assert!(first.contains_key("val/attn_entropy") && first.contains_key("train/grad_norm"));
+    for png in ["val_loss.png", "final_val_loss.png", "attn_entropy.png"] {
+        let bytes = std::fs::read(out.join(png)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+    }
+    assert!(out.join("recipe.resolved.yaml").exists());
+
+    // Same seed, same config: identical metrics (CPU determinism), and a re-run trains nothing.
+    assert_eq!(runs[0]["val_loss"], read_runs(&out.join("runs.csv")).unwrap()[0]["val_loss"]);
+    let before = std::fs::read_to_string(out.join("curves.csv")).unwrap();
+    run_recipe(&recipe, &opts).unwrap();
+    assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap(), before);
+    assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);
+
+    // A run killed before its row was written leaves orphan curve rows: they are dropped, the run redone.
+    let runs_text = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    let kept: Vec<&str> = runs_text.lines().take(4).collect(); // header + 3 runs
+    std::fs::write(out.join("runs.csv"), kept.join("\n") + "\n").unwrap();
+    run_recipe(&recipe, &opts).unwrap();
+    let rerun = read_runs(&out.join("runs.csv")).unwrap();
+    assert_eq!(rerun.len(), 4);
+    assert_eq!(rerun[3]["val_loss"], runs[3]["val_loss"], "a re-run of the same seed reproduces its metrics");
+    assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
+
+    // --force starts over.
+    run_recipe(&recipe, &SweepOptions { force: true, ..opts }).unwrap();
+    assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
