@@ -32,8 +32,13 @@ pub struct ModelConfig {
     pub final_norm: bool,
     /// Dropout on embeddings, attention outputs and FFN outputs.
     pub dropout: f64,
-    /// Absolute position encoding added to the input embedding.
+    /// Position encoding: absolute (`sinusoidal`, `learned`, added to token embeddings where `position.at`
+    /// says) or relative (`shaw`, `t5`, `alibi`, `rope`, inside the attention core); `none` for a model that
+    /// cannot tell word order.
     pub pe: PositionEncoding,
+    /// Parameters of the position encodings.
+    #[serde(default)]
+    pub position: PositionConfig,
     /// Context length: the longest sequence the model sees (and the size of a learned PE table).
     pub block_size: i64,
     /// Share the token embedding matrix with the LM head (GPT-2 does; the seed's decoder has its own linear
@@ -55,6 +60,7 @@ impl Default for ModelConfig {
             final_norm: true,
             dropout: 0.0,
             pe: PositionEncoding::Learned,
+            position: PositionConfig::default(),
             block_size: 64,
             tie_embeddings: false,
             attention: AttentionConfig::default(),
@@ -81,6 +87,56 @@ pub enum PositionEncoding {
     None,
     Sinusoidal,
     Learned,
+    Shaw,
+    T5,
+    Alibi,
+    Rope,
+}
+
+impl PositionEncoding {
+    /// Encodings added to the token embeddings (as opposed to acting on attention scores or q/k).
+    pub fn is_absolute(self) -> bool {
+        matches!(self, PositionEncoding::Sinusoidal | PositionEncoding::Learned)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PositionConfig {
+    /// Where an absolute encoding enters (the seed's 12.3.1 names all three): `input` (added once to the
+    /// embeddings), `every_layer` (added to every layer's input), `qk` (added to the inputs of the query and
+    /// key projections in every layer, never to the values).
+    pub at: AbsoluteAt,
+    /// RoPE's base wavelength θ.
+    pub rope_theta: f64,
+    /// Fraction of each head's dimensions RoPE rotates (the rest pass through).
+    pub rope_fraction: f64,
+    /// Shaw: offsets beyond ±this share one learned vector.
+    pub shaw_max_distance: i64,
+    /// T5: number of relative-position buckets, and the offset where the last bucket starts.
+    pub t5_buckets: i64,
+    pub t5_max_distance: i64,
+}
+
+impl Default for PositionConfig {
+    fn default() -> Self {
+        Self {
+            at: AbsoluteAt::Input,
+            rope_theta: 10000.0,
+            rope_fraction: 1.0,
+            shaw_max_distance: 16,
+            t5_buckets: 32,
+            t5_max_distance: 128,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AbsoluteAt {
+    Input,
+    EveryLayer,
+    Qk,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -94,11 +150,41 @@ pub struct AttentionConfig {
     pub dropout: f64,
     /// Biases β_q, β_k, β_v and on the output projection, as in the seed's equations.
     pub bias: bool,
+    /// Which keys each query may see (dense by default).
+    #[serde(default)]
+    pub pattern: PatternConfig,
 }
 
 impl Default for AttentionConfig {
     fn default() -> Self {
-        Self { scale: Scale::SqrtDk, implementation: Implementation::Auto, dropout: 0.0, bias: true }
+        Self {
+            scale: Scale::SqrtDk,
+            implementation: Implementation::Auto,
+            dropout: 0.0,
+            bias: true,
+            pattern: PatternConfig::default(),
+        }
+    }
+}
+
+/// A sparse attention pattern: the union of a (dilated) window and global positions; all unset = dense.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PatternConfig {
+    /// Each token attends to `window` neighbours on each side (only earlier ones in a causal model).
+    pub window: Option<i64>,
+    /// Neighbours are `dilation` positions apart (1: a contiguous window).
+    pub dilation: i64,
+    /// Every `global_every`-th position (0, k, 2k, …: the first token of each block) attends to all tokens
+    /// and is attended by all.
+    pub global_every: Option<i64>,
+    /// Extra learned tokens prepended to the sequence that attend to all and are attended by all.
+    pub global_tokens: i64,
+}
+
+impl Default for PatternConfig {
+    fn default() -> Self {
+        Self { window: None, dilation: 1, global_every: None, global_tokens: 0 }
     }
 }
 
@@ -159,6 +245,8 @@ pub enum Implementation {
     Fused,
     /// Scores, additive mask, softmax, weighted sum: every variant, and the weights can be inspected.
     Explicit,
+    /// The blocked sliding-window kernel: O(N·window) instead of O(N²); needs `pattern.window`.
+    Sparse,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -219,6 +307,8 @@ pub struct TrainConfig {
     pub probe_attention: bool,
     /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
     pub seed: u64,
+    /// Save each trained model to `<out>/checkpoints/` (for `ablate generate`).
+    pub checkpoint: bool,
 }
 
 impl Default for TrainConfig {
@@ -238,6 +328,7 @@ impl Default for TrainConfig {
             log_interval: 10,
             probe_attention: false,
             seed: 0,
+            checkpoint: false,
         }
     }
 }
@@ -297,6 +388,87 @@ impl Config {
             if !(0.0..1.0).contains(&p) {
                 return Err(invalid(key, format!("must be in [0, 1), got {p}")));
             }
+        }
+        let pos = &m.position;
+        if m.pe == PositionEncoding::Rope && !(pos.rope_fraction > 0.0 && pos.rope_fraction <= 1.0) {
+            return Err(invalid(
+                "model.position.rope_fraction",
+                format!("must be in (0, 1], got {}", pos.rope_fraction),
+            ));
+        }
+        if m.pe == PositionEncoding::Rope && m.d_model / m.heads < 2 {
+            return Err(invalid("model.pe", "rope needs heads of at least 2 dimensions (d_model / heads >= 2)"));
+        }
+        if !(pos.rope_theta > 1.0) {
+            return Err(invalid(
+                "model.position.rope_theta",
+                format!("must be greater than 1, got {}", pos.rope_theta),
+            ));
+        }
+        if pos.shaw_max_distance < 1 {
+            return Err(invalid(
+                "model.position.shaw_max_distance",
+                format!("must be at least 1, got {}", pos.shaw_max_distance),
+            ));
+        }
+        if pos.t5_buckets < 4 || pos.t5_max_distance <= pos.t5_buckets / 2 {
+            return Err(invalid(
+                "model.position.t5_buckets",
+                format!(
+                    "need t5_buckets >= 4 and t5_max_distance > t5_buckets / 2, got {} and {}",
+                    pos.t5_buckets, pos.t5_max_distance
+                ),
+            ));
+        }
+        if pos.at != AbsoluteAt::Input && !m.pe.is_absolute() {
+            return Err(invalid(
+                "model.position.at",
+                format!(
+                    "only absolute encodings (sinusoidal, learned) can enter at {:?}; model.pe is {:?}",
+                    pos.at, m.pe
+                ),
+            ));
+        }
+        let p = &m.attention.pattern;
+        if let Some(w) = p.window {
+            if w < 1 {
+                return Err(invalid("model.attention.pattern.window", format!("must be at least 1, got {w}")));
+            }
+            if w * p.dilation >= m.block_size {
+                return Err(invalid(
+                    "model.attention.pattern.window",
+                    format!(
+                        "window {w} × dilation {} covers the whole block of {} tokens: use dense attention (no window) instead",
+                        p.dilation, m.block_size
+                    ),
+                ));
+            }
+        }
+        if p.dilation < 1 {
+            return Err(invalid("model.attention.pattern.dilation", format!("must be at least 1, got {}", p.dilation)));
+        }
+        if p.dilation > 1 && p.window.is_none() {
+            return Err(invalid(
+                "model.attention.pattern.dilation",
+                "a dilation needs a window (model.attention.pattern.window)",
+            ));
+        }
+        if let Some(e) = p.global_every {
+            if e < 1 {
+                return Err(invalid("model.attention.pattern.global_every", format!("must be at least 1, got {e}")));
+            }
+        }
+        if p.global_tokens < 0 {
+            return Err(invalid(
+                "model.attention.pattern.global_tokens",
+                format!("must be at least 0, got {}", p.global_tokens),
+            ));
+        }
+        if m.attention.implementation == Implementation::Sparse && p.window.is_none() {
+            return Err(invalid(
+                "model.attention.implementation",
+                "sparse needs a window pattern (model.attention.pattern.window); use fused or explicit for dense attention",
+            ));
         }
         let t = &self.train;
         if !(t.lr > 0.0 && t.lr.is_finite()) {

@@ -130,6 +130,15 @@ impl CharTokenizer {
         Self { chars: set.into_iter().collect() }
     }
 
+    /// The vocabulary as one string, in id order (what a checkpoint stores).
+    pub fn vocabulary(&self) -> String {
+        self.chars.iter().collect()
+    }
+
+    pub fn from_vocabulary(vocabulary: &str) -> Self {
+        Self { chars: vocabulary.chars().collect() }
+    }
+
     pub fn vocab_size(&self) -> i64 {
         self.chars.len() as i64
     }

@@ -5,13 +5,16 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use crate::attention::Mask;
-use crate::config::ModelConfig;
+use crate::config::{AbsoluteAt, ModelConfig};
 use crate::layers::{LayerConfig, TransformerLayer};
 use crate::pe::AbsolutePositions;
 
 pub struct Gpt {
     token_embedding: nn::Embedding,
     positions: AbsolutePositions,
+    positions_at: AbsoluteAt,
+    /// Extra learned tokens prepended to every sequence (global tokens of a sparse pattern), (G, D).
+    global_tokens: Option<Tensor>,
     layers: Vec<TransformerLayer>,
     final_norm: Option<nn::LayerNorm>,
     /// `None` when the head shares the token embedding matrix.
@@ -19,6 +22,7 @@ pub struct Gpt {
     dropout: f64,
     pub block_size: i64,
     pub vocab_size: i64,
+    device: tch::Device,
 }
 
 impl Gpt {
@@ -34,6 +38,8 @@ impl Gpt {
             pre_ln: cfg.pre_ln,
             dropout: cfg.dropout,
             attention: &cfg.attention,
+            pe: cfg.pe,
+            position: &cfg.position,
             cross_attention: false,
             residual_init_std,
         };
@@ -46,6 +52,11 @@ impl Gpt {
         Self {
             token_embedding: nn::embedding(vs / "token_embedding", vocab_size, cfg.d_model, emb_cfg),
             positions: AbsolutePositions::new(vs / "position", cfg.pe, cfg.block_size, cfg.d_model),
+            positions_at: cfg.position.at,
+            global_tokens: (cfg.attention.pattern.global_tokens > 0).then(|| {
+                let g = cfg.attention.pattern.global_tokens;
+                vs.var("global_tokens", &[g, cfg.d_model], nn::Init::Randn { mean: 0.0, stdev: 0.02 })
+            }),
             layers,
             final_norm: cfg
                 .final_norm
@@ -54,18 +65,43 @@ impl Gpt {
             dropout: cfg.dropout,
             block_size: cfg.block_size,
             vocab_size,
+            device: vs.device(),
         }
     }
 
-    /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for.
+    /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
+    /// global tokens too, if the pattern has any: they come first).
     pub fn forward_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
-        let mut x = self.positions.add_to(&self.token_embedding.forward(idx)).dropout(self.dropout, train);
+        let (b, n) = idx.size2().unwrap();
+        let mut x = self.token_embedding.forward(idx);
+        let table = self.positions.table(n);
+        if let (Some(t), AbsoluteAt::Input) = (&table, self.positions_at) {
+            x = x + t;
+        }
+        let g = self.global_tokens.as_ref().map_or(0, |t| t.size()[0]);
+        // Global tokens carry no position: the encodings added inside the layers are zero for them.
+        let table = table.map(|t| if g > 0 { t.constant_pad_nd([0, 0, g, 0]) } else { t });
+        if let Some(tokens) = &self.global_tokens {
+            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, g, -1], false), x], 1);
+        }
+        x = x.dropout(self.dropout, train);
         let mut weights = Vec::new();
         let mask = Mask::causal();
         for layer in &self.layers {
-            let out = layer.forward(&x, &mask, None, train, want_weights);
+            let qk_add = match self.positions_at {
+                AbsoluteAt::EveryLayer => {
+                    x = x + table.as_ref().expect("absolute encoding");
+                    None
+                }
+                AbsoluteAt::Qk => table.as_ref(),
+                AbsoluteAt::Input => None,
+            };
+            let out = layer.forward(&x, &mask, qk_add, None, train, want_weights);
             x = out.output;
             weights.extend(out.self_weights);
+        }
+        if g > 0 {
+            x = x.narrow(1, g, n);
         }
         if let Some(norm) = &self.final_norm {
             x = norm.forward(&x);
@@ -75,6 +111,11 @@ impl Gpt {
             None => x.matmul(&self.token_embedding.ws.tr()),
         };
         (logits, weights)
+    }
+
+    /// Whether the model can read sequences of `n` tokens (a learned position table has a fixed length).
+    pub fn covers(&self, n: i64) -> bool {
+        self.positions.covers(n)
     }
 
     pub fn forward(&self, idx: &Tensor, train: bool) -> Tensor {
@@ -94,7 +135,8 @@ impl Gpt {
         let n = idx.size()[1];
         let ctx =
             if n > self.block_size { idx.narrow(1, n - self.block_size, self.block_size) } else { idx.shallow_clone() };
-        let logits = self.forward(&ctx, false);
-        logits.select(1, -1).to_kind(Kind::Float)
+        // Decoding loops keep their token lists on the CPU whatever device the model is on.
+        let logits = self.forward(&ctx.to_device(self.device), false);
+        logits.select(1, -1).to_kind(Kind::Float).to_device(tch::Device::Cpu)
     }
 }

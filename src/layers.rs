@@ -6,7 +6,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use crate::attention::{Mask, MultiHeadAttention};
-use crate::config::{Activation, AttentionConfig};
+use crate::config::{Activation, AttentionConfig, PositionConfig, PositionEncoding};
 
 pub struct LayerConfig<'a> {
     pub d_model: i64,
@@ -16,6 +16,9 @@ pub struct LayerConfig<'a> {
     pub pre_ln: bool,
     pub dropout: f64,
     pub attention: &'a AttentionConfig,
+    /// The model's position encoding: relative schemes live in the self-attention unit.
+    pub pe: PositionEncoding,
+    pub position: &'a PositionConfig,
     pub cross_attention: bool,
     /// Initial standard deviation of the projections that write into the residual stream.
     pub residual_init_std: f64,
@@ -73,13 +76,24 @@ pub struct LayerOutput {
 impl TransformerLayer {
     pub fn new(vs: nn::Path, cfg: &LayerConfig) -> Self {
         let ln = |name: &str| nn::layer_norm(&vs / name, vec![cfg.d_model], Default::default());
-        let mha = |name: &str| {
-            MultiHeadAttention::new(&vs / name, cfg.d_model, cfg.heads, cfg.attention, cfg.residual_init_std)
-        };
+        let self_attention = MultiHeadAttention::new(
+            &vs / "attn",
+            cfg.d_model,
+            cfg.heads,
+            cfg.attention,
+            cfg.pe,
+            cfg.position,
+            cfg.residual_init_std,
+        );
+        let cross = cfg.cross_attention.then(|| {
+            let mha =
+                MultiHeadAttention::plain(&vs / "cross", cfg.d_model, cfg.heads, cfg.attention, cfg.residual_init_std);
+            (mha, ln("norm_cross"))
+        });
         Self {
-            self_attention: mha("attn"),
+            self_attention,
             norm_attention: ln("norm_attn"),
-            cross: cfg.cross_attention.then(|| (mha("cross"), ln("norm_cross"))),
+            cross,
             ffn: FeedForward::new(&vs / "ffn", cfg.d_model, cfg.ffn_hidden, cfg.activation, cfg.residual_init_std),
             norm_ffn: ln("norm_ffn"),
             pre_ln: cfg.pre_ln,
@@ -96,19 +110,20 @@ impl TransformerLayer {
         }
     }
 
-    /// `memory` and `memory_mask` are the encoder output and its padding mask, for layers built with
-    /// cross-attention.
+    /// `qk_add` (N, D) is an absolute position encoding for the query/key inputs only. `memory` and its mask
+    /// are the encoder output and its padding, for layers built with cross-attention.
     pub fn forward(
         &self,
         x: &Tensor,
         mask: &Mask,
+        qk_add: Option<&Tensor>,
         memory: Option<(&Tensor, &Mask)>,
         train: bool,
         want_weights: bool,
     ) -> LayerOutput {
         let mut self_weights = None;
         let x = self.residual(x, &self.norm_attention, train, |h| {
-            let a = self.self_attention.self_attend(h, mask, train, want_weights);
+            let a = self.self_attention.self_attend(h, mask, qk_add, train, want_weights);
             self_weights = a.weights;
             a.output
         });

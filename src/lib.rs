@@ -1,6 +1,7 @@
 //! ablate: train Transformer variants from YAML recipes and measure what each mechanism buys.
 pub mod attention;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod generate;

@@ -2,6 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ablate::bench::{self, BenchConfig};
+use ablate::generate::Decoding;
 use ablate::recipe::{self, RecipeError};
 use ablate::sweep::{plot_results, run_recipe, SweepOptions};
 use clap::{Parser, Subcommand};
@@ -51,6 +52,29 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Generate text from a checkpoint saved by a run with `train.checkpoint: true`.
+    Generate {
+        /// The run's `.safetensors` (or `.json`) file under `<results>/checkpoints/`.
+        checkpoint: PathBuf,
+        #[arg(long, default_value = "\n")]
+        prompt: String,
+        /// Number of new tokens.
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
+        /// greedy, sample (temperature, optional top-k) or beam (width).
+        #[arg(long, default_value = "sample")]
+        decoding: String,
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f64,
+        #[arg(long)]
+        top_k: Option<i64>,
+        #[arg(long, default_value_t = 4)]
+        width: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: i64,
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// Training-step throughput of a GPT on random tokens (compare with bench/eager_gpt.py).
     Bench {
         #[arg(long, default_value_t = 4)]
@@ -79,6 +103,17 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
         Some(Command::Plot { recipe, out }) => plot(&recipe, out),
+        Some(Command::Generate { checkpoint, prompt, tokens, decoding, temperature, top_k, width, seed, device }) => {
+            let decoding = match decoding.as_str() {
+                "greedy" => Ok(Decoding::Greedy),
+                "sample" if temperature > 0.0 => Ok(Decoding::Sample { temperature, top_k }),
+                "sample" => Err(anyhow::anyhow!("--temperature must be positive, got {temperature}")),
+                "beam" if width >= 1 => Ok(Decoding::Beam { width }),
+                "beam" => Err(anyhow::anyhow!("--width must be at least 1")),
+                other => Err(anyhow::anyhow!("--decoding {other}: allowed values are greedy, sample, beam")),
+            };
+            decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device))
+        }
         Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, device }) => {
             device_or_exit(&device).map(|device| {
                 let r = bench::run(&BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps }, device);
@@ -102,6 +137,26 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn generate_text(
+    checkpoint: &Path,
+    prompt: &str,
+    tokens: usize,
+    decoding: Decoding,
+    seed: i64,
+    device: &str,
+) -> anyhow::Result<()> {
+    let device = device_or_exit(device)?;
+    let (_, tokenizer, _vs, model) = ablate::checkpoint::load(checkpoint, device)?;
+    let ids = tokenizer.encode(prompt).map_err(|e| anyhow::anyhow!("--prompt: {e}"))?;
+    if ids.is_empty() {
+        anyhow::bail!("--prompt is empty: give at least one character");
+    }
+    tch::manual_seed(seed);
+    let out = ablate::generate::generate(&model, &ids, tokens, decoding);
+    println!("{}", tokenizer.decode(&out));
+    Ok(())
 }
 
 fn device_or_exit(spec: &str) -> anyhow::Result<tch::Device> {

@@ -15,7 +15,11 @@ pub enum AbsolutePositions {
 impl AbsolutePositions {
     pub fn new(vs: nn::Path, kind: PositionEncoding, max_len: i64, d_model: i64) -> Self {
         match kind {
-            PositionEncoding::None => AbsolutePositions::None,
+            PositionEncoding::None
+            | PositionEncoding::Shaw
+            | PositionEncoding::T5
+            | PositionEncoding::Alibi
+            | PositionEncoding::Rope => AbsolutePositions::None,
             PositionEncoding::Sinusoidal => {
                 AbsolutePositions::Sinusoidal(sinusoidal_table(max_len, d_model, vs.device()))
             }
@@ -27,12 +31,22 @@ impl AbsolutePositions {
         }
     }
 
-    /// Adds Π for positions 0..N to `x` (B, N, D).
-    pub fn add_to(&self, x: &Tensor) -> Tensor {
-        let n = x.size()[1];
+    /// Π for positions 0..N, (N, D); `None` without an absolute encoding. Sinusoids extend to any length; a
+    /// learned table only covers the lengths it was trained on (see `covers`).
+    pub fn table(&self, n: i64) -> Option<Tensor> {
         match self {
-            AbsolutePositions::None => x.shallow_clone(),
-            AbsolutePositions::Sinusoidal(t) | AbsolutePositions::Learned(t) => x + t.narrow(0, 0, n),
+            AbsolutePositions::None => None,
+            AbsolutePositions::Sinusoidal(t) if n <= t.size()[0] => Some(t.narrow(0, 0, n)),
+            AbsolutePositions::Sinusoidal(t) => Some(sinusoidal_table(n, t.size()[1], t.device())),
+            AbsolutePositions::Learned(t) => Some(t.narrow(0, 0, n)),
+        }
+    }
+
+    /// Whether sequences of length `n` can be encoded.
+    pub fn covers(&self, n: i64) -> bool {
+        match self {
+            AbsolutePositions::Learned(t) => n <= t.size()[0],
+            _ => true,
         }
     }
 }

@@ -69,9 +69,18 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 bar.set_message(format!("step {step}/{steps} loss {loss:.4}"));
             }
         };
-        let outcome = crate::train::train(&run.config, data, opts.device, &mut progress)
-            .with_context(|| format!("run `{}`", run.id))?
-            .outcome;
+        let trained = crate::train::train(&run.config, data, opts.device, &mut progress)
+            .with_context(|| format!("run `{}`", run.id))?;
+        if run.config.train.checkpoint {
+            crate::checkpoint::save(
+                &results.dir.join("checkpoints"),
+                &run.id,
+                &run.config,
+                &data.tokenizer,
+                &trained.vs,
+            )?;
+        }
+        let outcome = trained.outcome;
         results.append(run, &outcome)?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.

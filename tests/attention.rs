@@ -10,8 +10,8 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
 
 fn mha(d: i64, heads: i64, scale: Scale, implementation: Implementation) -> (nn::VarStore, MultiHeadAttention) {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = AttentionConfig { scale, implementation, dropout: 0.0, bias: true };
-    let m = MultiHeadAttention::new(vs.root(), d, heads, &cfg, 0.02);
+    let cfg = AttentionConfig { scale, implementation, ..Default::default() };
+    let m = MultiHeadAttention::plain(vs.root(), d, heads, &cfg, 0.02);
     // Larger weights than the training init, so the softmax is far from uniform and differences show.
     tch::no_grad(|| {
         for mut p in vs.trainable_variables() {
@@ -27,8 +27,8 @@ fn attention_rows_sum_to_one_and_masked_keys_get_zero_weight() {
     let (_vs, m) = mha(16, 4, Scale::SqrtDk, Implementation::Explicit);
     let x = Tensor::randn([3, 7, 16], (Kind::Float, Device::Cpu));
     let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0).repeat([3, 1]);
-    let mask = Mask { causal: true, key_padding: Some(&keep) };
-    let w = m.self_attend(&x, &mask, false, true).weights.unwrap();
+    let mask = Mask { causal: true, key_padding: Some(&keep), offset: 0 };
+    let w = m.self_attend(&x, &mask, None, false, true).weights.unwrap();
     assert_eq!(w.size(), vec![3, 4, 7, 7]);
     let row_sums = w.sum_dim_intlist(-1, false, Kind::Float);
     assert!(max_abs_diff(&row_sums, &row_sums.ones_like()) < 1e-5);
@@ -49,8 +49,8 @@ fn without_position_encoding_permuting_the_input_permutes_the_output() {
     let (_vs, m) = mha(24, 3, Scale::SqrtDk, Implementation::Auto);
     let x = Tensor::randn([2, 9, 24], (Kind::Float, Device::Cpu));
     let perm = Tensor::from_slice(&[4i64, 0, 8, 2, 7, 1, 3, 6, 5]);
-    let y = m.self_attend(&x, &Mask::default(), false, false).output;
-    let y_of_permuted = m.self_attend(&x.index_select(1, &perm), &Mask::default(), false, false).output;
+    let y = m.self_attend(&x, &Mask::default(), None, false, false).output;
+    let y_of_permuted = m.self_attend(&x.index_select(1, &perm), &Mask::default(), None, false, false).output;
     assert!(max_abs_diff(&y.index_select(1, &perm), &y_of_permuted) < 1e-5);
 }
 
@@ -101,14 +101,15 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
     for scale in [1.0 / (d as f64).sqrt(), 1.0, 0.37] {
         let cases: Vec<(&str, &Tensor, Mask)> = vec![
             ("none", &q, Mask::default()),
-            ("padding", &q, Mask { causal: false, key_padding: Some(&keep) }),
+            ("padding", &q, Mask { causal: false, key_padding: Some(&keep), offset: 0 }),
             ("causal, fewer queries than keys", &q, Mask::causal()),
             ("causal square", &q_sq, Mask::causal()),
-            ("causal + padding", &q_sq, Mask { causal: true, key_padding: Some(&keep) }),
+            ("causal + padding", &q_sq, Mask { causal: true, key_padding: Some(&keep), offset: 0 }),
         ];
         for (name, q, mask) in cases {
-            let (explicit, _) = explicit_attention(q, &k, &v, &mask, scale, 0.0, false);
-            let fused = fused_attention(q, &k, &v, &mask, scale, 0.0);
+            let bias = mask.additive_bias(q.size()[2], n_k, Device::Cpu, Kind::Float);
+            let (explicit, _) = explicit_attention(q, &k, &v, bias.as_ref(), scale, 0.0, false);
+            let fused = fused_attention(q, &k, &v, bias.as_ref(), false, scale, 0.0);
             let diff = max_abs_diff(&explicit, &fused);
             assert!(diff < 1e-5, "{name}, scale {scale}: max difference {diff}");
         }
@@ -123,8 +124,8 @@ fn module_level_fused_and_explicit_agree_for_self_and_cross_attention() {
     vs_b.copy(&vs_a).unwrap();
     let x = Tensor::randn([2, 6, 32], (Kind::Float, Device::Cpu));
     let memory = Tensor::randn([2, 9, 32], (Kind::Float, Device::Cpu));
-    let a = fused.self_attend(&x, &Mask::causal(), false, false).output;
-    let b = explicit.self_attend(&x, &Mask::causal(), false, false).output;
+    let a = fused.self_attend(&x, &Mask::causal(), None, false, false).output;
+    let b = explicit.self_attend(&x, &Mask::causal(), None, false, false).output;
     assert!(max_abs_diff(&a, &b) < 1e-5);
     let a = fused.cross_attend(&x, &memory, &Mask::default(), false, false).output;
     let b = explicit.cross_attend(&x, &memory, &Mask::default(), false, false).output;
@@ -139,7 +140,7 @@ fn cross_attention_reads_keys_and_values_from_the_other_sequence() {
     let x = Tensor::randn([1, 4, 16], (Kind::Float, Device::Cpu));
     let memory = Tensor::randn([1, 7, 16], (Kind::Float, Device::Cpu));
     let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0);
-    let mask = Mask { causal: false, key_padding: Some(&keep) };
+    let mask = Mask { causal: false, key_padding: Some(&keep), offset: 0 };
     let out = m.cross_attend(&x, &memory, &mask, false, true);
     assert_eq!(out.weights.as_ref().unwrap().size(), vec![1, 2, 4, 7]);
     // Changing the memory changes the output; changing only padded memory positions does not.
@@ -159,11 +160,11 @@ fn scaling_by_sqrt_dq_matches_the_closed_form() {
     let v = Tensor::from_slice(&[10.0f32, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0]).view([1, 1, 2, 4]);
     let expected_w0 = 1.0 / (1.0 + (-2.0f64).exp()); // softmax([2, 0])[0]
     for (scale, w0) in [(0.5, expected_w0), (1.0, 1.0 / (1.0 + (-4.0f64).exp()))] {
-        let (out, w) = explicit_attention(&q, &k, &v, &Mask::default(), scale, 0.0, false);
+        let (out, w) = explicit_attention(&q, &k, &v, None, scale, 0.0, false);
         assert!((w.double_value(&[0, 0, 0, 0]) - w0).abs() < 1e-6);
         assert!((out.double_value(&[0, 0, 0, 0]) - 10.0 * w0).abs() < 1e-5);
         assert!((out.double_value(&[0, 0, 0, 1]) - 10.0 * (1.0 - w0)).abs() < 1e-5);
-        let fused = fused_attention(&q, &k, &v, &Mask::default(), scale, 0.0);
+        let fused = fused_attention(&q, &k, &v, None, false, scale, 0.0);
         assert!(max_abs_diff(&out, &fused) < 1e-5);
     }
     // The module's `sqrt_dk` knob is exactly 1/sqrt(head size).
@@ -192,7 +193,7 @@ fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() 
         outs.push(a.matmul(&vh));
     }
     let expected = Tensor::cat(&outs, -1).matmul(&wo.tr()) + bo;
-    let got = m.self_attend(&x, &Mask::default(), false, false).output;
+    let got = m.self_attend(&x, &Mask::default(), None, false, false).output;
     assert!(max_abs_diff(&expected, &got) < 1e-5);
 }
 
@@ -211,6 +212,8 @@ fn post_ln_and_pre_ln_layers_normalise_where_the_seed_says() {
             pre_ln,
             dropout: 0.0,
             attention: &att,
+            pe: PositionEncoding::None,
+            position: &Default::default(),
             cross_attention: false,
             residual_init_std: 0.02,
         };
@@ -219,13 +222,13 @@ fn post_ln_and_pre_ln_layers_normalise_where_the_seed_says() {
     };
     let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)) * 3.0 + 1.0;
     let (_vs, post) = layer_for(false);
-    let y = post.forward(&x, &Mask::default(), None, false, false).output;
+    let y = post.forward(&x, &Mask::default(), None, None, false, false).output;
     let mean = y.mean_dim(-1, false, Kind::Float);
     let var = y.var_dim(-1, false, false);
     assert!(mean.abs().max().double_value(&[]) < 1e-5);
     assert!((var - 1.0).abs().max().double_value(&[]) < 1e-3);
     // Pre-LN keeps the residual stream un-normalised: the input's scale and offset survive.
     let (_vs2, pre) = layer_for(true);
-    let y = pre.forward(&x, &Mask::default(), None, false, false).output;
+    let y = pre.forward(&x, &Mask::default(), None, None, false, false).output;
     assert!(y.mean(Kind::Float).double_value(&[]) > 0.5);
 }

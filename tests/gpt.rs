@@ -189,3 +189,24 @@ fn learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
     assert!((lr(110) - 0.1).abs() < 1e-12);
     assert!((10..110).all(|s| lr(s + 1) <= lr(s)));
 }
+
+#[test]
+fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
+    let (vs, model) = tiny_model(11, 3);
+    let cfg = Config {
+        model: ModelConfig { d_model: 32, layers: 2, heads: 4, block_size: 24, ..Default::default() },
+        data: DataConfig::default(),
+        train: TrainConfig::default(),
+    };
+    let tokenizer = ablate::data::CharTokenizer::fit("abcdefghijk");
+    let dir = std::env::temp_dir().join(format!("ablate-ckpt-{}", std::process::id()));
+    let path = ablate::checkpoint::save(&dir, "model.heads=4 seed=0", &cfg, &tokenizer, &vs).unwrap();
+    assert!(path.ends_with("model.heads=4_seed=0.safetensors"));
+    let (loaded_cfg, loaded_tok, _vs2, loaded) = ablate::checkpoint::load(&path, Device::Cpu).unwrap();
+    assert_eq!(loaded_cfg, cfg);
+    assert_eq!(loaded_tok.vocabulary(), "abcdefghijk");
+    let idx = Tensor::from_slice(&[1i64, 5, 2, 9]).unsqueeze(0);
+    let diff = (model.forward(&idx, false) - loaded.forward(&idx, false)).abs().max().double_value(&[]);
+    assert_eq!(diff, 0.0);
+    let _ = std::fs::remove_dir_all(dir);
+}

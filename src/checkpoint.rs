@@ -1,0 +1,56 @@
+//! A trained model on disk: weights in safetensors next to a JSON file with the config and the vocabulary,
+//! enough to rebuild the model and decode text with `ablate generate`.
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tch::{nn, Device};
+
+use crate::config::Config;
+use crate::data::CharTokenizer;
+use crate::gpt::Gpt;
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    run_id: String,
+    config: Config,
+    vocabulary: String,
+}
+
+/// File-system-safe name for a run id (`model.heads=4 seed=1` -> `model.heads=4_seed=1`).
+pub fn file_stem(run_id: &str) -> String {
+    run_id.chars().map(|c| if c.is_ascii_alphanumeric() || "=.-_".contains(c) { c } else { '_' }).collect()
+}
+
+/// Writes `<dir>/<run>.safetensors` and `<dir>/<run>.json`; returns the weights' path.
+pub fn save(
+    dir: &Path,
+    run_id: &str,
+    config: &Config,
+    tokenizer: &CharTokenizer,
+    vs: &nn::VarStore,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stem = file_stem(run_id);
+    let weights = dir.join(format!("{stem}.safetensors"));
+    let tmp = dir.join(format!("{stem}.tmp.safetensors"));
+    vs.save(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &weights)?;
+    let meta = Meta { run_id: run_id.to_string(), config: config.clone(), vocabulary: tokenizer.vocabulary() };
+    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&meta)?)?;
+    Ok(weights)
+}
+
+/// Loads a checkpoint given its `.safetensors` or `.json` path.
+pub fn load(path: &Path, device: Device) -> Result<(Config, CharTokenizer, nn::VarStore, Gpt)> {
+    let weights = path.with_extension("safetensors");
+    let meta_path = path.with_extension("json");
+    let meta: Meta = serde_json::from_str(
+        &std::fs::read_to_string(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?,
+    )
+    .with_context(|| format!("{} is not an ablate checkpoint description", meta_path.display()))?;
+    let tokenizer = CharTokenizer::from_vocabulary(&meta.vocabulary);
+    let mut vs = nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &meta.config.model, tokenizer.vocab_size());
+    vs.load(&weights).with_context(|| format!("loading weights from {}", weights.display()))?;
+    Ok((meta.config, tokenizer, vs, model))
+}

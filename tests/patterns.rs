@@ -1,0 +1,162 @@
+//! Sparse attention patterns (the seed's 12.9): the truly sparse kernel equals its mask-based twin, a window
+//! covering the whole sequence is dense attention, and no token ever receives weight from outside its pattern.
+use ablate::attention::{Mask, MultiHeadAttention};
+use ablate::config::{AttentionConfig, Implementation, PatternConfig, PositionConfig, PositionEncoding};
+use tch::{nn, Device, Kind, Tensor};
+
+fn attention(
+    pattern: &PatternConfig,
+    implementation: Implementation,
+    pe: PositionEncoding,
+) -> (nn::VarStore, MultiHeadAttention) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = AttentionConfig { implementation, pattern: pattern.clone(), ..Default::default() };
+    let position = PositionConfig { shaw_max_distance: 3, t5_buckets: 8, t5_max_distance: 16, ..Default::default() };
+    let m = MultiHeadAttention::new(vs.root(), 16, 2, &cfg, pe, &position, 0.02);
+    (vs, m)
+}
+
+/// The same weights in a sparse-kernel unit and an explicit (mask-based) unit.
+fn twins(pattern: &PatternConfig, pe: PositionEncoding) -> (nn::VarStore, MultiHeadAttention, MultiHeadAttention) {
+    let (vs_a, sparse) = attention(pattern, Implementation::Sparse, pe);
+    let (mut vs_b, masked) = attention(pattern, Implementation::Explicit, pe);
+    tch::no_grad(|| {
+        for mut p in vs_a.trainable_variables() {
+            p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.4));
+        }
+    });
+    vs_b.copy(&vs_a).unwrap();
+    (vs_a, sparse, masked)
+}
+
+fn pattern(window: Option<i64>, dilation: i64, global_every: Option<i64>, global_tokens: i64) -> PatternConfig {
+    PatternConfig { window, dilation, global_every, global_tokens }
+}
+
+/// Brute-force definition of the pattern, written independently of the library's tensor code.
+fn allowed_by_definition(p: &PatternConfig, n: i64, causal: bool, i: i64, j: i64) -> bool {
+    if causal && j > i {
+        return false;
+    }
+    if p.window.is_none() && p.global_every.is_none() {
+        return true;
+    }
+    let global = |x: i64| {
+        x < p.global_tokens || p.global_every.is_some_and(|e| x >= p.global_tokens && (x - p.global_tokens) % e == 0)
+    };
+    let in_window = p.window.is_some_and(|w| (i - j).abs() <= w * p.dilation && (i - j) % p.dilation == 0);
+    let _ = n;
+    i == j || in_window || global(i) || global(j)
+}
+
+#[test]
+fn the_sparse_kernel_equals_its_mask_based_twin() {
+    let cases = [
+        (pattern(Some(2), 1, None, 0), 13),
+        (pattern(Some(3), 1, None, 0), 12),
+        (pattern(Some(2), 3, None, 0), 17),
+        (pattern(Some(1), 2, None, 0), 8),
+        (pattern(Some(2), 1, Some(5), 0), 14),
+        (pattern(Some(2), 2, None, 2), 15),
+        (pattern(Some(1), 1, Some(4), 1), 11),
+        (pattern(Some(5), 1, None, 0), 4),
+    ];
+    let pes = [
+        PositionEncoding::None,
+        PositionEncoding::Alibi,
+        PositionEncoding::T5,
+        PositionEncoding::Shaw,
+        PositionEncoding::Rope,
+    ];
+    for (p, n) in cases {
+        for causal in [false, true] {
+            for pe in pes {
+                tch::manual_seed(20);
+                let (_vs, sparse, masked) = twins(&p, pe);
+                let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
+                let mask = Mask { causal, key_padding: None, offset: 0 };
+                let a = sparse.self_attend(&x, &mask, None, false, false).output;
+                let b = masked.self_attend(&x, &mask, None, false, false).output;
+                let diff = (&a - &b).abs().max().double_value(&[]);
+                assert!(diff < 1e-5, "{p:?} n={n} causal={causal} {pe:?}: sparse and mask-based differ by {diff}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_sparse_kernel_has_the_same_gradients_as_the_mask_based_twin() {
+    tch::manual_seed(21);
+    let p = pattern(Some(2), 2, Some(6), 1);
+    let (_vs, sparse, masked) = twins(&p, PositionEncoding::Alibi);
+    let x = Tensor::randn([1, 19, 16], (Kind::Float, Device::Cpu));
+    let grad = |m: &MultiHeadAttention| {
+        let xi = x.copy().set_requires_grad(true);
+        let out = m.self_attend(&xi, &Mask::causal(), None, true, false).output;
+        (&out * out.ones_like().cumsum(1, Kind::Float)).sum(Kind::Float).backward();
+        xi.grad()
+    };
+    let diff = (grad(&sparse) - grad(&masked)).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "gradients differ by {diff}");
+}
+
+#[test]
+fn a_window_that_covers_the_sequence_is_dense_attention() {
+    tch::manual_seed(22);
+    let n = 9;
+    for causal in [false, true] {
+        let (vs_dense, dense) = attention(&PatternConfig::default(), Implementation::Explicit, PositionEncoding::None);
+        tch::no_grad(|| {
+            for mut p in vs_dense.trainable_variables() {
+                p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.4));
+            }
+        });
+        let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
+        let mask = Mask { causal, key_padding: None, offset: 0 };
+        let expected = dense.self_attend(&x, &mask, None, false, false).output;
+        for implementation in [Implementation::Explicit, Implementation::Sparse] {
+            let (mut vs, wide) = attention(&pattern(Some(n), 1, None, 0), implementation, PositionEncoding::None);
+            vs.copy(&vs_dense).unwrap();
+            let got = wide.self_attend(&x, &mask, None, false, false).output;
+            let diff = (&got - &expected).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{implementation:?} causal={causal}: {diff}");
+        }
+    }
+}
+
+#[test]
+fn no_token_receives_weight_from_outside_its_pattern() {
+    tch::manual_seed(23);
+    let n = 16;
+    for p in [
+        pattern(Some(2), 1, None, 0),
+        pattern(Some(2), 3, None, 0),
+        pattern(Some(1), 1, Some(5), 2),
+        pattern(None, 1, Some(4), 0),
+    ] {
+        for causal in [false, true] {
+            let (vs, m) = attention(&p, Implementation::Explicit, PositionEncoding::Alibi);
+            tch::no_grad(|| {
+                for mut t in vs.trainable_variables() {
+                    t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.4));
+                }
+            });
+            let x = Tensor::randn([1, n, 16], (Kind::Float, Device::Cpu));
+            let w =
+                m.self_attend(&x, &Mask { causal, key_padding: None, offset: 0 }, None, false, true).weights.unwrap();
+            let library = p.allowed(n, causal, Device::Cpu).unwrap();
+            for i in 0..n {
+                for j in 0..n {
+                    let ok = allowed_by_definition(&p, n, causal, i, j);
+                    assert_eq!(library.int64_value(&[i, j]) == 1, ok, "{p:?} causal={causal}: allowed({i}, {j})");
+                    let weight = w.select(2, i).select(2, j).abs().max().double_value(&[]);
+                    if !ok {
+                        assert_eq!(weight, 0.0, "{p:?} causal={causal}: query {i} took weight {weight} from key {j}");
+                    } else {
+                        assert!(weight > 0.0, "{p:?} causal={causal}: query {i} ignores allowed key {j}");
+                    }
+                }
+            }
+        }
+    }
+}

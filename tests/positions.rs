@@ -1,0 +1,188 @@
+//! Position encodings (the seed's 12.3.1; Shaw, T5, ALiBi, RoPE): relative schemes see offsets only, and
+//! every encoding makes the model order-sensitive where no encoding cannot be.
+use ablate::attention::relative::{alibi_slopes, t5_bucket, Relative};
+use ablate::attention::{Mask, MultiHeadAttention};
+use ablate::config::{AbsoluteAt, Activation, AttentionConfig, Implementation, PositionConfig, PositionEncoding};
+use ablate::layers::{LayerConfig, TransformerLayer};
+use ablate::pe::AbsolutePositions;
+use tch::nn::Module;
+use tch::{nn, Device, Kind, Tensor};
+
+const RELATIVE: [PositionEncoding; 4] =
+    [PositionEncoding::Shaw, PositionEncoding::T5, PositionEncoding::Alibi, PositionEncoding::Rope];
+
+fn randomise(vs: &nn::VarStore, std: f64) {
+    tch::no_grad(|| {
+        for mut p in vs.trainable_variables() {
+            p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * std));
+        }
+    });
+}
+
+fn attention_with(pe: PositionEncoding) -> (nn::VarStore, MultiHeadAttention) {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = AttentionConfig { implementation: Implementation::Explicit, ..Default::default() };
+    let position = PositionConfig { shaw_max_distance: 4, t5_buckets: 8, t5_max_distance: 20, ..Default::default() };
+    let m = MultiHeadAttention::new(vs.root(), 16, 4, &cfg, pe, &position, 0.02);
+    randomise(&vs, 0.4);
+    (vs, m)
+}
+
+#[test]
+fn relative_schemes_give_the_same_scores_when_every_position_shifts() {
+    for pe in RELATIVE {
+        for causal in [false, true] {
+            tch::manual_seed(10);
+            let (vs, m) = attention_with(pe);
+            let x = Tensor::randn([2, 12, 16], (Kind::Float, Device::Cpu));
+            let at = |offset: i64| {
+                let mask = Mask { causal, key_padding: None, offset };
+                m.self_attend(&x, &mask, None, false, true).weights.unwrap()
+            };
+            let base = at(0);
+            for offset in [1, 37, 1000] {
+                let diff = (&base - at(offset)).abs().max().double_value(&[]);
+                assert!(diff < 1e-5, "{pe:?} causal={causal}: shifting by {offset} changed weights by {diff}");
+            }
+            // And the scheme does act: the weights differ from attention without positions.
+            let (mut vs_plain, plain) = attention_with(PositionEncoding::None);
+            vs_plain.copy(&vs).unwrap(); // the projections; the scheme's own parameters have no counterpart
+            let w_plain = plain
+                .self_attend(&x, &Mask { causal, key_padding: None, offset: 0 }, None, false, true)
+                .weights
+                .unwrap();
+            assert!((&base - w_plain).abs().max().double_value(&[]) > 1e-3, "{pe:?} had no effect");
+        }
+    }
+}
+
+#[test]
+fn alibi_slopes_are_the_papers_geometric_sequence() {
+    let eight = alibi_slopes(8);
+    let expected: Vec<f64> = (1..=8).map(|i| 0.5f64.powi(i)).collect();
+    assert_eq!(eight, expected);
+    // Not a power of two: the 4-head slopes, then every other slope of the 8-head sequence.
+    assert_eq!(alibi_slopes(6), vec![0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]);
+    assert_eq!(alibi_slopes(1), vec![2f64.powi(-8)]);
+}
+
+#[test]
+fn alibi_bias_is_minus_slope_times_distance() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let r = Relative::new(&vs.root(), PositionEncoding::Alibi, &PositionConfig::default(), 8, 4);
+    let q = Tensor::zeros([1, 8, 5, 4], (Kind::Float, Device::Cpu));
+    let i = Tensor::arange(5, (Kind::Int64, Device::Cpu)).view([5, 1]);
+    let j = Tensor::arange(5, (Kind::Int64, Device::Cpu)).view([1, 5]);
+    let bias = r.score_bias(&q, &(i - j), true, 1.0).unwrap();
+    assert_eq!(bias.size(), vec![1, 8, 5, 5]);
+    assert!((bias.double_value(&[0, 0, 4, 1]) - (-0.5 * 3.0)).abs() < 1e-6);
+    assert!((bias.double_value(&[0, 2, 1, 3]) - (-0.125 * 2.0)).abs() < 1e-6);
+}
+
+#[test]
+fn t5_buckets_are_exact_near_and_logarithmic_far() {
+    let dist = Tensor::from_slice(&[0i64, 1, 3, 4, 7, 8, 15, 16, 100, 1000, -1, -5]);
+    let causal = Vec::<i64>::try_from(t5_bucket(&dist, false, 16, 64)).unwrap();
+    // 8 exact buckets (0..7), then log-spaced up to the last bucket at max_distance 64; keys after the query
+    // (negative offsets) fall into bucket 0 in a causal model.
+    assert_eq!(&causal[..5], &[0, 1, 3, 4, 7]);
+    assert!(causal[5] >= 8 && causal[6] >= causal[5] && causal[7] >= causal[6]);
+    assert_eq!(causal[8], 15);
+    assert_eq!(causal[9], 15);
+    assert_eq!(&causal[10..], &[0, 0]);
+    let bidirectional = Vec::<i64>::try_from(t5_bucket(&dist, true, 16, 64)).unwrap();
+    // Half the buckets per direction: keys after the query use buckets 8..15.
+    assert_eq!(bidirectional[1], 1);
+    assert_eq!(bidirectional[10], 9);
+    assert!(bidirectional[11] > 8);
+}
+
+#[test]
+fn rope_scores_depend_only_on_the_offset() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    for fraction in [1.0, 0.5] {
+        let cfg = PositionConfig { rope_fraction: fraction, ..Default::default() };
+        let r = Relative::new(&vs.root(), PositionEncoding::Rope, &cfg, 1, 8);
+        tch::manual_seed(11);
+        let q = Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu));
+        let k = Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu));
+        let score = |i: i64, j: i64| (r.rotate(&q, i) * r.rotate(&k, j)).sum(Kind::Float).double_value(&[]);
+        let s = score(3, 1);
+        assert!((s - score(10, 8)).abs() < 1e-4, "{fraction}");
+        assert!((s - score(500, 498)).abs() < 1e-3, "{fraction}");
+        assert!((s - score(3, 2)).abs() > 1e-3, "{fraction}: a different offset must change the score");
+        // Rotation keeps norms.
+        let n0 = q.norm().double_value(&[]);
+        assert!((r.rotate(&q, 77).norm().double_value(&[]) - n0).abs() < 1e-5);
+    }
+}
+
+/// A one-layer bidirectional encoder with the given position encoding, mean-pooled.
+struct Encoder {
+    _vs: nn::VarStore,
+    embedding: nn::Embedding,
+    positions: AbsolutePositions,
+    at: AbsoluteAt,
+    layer: TransformerLayer,
+}
+
+impl Encoder {
+    fn new(pe: PositionEncoding, at: AbsoluteAt) -> Self {
+        tch::manual_seed(12);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let attention = AttentionConfig::default();
+        let position = PositionConfig { at, ..Default::default() };
+        let cfg = LayerConfig {
+            d_model: 16,
+            heads: 4,
+            ffn_hidden: 32,
+            activation: Activation::Gelu,
+            pre_ln: false,
+            dropout: 0.0,
+            attention: &attention,
+            pe,
+            position: &position,
+            cross_attention: false,
+            residual_init_std: 0.02,
+        };
+        let embedding = nn::embedding(vs.root() / "emb", 10, 16, Default::default());
+        let positions = AbsolutePositions::new(vs.root() / "pos", pe, 8, 16);
+        let layer = TransformerLayer::new(vs.root() / "layer", &cfg);
+        randomise(&vs, 0.5);
+        Self { _vs: vs, embedding, positions, at, layer }
+    }
+
+    fn pooled(&self, ids: &[i64]) -> Tensor {
+        let idx = Tensor::from_slice(ids).unsqueeze(0);
+        let mut x = self.embedding.forward(&idx);
+        let table = self.positions.table(ids.len() as i64);
+        let mut qk = None;
+        match (self.at, &table) {
+            (AbsoluteAt::Qk, Some(t)) => qk = Some(t),
+            (_, Some(t)) => x = x + t,
+            _ => {}
+        }
+        self.layer.forward(&x, &Mask::default(), qk, None, false, false).output.mean_dim(1, false, Kind::Float)
+    }
+}
+
+#[test]
+fn position_encodings_tell_who_ate_whom_and_no_encoding_cannot() {
+    // "the woman ate the raccoon" vs "the raccoon ate the woman": the same bag of words.
+    let (the, woman, ate, raccoon) = (1, 2, 3, 4);
+    let a = [the, woman, ate, the, raccoon];
+    let b = [the, raccoon, ate, the, woman];
+    let none = Encoder::new(PositionEncoding::None, AbsoluteAt::Input);
+    let diff = (none.pooled(&a) - none.pooled(&b)).abs().max().double_value(&[]);
+    assert!(diff < 1e-5, "without positions the two sentences must look the same, differed by {diff}");
+    let mut cases: Vec<(PositionEncoding, AbsoluteAt)> = RELATIVE.iter().map(|&p| (p, AbsoluteAt::Input)).collect();
+    for at in [AbsoluteAt::Input, AbsoluteAt::Qk] {
+        cases.push((PositionEncoding::Sinusoidal, at));
+        cases.push((PositionEncoding::Learned, at));
+    }
+    for (pe, at) in cases {
+        let enc = Encoder::new(pe, at);
+        let diff = (enc.pooled(&a) - enc.pooled(&b)).abs().max().double_value(&[]);
+        assert!(diff > 1e-4, "{pe:?} at {at:?} cannot tell the sentences apart (difference {diff})");
+    }
+}
