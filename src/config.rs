@@ -252,6 +252,13 @@ pub enum Implementation {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
+    /// `text`: next-token prediction on a corpus; `copy`: the synthetic copy task (random symbols, a separator,
+    /// the same symbols again; loss and accuracy on the copy only), whose dependency distance is `copy_length`.
+    pub task: Task,
+    /// Copy task: symbols per sequence (the model's block_size must be 2·copy_length).
+    pub copy_length: i64,
+    /// Copy task: alphabet size (at most 26).
+    pub copy_symbols: i64,
     /// `bible`: the World English Bible (public domain), fetched from Debian's `sword-text-web` and cached.
     /// Ignored when `path` is set.
     pub corpus: Corpus,
@@ -266,8 +273,24 @@ pub struct DataConfig {
 
 impl Default for DataConfig {
     fn default() -> Self {
-        Self { corpus: Corpus::Bible, path: None, tokenizer: Tokenizer::Char, max_chars: None, val_fraction: 0.1 }
+        Self {
+            task: Task::Text,
+            copy_length: 16,
+            copy_symbols: 10,
+            corpus: Corpus::Bible,
+            path: None,
+            tokenizer: Tokenizer::Char,
+            max_chars: None,
+            val_fraction: 0.1,
+        }
     }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    Text,
+    Copy,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -309,6 +332,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Save each trained model to `<out>/checkpoints/` (for `ablate generate`).
     pub checkpoint: bool,
+    /// After training, also evaluate on held-out windows this many times longer than `block_size`
+    /// (length generalisation); a learned position table cannot, and leaves those metrics empty.
+    pub eval_lengths: Vec<i64>,
 }
 
 impl Default for TrainConfig {
@@ -329,6 +355,7 @@ impl Default for TrainConfig {
             probe_attention: false,
             seed: 0,
             checkpoint: false,
+            eval_lengths: Vec::new(),
         }
     }
 }
@@ -493,7 +520,28 @@ impl Config {
                 return Err(invalid("train.grad_clip", format!("must be positive (or null for no clipping), got {c}")));
             }
         }
+        if let Some(&k) = self.train.eval_lengths.iter().find(|&&k| k < 2) {
+            return Err(invalid("train.eval_lengths", format!("multiples of block_size must be at least 2, got {k}")));
+        }
         let d = &self.data;
+        if d.task == Task::Copy {
+            if !(1..=26).contains(&d.copy_symbols) {
+                return Err(invalid("data.copy_symbols", format!("must be in 1..=26, got {}", d.copy_symbols)));
+            }
+            if d.copy_length < 1 || m.block_size != 2 * d.copy_length {
+                return Err(invalid(
+                    "model.block_size",
+                    format!(
+                        "the copy task reads 2·copy_length = {} tokens: set model.block_size to that (got {})",
+                        2 * d.copy_length,
+                        m.block_size
+                    ),
+                ));
+            }
+            if !self.train.eval_lengths.is_empty() {
+                return Err(invalid("train.eval_lengths", "length generalisation applies to the text task only"));
+            }
+        }
         if !(d.val_fraction > 0.0 && d.val_fraction < 1.0) {
             return Err(invalid("data.val_fraction", format!("must be in (0, 1), got {}", d.val_fraction)));
         }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{Corpus, DataConfig};
+use crate::config::{Corpus, DataConfig, Task};
 
 /// SHA-256 of the plain text we extract from `sword-text-web` 426.0-1 (one verse per line).
 const BIBLE_SHA256: &str = "f5d398a11101886e50c9f7743e8e712b37d14e2636e8bd2ce53e4c0ff735c63c";
@@ -155,6 +155,117 @@ impl CharTokenizer {
 
     pub fn decode(&self, ids: &[i64]) -> String {
         ids.iter().map(|&i| self.chars.get(i as usize).copied().unwrap_or('\u{FFFD}')).collect()
+    }
+}
+
+/// Targets the loss and the accuracy ignore (the copy task's prompt half).
+pub const IGNORE: i64 = -100;
+
+/// What a run trains on: a text corpus, or a synthetic task.
+pub enum Dataset {
+    Text(TextData),
+    Copy(CopyTask),
+}
+
+impl Dataset {
+    pub fn load(cfg: &DataConfig) -> Result<Self> {
+        Ok(match cfg.task {
+            Task::Text => Dataset::Text(TextData::load(cfg)?),
+            Task::Copy => Dataset::Copy(CopyTask::new(cfg.copy_length, cfg.copy_symbols)),
+        })
+    }
+
+    pub fn tokenizer(&self) -> &CharTokenizer {
+        match self {
+            Dataset::Text(d) => &d.tokenizer,
+            Dataset::Copy(c) => &c.tokenizer,
+        }
+    }
+
+    /// Checks that the data can feed windows of `longest` tokens (the block, or the longest evaluation).
+    pub fn check_block_size(&self, longest: i64) -> Result<()> {
+        match self {
+            Dataset::Text(d) => d.check_block_size(longest),
+            Dataset::Copy(c) if longest != 2 * c.length => {
+                bail!("the copy task has sequences of {} tokens, not {longest}", 2 * c.length)
+            }
+            Dataset::Copy(_) => Ok(()),
+        }
+    }
+
+    pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
+        match self {
+            Dataset::Text(d) => d.train_batch(batch, block, device),
+            Dataset::Copy(c) => {
+                c.batch(&Tensor::randint(c.symbols, [batch, c.length], (Kind::Int64, Device::Cpu)), device)
+            }
+        }
+    }
+
+    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        match self {
+            Dataset::Text(d) => d.val_batches(batches, batch, block, device),
+            Dataset::Copy(c) => c.val_batches(batches, batch, device),
+        }
+    }
+
+    /// A prompt to sample from after training: a held-out character, or a copy task's first half.
+    pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
+        match self {
+            Dataset::Text(d) => (vec![d.val.int64_value(&[0])], 200),
+            Dataset::Copy(c) => {
+                let (x, _) = &c.val_batches(1, 1, Device::Cpu)[0];
+                let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
+                (ids[..=c.length as usize].to_vec(), c.length as usize - 1)
+            }
+        }
+    }
+}
+
+/// The copy task: `length` random symbols, a separator, the same symbols again. The model sees the first
+/// 2·length tokens and is scored on predicting the copy, each of which needs the token `length` positions
+/// back: a dependency distance that a recipe controls.
+pub struct CopyTask {
+    pub length: i64,
+    pub symbols: i64,
+    pub tokenizer: CharTokenizer,
+}
+
+impl CopyTask {
+    pub fn new(length: i64, symbols: i64) -> Self {
+        let alphabet: String = (0..symbols as u8).map(|i| char::from(b'a' + i)).chain(std::iter::once('|')).collect();
+        Self { length, symbols, tokenizer: CharTokenizer::fit(&alphabet) }
+    }
+
+    /// Inputs and targets for rows of symbols (B, L): inputs `s | s[..L-1]`, targets ignored over the first
+    /// half and `s` over the second.
+    fn batch(&self, symbols: &Tensor, device: Device) -> (Tensor, Tensor) {
+        let (b, l) = symbols.size2().unwrap();
+        let sep = Tensor::full([b, 1], self.symbols, (Kind::Int64, Device::Cpu)); // '|' sorts after the letters
+        let seq = Tensor::cat(&[symbols, &sep, symbols], 1); // (B, 2L + 1)
+        let x = seq.narrow(1, 0, 2 * l).contiguous();
+        let ignored = Tensor::full([b, l], IGNORE, (Kind::Int64, Device::Cpu));
+        let y = Tensor::cat(&[&ignored, symbols], 1);
+        (x.to_device(device), y.to_device(device))
+    }
+
+    /// A fixed held-out set, the same for every run: symbols from a fixed-seed generator of our own.
+    fn val_batches(&self, batches: i64, batch: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        let mut state: u64 = 0x5eed;
+        let mut next = || {
+            // splitmix64
+            state = state.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            z ^ (z >> 31)
+        };
+        (0..batches)
+            .map(|_| {
+                let v: Vec<i64> = (0..batch * self.length).map(|_| (next() % self.symbols as u64) as i64).collect();
+                self.batch(&Tensor::from_slice(&v).view([batch, self.length]), device)
+            })
+            .collect()
     }
 }
 

@@ -2,6 +2,7 @@
 pub mod attention;
 pub mod bench;
 pub mod checkpoint;
+pub mod complexity;
 pub mod config;
 pub mod data;
 pub mod generate;

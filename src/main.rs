@@ -75,6 +75,31 @@ enum Command {
         #[arg(long, default_value = "auto")]
         device: String,
     },
+    /// Draw per-head attention weights of a checkpoint (or of a fresh model built from a recipe) on a text.
+    Attention {
+        /// A checkpoint saved by a run with `train.checkpoint: true`.
+        #[arg(long, conflicts_with = "recipe", required_unless_present = "recipe")]
+        checkpoint: Option<PathBuf>,
+        /// Build an untrained model from this recipe's base config instead.
+        #[arg(long)]
+        recipe: Option<PathBuf>,
+        /// The input text (characters of the model's vocabulary).
+        #[arg(long)]
+        text: String,
+        /// Output PNG.
+        #[arg(long, default_value = "attention.png")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: i64,
+    },
+    /// Measure one complexity point in this process and print it as JSON (used by complexity recipes).
+    #[command(hide = true)]
+    ComplexityPoint {
+        #[arg(long)]
+        spec: String,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Training-step throughput of a GPT on random tokens (compare with bench/eager_gpt.py).
     Bench {
         #[arg(long, default_value_t = 4)]
@@ -114,6 +139,15 @@ fn main() -> ExitCode {
             };
             decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device))
         }
+        Some(Command::Attention { checkpoint, recipe, text, out, seed }) => {
+            attention_map(checkpoint.as_deref(), recipe.as_deref(), &text, &out, seed)
+        }
+        Some(Command::ComplexityPoint { spec, device }) => (|| {
+            let spec: ablate::complexity::PointSpec = serde_json::from_str(&spec)?;
+            let result = ablate::complexity::measure_point(&spec, device_or_exit(&device)?);
+            println!("{}", serde_json::to_string(&result)?);
+            Ok(())
+        })(),
         Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, device }) => {
             device_or_exit(&device).map(|device| {
                 let r = bench::run(&BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps }, device);
@@ -159,6 +193,40 @@ fn generate_text(
     Ok(())
 }
 
+fn attention_map(
+    checkpoint: Option<&Path>,
+    recipe: Option<&Path>,
+    text: &str,
+    out: &Path,
+    seed: i64,
+) -> anyhow::Result<()> {
+    tch::manual_seed(seed);
+    let (tokenizer, _vs, model, what) = match (checkpoint, recipe) {
+        (Some(c), _) => {
+            let (_, tokenizer, vs, model) = ablate::checkpoint::load(c, tch::Device::Cpu)?;
+            (tokenizer, vs, model, format!("checkpoint {}", c.display()))
+        }
+        (None, Some(r)) => {
+            let path = find_recipe(r)?;
+            let recipe = recipe::load(&path, false)?;
+            let tokenizer = ablate::data::CharTokenizer::fit(text);
+            let (vs, model) = ablate::train::build_model(&recipe.base, tokenizer.vocab_size(), tch::Device::Cpu);
+            (tokenizer, vs, model, format!("untrained model from {}", path.display()))
+        }
+        (None, None) => anyhow::bail!("give --checkpoint FILE or --recipe FILE"),
+    };
+    let ids = tokenizer.encode(text).map_err(|e| anyhow::anyhow!("--text: {e}"))?;
+    if ids.is_empty() || !model.covers(ids.len() as i64) {
+        anyhow::bail!("--text must have 1 to {} characters, got {}", model.block_size, ids.len());
+    }
+    let (_, weights) =
+        tch::no_grad(|| model.forward_with_weights(&tch::Tensor::from_slice(&ids).unsqueeze(0), false, true));
+    let maps: Vec<tch::Tensor> = weights.iter().map(|w| w.get(0)).collect();
+    ablate::plot::attention_heatmaps(out, &maps, &format!("attention weights of the {what} on {:?}", text))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
 fn device_or_exit(spec: &str) -> anyhow::Result<tch::Device> {
     ablate::parse_device(spec).map_err(anyhow::Error::msg)
 }
@@ -184,6 +252,14 @@ fn default_out(name: &str, smoke: bool) -> PathBuf {
 
 fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
+    if ablate::complexity::is_complexity_recipe(&path) {
+        let recipe = ablate::complexity::load(&path, args.smoke)?;
+        let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
+        let out = args.out.clone().unwrap_or_else(|| default_out(&name, args.smoke));
+        // Validate the device here, once, rather than in every child.
+        device_or_exit(&args.device)?;
+        return ablate::complexity::run(&recipe, &out, &args.device, args.quiet);
+    }
     let recipe = recipe::load(&path, args.smoke)?;
     let device = device_or_exit(&args.device)?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&recipe.name, args.smoke));
@@ -192,6 +268,18 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
 
 fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
+    if ablate::complexity::is_complexity_recipe(&path) {
+        let r = ablate::complexity::load(&path, smoke)?;
+        let c = &r.complexity;
+        println!(
+            "{}: ok, complexity benchmark: {} lengths × {} variants × {} passes",
+            path.display(),
+            c.lengths.len(),
+            c.variants.len(),
+            c.passes.len()
+        );
+        return Ok(());
+    }
     let recipe = recipe::load(&path, smoke)?;
     println!("{}: ok, {} runs", path.display(), recipe.runs.len());
     for r in &recipe.runs {

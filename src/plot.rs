@@ -165,3 +165,114 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
+
+/// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
+/// into time) as dashed lines.
+pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
+    register_font();
+    let all = series.iter().chain(references).flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y, _) in all {
+        if x > 0.0 && y > 0.0 {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+    }
+    if x0 >= x1 || y0 >= y1 {
+        return Err(anyhow!("nothing to plot for {}", path.display()));
+    }
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (1100, 700)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(axes.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(80)
+            .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc(axes.x_label)
+            .y_desc(axes.y_label)
+            .label_style(("sans-serif", 14))
+            .x_label_formatter(&|x: &f64| format!("{x:.0}"))
+            .y_label_formatter(&|y: &f64| format!("{y}"))
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(s.points.iter().map(|&(x, y, _)| (x, y)), color.stroke_width(2)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+            chart.draw_series(s.points.iter().map(|&(x, y, _)| Circle::new((x, y), 3, color.filled())))?;
+        }
+        for (i, s) in references.iter().enumerate() {
+            let color = BLACK.mix(0.35 + 0.3 * i as f64);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    s.points.iter().map(|&(x, y, _)| (x, y)),
+                    6,
+                    4,
+                    color.stroke_width(2),
+                ))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 13))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+        root.present()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
+/// with queries as rows and keys as columns. Darker is more weight (each panel scaled to its own maximum).
+pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Result<()> {
+    register_font();
+    let layers = maps.len();
+    let heads = maps.first().map_or(0, |m| m.size()[0] as usize);
+    if layers == 0 || heads == 0 {
+        return Err(anyhow!("no attention weights to draw"));
+    }
+    let cell = 240u32;
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (cell * heads as u32 + 20, cell * layers as u32 + 60)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (top, body) = root.split_vertically(50);
+        top.draw(&Text::new(title.to_string(), (10, 15), ("sans-serif", 20)))?;
+        let panels = body.split_evenly((layers, heads));
+        for (l, map) in maps.iter().enumerate() {
+            let map = map.to_kind(tch::Kind::Float).to_device(tch::Device::Cpu);
+            for h in 0..heads {
+                let w = map.get(h as i64);
+                let n = w.size()[0] as usize;
+                let values = Vec::<f32>::try_from(w.reshape([-1])).unwrap_or_default();
+                let max = values.iter().cloned().fold(f32::MIN_POSITIVE, f32::max);
+                let area = &panels[l * heads + h];
+                let mut chart = ChartBuilder::on(area)
+                    .caption(format!("layer {l}, head {h}"), ("sans-serif", 14))
+                    .margin(6)
+                    .build_cartesian_2d(0..n, 0..n)?;
+                chart.draw_series((0..n).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| {
+                    let v = (values[i * n + j] / max).clamp(0.0, 1.0) as f64;
+                    let shade = (255.0 * (1.0 - v)) as u8;
+                    // Row i (query) drawn from the top.
+                    Rectangle::new([(j, n - 1 - i), (j + 1, n - i)], RGBColor(shade, shade, 255).filled())
+                }))?;
+            }
+        }
+        root.present()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}

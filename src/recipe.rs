@@ -173,7 +173,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let label = swept
                 .iter()
-                .map(|(k, v)| format!("{}={v}", k.rsplit('.').next().unwrap_or(k)))
+                .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), v.replace('"', "")))
                 .collect::<Vec<_>>()
                 .join(" ");
             id_parts.push(format!("seed={seed}"));
@@ -234,10 +234,13 @@ fn shrink_for_smoke(value: &mut Value, axes: &[(String, Vec<Value>)]) {
     cap("data.max_chars", 50_000);
 }
 
+/// A swept value as it appears in run ids, labels and CSV cells: scalars as written, sections and lists as
+/// one-line JSON.
 fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "null".into(),
+        Value::Mapping(_) | Value::Sequence(_) => serde_json::to_string(v).unwrap_or_default(),
         other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
     }
 }

@@ -24,6 +24,7 @@ pub fn flatten_config(config: &Config) -> Vec<(String, String)> {
                 }
             }
             Value::Null => out.push((prefix.to_string(), String::new())),
+            Value::Sequence(items) => out.push((prefix.to_string(), serde_json::to_string(items).unwrap_or_default())),
             Value::String(s) => out.push((prefix.to_string(), s.clone())),
             other => {
                 out.push((prefix.to_string(), serde_yaml::to_string(other).unwrap_or_default().trim().to_string()))
@@ -51,6 +52,13 @@ pub fn run_header(spec: &RunSpec) -> Vec<String> {
         .map(|s| s.to_string())
         .chain(flatten_config(&spec.config).into_iter().map(|(k, _)| k))
         .chain(RUN_METRIC_COLUMNS.iter().map(|s| s.to_string()))
+        .chain(
+            spec.config
+                .train
+                .eval_lengths
+                .iter()
+                .flat_map(|k| [format!("val_loss_x{k}"), format!("val_accuracy_x{k}")]),
+        )
         .collect()
 }
 
@@ -66,10 +74,16 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
         format!("{:.1}", outcome.tokens_per_s),
         spec.config.train.steps.to_string(),
     ];
+    // Empty where the model cannot read that length (a learned position table).
+    let lengths = outcome.length_evals.iter().flat_map(|(_, e)| match e {
+        Some(e) => [format!("{:.6}", e.loss), format!("{:.6}", e.accuracy)],
+        None => [String::new(), String::new()],
+    });
     [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), "ok".into()]
         .into_iter()
         .chain(flatten_config(&spec.config).into_iter().map(|(_, v)| v))
         .chain(metrics)
+        .chain(lengths)
         .collect()
 }
 

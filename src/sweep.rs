@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use tch::Device;
 
-use crate::data::TextData;
+use crate::data::Dataset;
 use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
 use crate::recipe::Recipe;
 use crate::results::{read_curves, read_runs, ResultsDir};
@@ -20,15 +20,14 @@ pub struct SweepOptions<'a> {
 
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Everything that can fail on input fails here, before the first step: data, block sizes, output dir.
-    let mut datasets: HashMap<String, TextData> = HashMap::new();
+    let mut datasets: HashMap<String, Dataset> = HashMap::new();
     for run in &recipe.runs {
         let key = serde_yaml::to_string(&run.config.data)?;
         if !datasets.contains_key(&key) {
-            datasets.insert(key.clone(), TextData::load(&run.config.data)?);
+            datasets.insert(key.clone(), Dataset::load(&run.config.data)?);
         }
-        datasets[&key]
-            .check_block_size(run.config.model.block_size)
-            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+        let longest = run.config.model.block_size * run.config.train.eval_lengths.iter().copied().max().unwrap_or(1);
+        datasets[&key].check_block_size(longest).with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
     }
     let results = ResultsDir::create(opts.out)?;
     if opts.force {
@@ -76,7 +75,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 &results.dir.join("checkpoints"),
                 &run.id,
                 &run.config,
-                &data.tokenizer,
+                data.tokenizer(),
                 &trained.vs,
             )?;
         }
@@ -178,6 +177,7 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
         let title = format!("{name}: {y_label}{band}");
         line_chart(&dir.join(file), &series, &Axes { title: &title, x_label: "step", y_label, x_categories: None })?;
     }
+    length_generalisation_chart(dir, name, &runs, &variants, &band)?;
     if let Some(x_key) = sweep_keys.first() {
         for (column, file, y_label) in [
             ("val_loss", "final_val_loss.png", "final held-out loss"),
@@ -200,7 +200,7 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
 fn x_categories(runs: &[BTreeMap<String, String>], key: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in runs {
-        if let Some(v) = r.get(key) {
+        if let Some(v) = r.get(key).or_else(|| r.get("variant")) {
             if !out.contains(v) {
                 out.push(v.clone());
             }
@@ -230,7 +230,9 @@ fn final_metric_series(
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let (Some(x), Some(Ok(v))) = (r.get(x_key), r.get(column).map(|v| v.parse::<f64>())) else { continue };
+        // A swept section (e.g. `model.attention`) has no column of its own: its variant label stands in.
+        let x = r.get(x_key).or_else(|| r.get("variant"));
+        let (Some(x), Some(Ok(v))) = (x, r.get(column).map(|v| v.parse::<f64>())) else { continue };
         let xi = cats.iter().position(|c| c == x).expect("category listed");
         let idx = match groups.iter().position(|g| g.0 == label) {
             Some(i) => i,
@@ -254,4 +256,64 @@ fn final_metric_series(
                 .collect(),
         })
         .collect()
+}
+
+/// Held-out loss at the training length and at every `train.eval_lengths` multiple, one line per variant
+/// (a variant whose position table cannot read a length has no point there).
+fn length_generalisation_chart(
+    dir: &Path,
+    name: &str,
+    runs: &[BTreeMap<String, String>],
+    variants: &[(String, Vec<String>)],
+    band: &str,
+) -> Result<()> {
+    let Some(first) = runs.first() else { return Ok(()) };
+    let mut columns = vec![("1".to_string(), "val_loss".to_string())];
+    columns.extend(
+        first
+            .keys()
+            .filter_map(|k| k.strip_prefix("val_loss_x").map(|m| (m.to_string(), k.clone())))
+            .collect::<Vec<_>>(),
+    );
+    if columns.len() == 1 {
+        return Ok(());
+    }
+    columns.sort_by_key(|(m, _)| m.parse::<i64>().unwrap_or(0));
+    let block = first.get("model.block_size").cloned().unwrap_or_default();
+    let categories: Vec<String> = columns
+        .iter()
+        .map(|(m, _)| format!("{m}× ({} tokens)", m.parse::<i64>().unwrap_or(1) * block.parse::<i64>().unwrap_or(0)))
+        .collect();
+    let series: Vec<Series> = variants
+        .iter()
+        .filter_map(|(label, ids)| {
+            let points: Vec<(f64, f64, f64)> = columns
+                .iter()
+                .enumerate()
+                .filter_map(|(x, (_, col))| {
+                    let values: Vec<f64> = runs
+                        .iter()
+                        .filter(|r| ids.contains(&r["run_id"]))
+                        .filter_map(|r| r.get(col).and_then(|v| v.parse::<f64>().ok()))
+                        .collect();
+                    (!values.is_empty()).then(|| {
+                        let (m, sd) = mean_std(&values);
+                        (x as f64, m, sd)
+                    })
+                })
+                .collect();
+            (!points.is_empty()).then(|| Series { label: label.clone(), points })
+        })
+        .collect();
+    let title = format!("{name}: held-out loss at longer sequences than trained on{band}");
+    line_chart(
+        &dir.join("length_generalisation.png"),
+        &series,
+        &Axes {
+            title: &title,
+            x_label: "evaluation length (multiple of the training block)",
+            y_label: "held-out loss",
+            x_categories: Some(&categories),
+        },
+    )
 }

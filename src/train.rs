@@ -6,7 +6,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::attention::weight_statistics;
 use crate::config::Config;
-use crate::data::TextData;
+use crate::data::{Dataset, IGNORE};
 use crate::generate::{generate, Decoding};
 use crate::gpt::Gpt;
 use crate::optim::{warmup_cosine, AdamW};
@@ -31,6 +31,8 @@ pub struct RunOutcome {
     pub params: i64,
     pub final_train_loss: f64,
     pub final_eval: Evaluation,
+    /// (multiple of block_size, evaluation at that length or `None` when the model cannot read it).
+    pub length_evals: Vec<(i64, Option<Evaluation>)>,
     pub wall_s: f64,
     /// Training tokens per second over the optimisation steps (evaluation time excluded).
     pub tokens_per_s: f64,
@@ -53,8 +55,10 @@ pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Evaluation {
     for (x, y) in batches {
         let (logits, l) = model.loss(x, y, false);
         loss += l.double_value(&[]);
-        correct += logits.argmax(-1, false).eq_tensor(y).to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-        count += y.numel() as f64;
+        let scored = y.ne(IGNORE);
+        let right = logits.argmax(-1, false).eq_tensor(y).logical_and(&scored);
+        correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+        count += scored.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
     }
     Evaluation { loss: loss / batches.len() as f64, accuracy: correct / count }
 }
@@ -75,12 +79,12 @@ pub struct TrainedRun {
     pub vs: nn::VarStore,
 }
 
-pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) -> Result<TrainedRun> {
+pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -> Result<TrainedRun> {
     let t = &cfg.train;
     let block = cfg.model.block_size;
-    data.check_block_size(block)?;
+    data.check_block_size(block * t.eval_lengths.iter().copied().max().unwrap_or(1))?;
     tch::manual_seed(t.seed as i64);
-    let (vs, model) = build_model(cfg, data.tokenizer.vocab_size(), device);
+    let (vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
     let val = data.val_batches(t.eval_batches, t.batch_size, block, device);
     let mut curves = Vec::new();
@@ -126,18 +130,35 @@ pub fn train(cfg: &Config, data: &TextData, device: Device, progress: Progress) 
         progress(done, last_loss);
     }
     let final_eval = record_eval(t.steps, &mut curves);
+    // Length generalisation: the same number of held-out tokens, in windows k times longer.
+    let length_evals = t
+        .eval_lengths
+        .iter()
+        .map(|&k| {
+            let long = block * k;
+            let batch = (t.batch_size / k).max(1);
+            let e =
+                model.covers(long).then(|| evaluate(&model, &data.val_batches(t.eval_batches, batch, long, device)));
+            (k, e)
+        })
+        .collect();
     let tokens = (t.steps * t.batch_size * block) as f64;
     tch::manual_seed(t.seed as i64);
-    let prompt = vec![data.val.int64_value(&[0])];
-    let ids = generate(&model, &prompt, 200, Decoding::Sample { temperature: 0.8, top_k: Some(10) });
+    let (prompt, new_tokens) = data.sample_prompt();
+    let decoding = match data {
+        Dataset::Text(_) => Decoding::Sample { temperature: 0.8, top_k: Some(10) },
+        Dataset::Copy(_) => Decoding::Greedy,
+    };
+    let ids = generate(&model, &prompt, new_tokens, decoding);
     let outcome = RunOutcome {
         params: opt.num_params(),
         final_train_loss: last_loss,
         final_eval,
+        length_evals,
         wall_s: started.elapsed().as_secs_f64(),
         tokens_per_s: tokens / train_time.max(1e-9),
         curves,
-        sample: data.tokenizer.decode(&ids),
+        sample: data.tokenizer().decode(&ids),
     };
     Ok(TrainedRun { outcome, model, vs })
 }

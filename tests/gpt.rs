@@ -1,6 +1,6 @@
 //! The GPT decoder, its optimiser and its decoding strategies (the seed's 12.7).
 use ablate::config::{Config, DataConfig, ModelConfig, TrainConfig};
-use ablate::data::TextData;
+use ablate::data::{Dataset, TextData};
 use ablate::generate::{generate, sample_next, sequence_log_prob, Decoding, NextToken};
 use ablate::gpt::Gpt;
 use ablate::optim::{clip_by_global_norm, warmup_cosine, AdamW};
@@ -99,7 +99,7 @@ fn beam_search_finds_the_best_sequence_that_greedy_misses() {
 #[test]
 fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(60);
-    let data = TextData::from_text(&text, 0.1).unwrap();
+    let data = Dataset::Text(TextData::from_text(&text, 0.1).unwrap());
     let cfg = Config {
         model: ModelConfig { d_model: 48, layers: 2, heads: 4, block_size: 32, ..Default::default() },
         data: DataConfig::default(),
@@ -118,10 +118,10 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
     let accuracy = run.outcome.final_eval.accuracy;
     assert!(accuracy > 0.95, "held-out accuracy {accuracy}");
     let model = &run.model;
-    let prompt = data.tokenizer.encode("the quick brown ").unwrap();
+    let prompt = data.tokenizer().encode("the quick brown ").unwrap();
     let out = generate(model, &prompt, 60, Decoding::Greedy);
     let expected = &text[..prompt.len() + 60];
-    assert_eq!(data.tokenizer.decode(&out), expected);
+    assert_eq!(data.tokenizer().decode(&out), expected);
 }
 
 #[test]
@@ -209,4 +209,46 @@ fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
     let diff = (model.forward(&idx, false) - loaded.forward(&idx, false)).abs().max().double_value(&[]);
     assert_eq!(diff, 0.0);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
+    let task = ablate::data::CopyTask::new(6, 5);
+    let data = Dataset::Copy(task);
+    tch::manual_seed(0);
+    let (x, y) = data.train_batch(3, 12, Device::Cpu);
+    assert_eq!(x.size(), vec![3, 12]);
+    // Inputs: s | s[..5]; targets: ignored over the first half, then s.
+    for row in 0..3 {
+        let xs = Vec::<i64>::try_from(x.get(row)).unwrap();
+        let ys = Vec::<i64>::try_from(y.get(row)).unwrap();
+        assert_eq!(xs[6], 5, "separator");
+        assert_eq!(&xs[7..], &xs[..5]);
+        assert!(ys[..6].iter().all(|&t| t == ablate::data::IGNORE));
+        assert_eq!(&ys[6..], &xs[..6]);
+    }
+    let cfg = Config {
+        model: ModelConfig {
+            d_model: 32,
+            layers: 2,
+            heads: 2,
+            block_size: 12,
+            pe: ablate::config::PositionEncoding::Rope,
+            ..Default::default()
+        },
+        data: DataConfig { task: ablate::config::Task::Copy, copy_length: 6, copy_symbols: 5, ..Default::default() },
+        train: TrainConfig {
+            steps: 400,
+            batch_size: 32,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 20,
+            eval_interval: 400,
+            eval_batches: 4,
+            ..Default::default()
+        },
+    };
+    cfg.validate().unwrap();
+    let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+    assert!(run.outcome.final_eval.accuracy > 0.9, "copy accuracy {}", run.outcome.final_eval.accuracy);
 }

@@ -1,0 +1,587 @@
+//! Sequence-length complexity curves: time and memory of one attention unit against N, per pattern and
+//! implementation, forward and forward+backward, with the empirical exponent (log-log slope) fitted.
+//!
+//! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: the child
+//! reads its resident-set high-water mark (`VmHWM`), which is real on the CPU too, and a point that runs out
+//! of memory or time is killed and recorded as such while the sweep goes on.
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::attention::{Mask, MultiHeadAttention};
+use crate::config::{AttentionConfig, Implementation, PatternConfig, PositionConfig, PositionEncoding};
+use crate::plot::{Axes, Series};
+
+/// A `complexity` recipe: a benchmark, not a training sweep.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComplexityRecipe {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub complexity: ComplexitySpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComplexitySpec {
+    /// Sequence lengths N to measure.
+    pub lengths: Vec<i64>,
+    pub d_model: i64,
+    pub heads: i64,
+    #[serde(default = "one")]
+    pub batch: i64,
+    /// Causal (decoder) attention.
+    #[serde(default)]
+    pub causal: bool,
+    pub variants: Vec<Variant>,
+    /// `forward` and/or `forward_backward`.
+    pub passes: Vec<Pass>,
+    #[serde(default = "three")]
+    pub repeats: usize,
+    #[serde(default = "one_usize")]
+    pub warmup: usize,
+    /// A point still running after this long is killed and recorded as `timeout`.
+    #[serde(default = "sixty")]
+    pub timeout_s: f64,
+    /// A point whose resident memory passes this is killed and recorded as `out_of_memory`.
+    #[serde(default = "eight")]
+    pub memory_limit_gb: f64,
+}
+
+fn one() -> i64 {
+    1
+}
+fn one_usize() -> usize {
+    1
+}
+fn three() -> usize {
+    3
+}
+fn sixty() -> f64 {
+    60.0
+}
+fn eight() -> f64 {
+    8.0
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub label: String,
+    #[serde(default)]
+    pub pattern: PatternConfig,
+    pub implementation: Implementation,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Pass {
+    Forward,
+    ForwardBackward,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::ForwardBackward => "forward_backward",
+        }
+    }
+}
+
+/// What a child process measures for one point.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PointSpec {
+    pub n: i64,
+    pub d_model: i64,
+    pub heads: i64,
+    pub batch: i64,
+    pub causal: bool,
+    pub pattern: PatternConfig,
+    pub implementation: Implementation,
+    pub pass: Pass,
+    pub repeats: usize,
+    pub warmup: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PointResult {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    /// Peak resident memory of the whole process (libtorch included).
+    pub peak_mb: f64,
+    /// Peak minus the resident memory just before the first attention call: what the computation itself used.
+    pub working_mb: f64,
+}
+
+impl ComplexitySpec {
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.lengths.is_empty() || self.lengths.iter().any(|&n| n < 2) {
+            return Err("complexity.lengths: give at least one length, each at least 2".into());
+        }
+        if self.heads < 1 || self.d_model % self.heads != 0 {
+            return Err(format!("complexity.heads: {} heads do not divide d_model {}", self.heads, self.d_model));
+        }
+        if self.variants.is_empty() || self.passes.is_empty() {
+            return Err("complexity.variants and complexity.passes must not be empty".into());
+        }
+        for v in &self.variants {
+            if v.implementation == Implementation::Sparse && v.pattern.window.is_none() {
+                return Err(format!("complexity.variants `{}`: implementation sparse needs pattern.window", v.label));
+            }
+            if v.pattern.window.is_some_and(|w| w < 1) || v.pattern.dilation < 1 {
+                return Err(format!("complexity.variants `{}`: window and dilation must be at least 1", v.label));
+            }
+        }
+        if self.repeats < 1 || self.timeout_s <= 0.0 || self.memory_limit_gb <= 0.0 {
+            return Err("complexity: repeats, timeout_s and memory_limit_gb must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The `--smoke` form: the three shortest lengths, one repeat.
+    pub fn shrink_for_smoke(&mut self) {
+        self.lengths.sort();
+        self.lengths.truncate(3);
+        self.lengths.iter_mut().for_each(|n| *n = (*n).min(256));
+        self.lengths.dedup();
+        self.repeats = 1;
+        self.warmup = 0;
+    }
+}
+
+pub fn load(path: &Path, smoke: bool) -> Result<ComplexityRecipe> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut recipe: ComplexityRecipe = serde_yaml::from_str(&text).map_err(|e| {
+        let line = e.location().map(|l| l.line()).unwrap_or(1);
+        anyhow::anyhow!("{}:{}: {}", path.display(), line, e.to_string().split(" at line ").next().unwrap_or(""))
+    })?;
+    recipe.complexity.validate().map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?;
+    if smoke {
+        recipe.complexity.shrink_for_smoke();
+    }
+    Ok(recipe)
+}
+
+/// Whether a recipe file is a complexity benchmark (it has a top-level `complexity:` section).
+pub fn is_complexity_recipe(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_yaml::from_str::<serde_yaml::Value>(&t).ok())
+        .is_some_and(|v| v.get("complexity").is_some())
+}
+
+/// Attention FLOPs of one point as implemented (multiply-adds count 2): the projections, the scores and the
+/// weighted sum. Mask-based patterns compute every score; the sparse kernel computes span·w per query plus
+/// the global rows and columns. Backward is counted as twice the forward.
+pub fn analytic_flops(s: &PointSpec) -> f64 {
+    let (b, n, d) = (s.batch as f64, s.n as f64, s.d_model as f64);
+    let projections = 2.0 * b * n * d * 4.0 * d;
+    let keys_per_query = if s.implementation == Implementation::Sparse {
+        let w = s.pattern.window.unwrap_or(0) as f64;
+        let span = if s.causal { 2.0 } else { 3.0 };
+        let globals = s.pattern.global_positions(s.n).len() as f64;
+        span * w + globals + globals // a column per global key, plus each global query's full row (≈ N/N·g)
+    } else {
+        n
+    };
+    let attention = 2.0 * 2.0 * b * n * keys_per_query * d;
+    let forward = projections + attention;
+    match s.pass {
+        Pass::Forward => forward,
+        Pass::ForwardBackward => 3.0 * forward,
+    }
+}
+
+fn proc_status_kb(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(f64::NAN)
+}
+
+/// Runs one point in this process (the child side). Prints nothing; returns the measurements.
+pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let cfg = AttentionConfig { implementation: s.implementation, pattern: s.pattern.clone(), ..Default::default() };
+    let mha = MultiHeadAttention::new(
+        vs.root(),
+        s.d_model,
+        s.heads,
+        &cfg,
+        PositionEncoding::None,
+        &PositionConfig::default(),
+        0.02,
+    );
+    let backward = s.pass == Pass::ForwardBackward;
+    let x = Tensor::randn([s.batch, s.n, s.d_model], (Kind::Float, device)).set_requires_grad(backward);
+    let mask = Mask { causal: s.causal, key_padding: None, offset: 0 };
+    let step = || {
+        if backward {
+            let out = mha.self_attend(&x, &mask, None, true, false).output;
+            out.sum(Kind::Float).backward();
+        } else {
+            let _guard = tch::no_grad_guard();
+            let _ = mha.self_attend(&x, &mask, None, false, false).output;
+        }
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    let baseline_kb = proc_status_kb("VmRSS:");
+    for _ in 0..s.warmup {
+        step();
+    }
+    let mut times: Vec<f64> = (0..s.repeats)
+        .map(|_| {
+            let t = Instant::now();
+            step();
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let peak_kb = proc_status_kb("VmHWM:");
+    PointResult {
+        median_ms: times[times.len() / 2],
+        min_ms: times[0],
+        peak_mb: peak_kb / 1024.0,
+        working_mb: (peak_kb - baseline_kb) / 1024.0,
+    }
+}
+
+/// How a point ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Ok(PointResult),
+    Timeout,
+    OutOfMemory,
+    Failed(String),
+}
+
+/// Runs one point in a child process, killing it past the time or memory limit.
+fn run_child(exe: &Path, s: &PointSpec, device: &str, timeout: Duration, memory_limit_kb: f64) -> Result<Outcome> {
+    let mut child = Command::new(exe)
+        .args(["complexity-point", "--device", device, "--spec", &serde_json::to_string(s)?])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting a complexity-point child process")?;
+    let pid = child.id();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let out = child.wait_with_output()?;
+            if !status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let last = err.lines().find(|l| l.contains("error") || l.contains("Error")).unwrap_or("").trim();
+                if err.contains("alloc") || err.contains("memory") {
+                    return Ok(Outcome::OutOfMemory);
+                }
+                return Ok(Outcome::Failed(format!("exit {status}: {last}")));
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().last().unwrap_or("");
+            return Ok(Outcome::Ok(serde_json::from_str(line).with_context(|| format!("child printed {line:?}"))?));
+        }
+        let rss_kb = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .unwrap_or(0.0);
+        if rss_kb > memory_limit_kb {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Outcome::OutOfMemory);
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Outcome::Timeout);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Least-squares slope of log(y) against log(x): the empirical complexity exponent.
+pub fn loglog_slope(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 2 {
+        return None;
+    }
+    let logs: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x.ln(), y.ln())).collect();
+    let n = logs.len() as f64;
+    let mx = logs.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = logs.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxy: f64 = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = logs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// The slope over the largest lengths that finished (up to four): where the asymptotic cost shows, past the
+/// fixed costs that flatten short sequences.
+fn tail_slope(points: &[(f64, f64)]) -> Option<f64> {
+    let start = points.len().saturating_sub(4);
+    loglog_slope(&points[start..])
+}
+
+struct Row {
+    variant: String,
+    pass: Pass,
+    spec: PointSpec,
+    outcome: Outcome,
+}
+
+pub fn run(recipe: &ComplexityRecipe, out: &Path, device: &str, quiet: bool) -> Result<()> {
+    let spec = &recipe.complexity;
+    let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let exe = std::env::current_exe()?;
+    let mut rows: Vec<Row> = Vec::new();
+    let total = spec.variants.len() * spec.passes.len() * spec.lengths.len();
+    let mut k = 0;
+    for variant in &spec.variants {
+        for &pass in &spec.passes {
+            let mut failed = false;
+            for &n in &spec.lengths {
+                k += 1;
+                let point = PointSpec {
+                    n,
+                    d_model: spec.d_model,
+                    heads: spec.heads,
+                    batch: spec.batch,
+                    causal: spec.causal,
+                    pattern: variant.pattern.clone(),
+                    implementation: variant.implementation,
+                    pass,
+                    repeats: spec.repeats,
+                    warmup: spec.warmup,
+                };
+                // Once a point ran out of memory or time, longer ones will too: record them without running.
+                let outcome = if failed {
+                    Outcome::Failed("skipped after a shorter length failed".into())
+                } else {
+                    run_child(
+                        &exe,
+                        &point,
+                        device,
+                        Duration::from_secs_f64(spec.timeout_s),
+                        spec.memory_limit_gb * 1024.0 * 1024.0,
+                    )?
+                };
+                if !matches!(outcome, Outcome::Ok(_)) {
+                    failed = true;
+                }
+                if !quiet {
+                    let what = match &outcome {
+                        Outcome::Ok(r) => {
+                            format!("{:.2} ms, peak {:.0} MB (+{:.0} MB)", r.median_ms, r.peak_mb, r.working_mb)
+                        }
+                        Outcome::Timeout => "timeout".into(),
+                        Outcome::OutOfMemory => "out of memory".into(),
+                        Outcome::Failed(m) => format!("failed: {m}"),
+                    };
+                    eprintln!("  [{k}/{total}] {} {} N={n}: {what}", variant.label, pass.name());
+                }
+                rows.push(Row { variant: variant.label.clone(), pass, spec: point, outcome });
+            }
+        }
+    }
+    write_csv(&out.join("points.csv"), &rows)?;
+    let slopes = plot_all(out, &name, spec, &rows)?;
+    write_slopes(&out.join("slopes.csv"), &slopes)?;
+    if !quiet {
+        for s in &slopes {
+            eprintln!(
+                "  {} {}: time slope {:.2}, memory slope {:.2}",
+                s.0,
+                s.1,
+                s.2.unwrap_or(f64::NAN),
+                s.3.unwrap_or(f64::NAN)
+            );
+        }
+        eprintln!("ablate: wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "variant",
+        "implementation",
+        "window",
+        "dilation",
+        "global_every",
+        "global_tokens",
+        "pass",
+        "n",
+        "d_model",
+        "heads",
+        "batch",
+        "causal",
+        "status",
+        "median_ms",
+        "min_ms",
+        "peak_mb",
+        "working_mb",
+        "analytic_gflop",
+    ])?;
+    for r in rows {
+        let (status, m) = match &r.outcome {
+            Outcome::Ok(p) => ("ok".to_string(), Some(p)),
+            Outcome::Timeout => ("timeout".to_string(), None),
+            Outcome::OutOfMemory => ("out_of_memory".to_string(), None),
+            Outcome::Failed(msg) => (format!("failed: {msg}"), None),
+        };
+        let f = |x: Option<f64>| x.map(|v| format!("{v:.3}")).unwrap_or_default();
+        let p = &r.spec.pattern;
+        w.write_record([
+            r.variant.clone(),
+            format!("{:?}", r.spec.implementation).to_lowercase(),
+            p.window.map(|w| w.to_string()).unwrap_or_default(),
+            p.dilation.to_string(),
+            p.global_every.map(|g| g.to_string()).unwrap_or_default(),
+            p.global_tokens.to_string(),
+            r.pass.name().to_string(),
+            r.spec.n.to_string(),
+            r.spec.d_model.to_string(),
+            r.spec.heads.to_string(),
+            r.spec.batch.to_string(),
+            r.spec.causal.to_string(),
+            status,
+            f(m.map(|m| m.median_ms)),
+            f(m.map(|m| m.min_ms)),
+            f(m.map(|m| m.peak_mb)),
+            f(m.map(|m| m.working_mb)),
+            format!("{:.4}", analytic_flops(&r.spec) / 1e9),
+        ])?;
+    }
+    let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tmp = path.with_extension("csv.tmp");
+    std::fs::File::create(&tmp)?.write_all(&bytes)?;
+    std::fs::rename(tmp, path)?;
+    Ok(())
+}
+
+type Slope = (String, &'static str, Option<f64>, Option<f64>);
+
+fn write_slopes(path: &Path, slopes: &[Slope]) -> Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    w.write_record(["variant", "pass", "time_slope", "memory_slope"])?;
+    for (v, p, t, m) in slopes {
+        let f = |x: &Option<f64>| x.map(|v| format!("{v:.3}")).unwrap_or_default();
+        w.write_record([v.as_str(), p, &f(t), &f(m)])?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Result<Vec<Slope>> {
+    let mut slopes = Vec::new();
+    for &pass in &spec.passes {
+        let mut time_series = Vec::new();
+        let mut memory_series = Vec::new();
+        for variant in &spec.variants {
+            let ok: Vec<(f64, &PointResult)> = rows
+                .iter()
+                .filter(|r| r.variant == variant.label && r.pass == pass)
+                .filter_map(|r| match &r.outcome {
+                    Outcome::Ok(p) => Some((r.spec.n as f64, p)),
+                    _ => None,
+                })
+                .collect();
+            let time: Vec<(f64, f64)> = ok.iter().map(|(n, p)| (*n, p.median_ms)).collect();
+            let memory: Vec<(f64, f64)> = ok.iter().map(|(n, p)| (*n, p.working_mb.max(0.1))).collect();
+            let (ts, ms) = (tail_slope(&time), tail_slope(&memory));
+            slopes.push((variant.label.clone(), pass.name(), ts, ms));
+            let label = |s: Option<f64>| match s {
+                Some(s) => format!("{} (slope {s:.2})", variant.label),
+                None => variant.label.clone(),
+            };
+            if !time.is_empty() {
+                time_series.push(Series { label: label(ts), points: time.iter().map(|&(x, y)| (x, y, 0.0)).collect() });
+                memory_series
+                    .push(Series { label: label(ms), points: memory.iter().map(|&(x, y)| (x, y, 0.0)).collect() });
+            }
+        }
+        // Analytic FLOPs of dense and (first) sparse variant, as milliseconds at the fastest measured rate:
+        // how far each implementation is from doing only the arithmetic it must.
+        let rate = rows
+            .iter()
+            .filter(|r| r.pass == pass)
+            .filter_map(|r| match &r.outcome {
+                Outcome::Ok(p) => Some(analytic_flops(&r.spec) / (p.median_ms / 1000.0)),
+                _ => None,
+            })
+            .fold(0.0f64, f64::max);
+        let mut flops_series = Vec::new();
+        for variant in spec
+            .variants
+            .iter()
+            .filter(|v| v.pattern.is_dense())
+            .take(1)
+            .chain(spec.variants.iter().filter(|v| v.implementation == Implementation::Sparse).take(1))
+        {
+            let pts: Vec<(f64, f64, f64)> = spec
+                .lengths
+                .iter()
+                .map(|&n| {
+                    let s = PointSpec {
+                        n,
+                        d_model: spec.d_model,
+                        heads: spec.heads,
+                        batch: spec.batch,
+                        causal: spec.causal,
+                        pattern: variant.pattern.clone(),
+                        implementation: variant.implementation,
+                        pass,
+                        repeats: 1,
+                        warmup: 0,
+                    };
+                    (n as f64, analytic_flops(&s) / rate * 1000.0, 0.0)
+                })
+                .collect();
+            flops_series.push(Series {
+                label: format!("analytic FLOPs, {} (at {:.0} GFLOP/s)", variant.label, rate / 1e9),
+                points: pts,
+            });
+        }
+        if rate > 0.0 && !time_series.is_empty() {
+            let title = format!("{name}: {} time against sequence length", pass.name());
+            crate::plot::loglog_chart(
+                &out.join(format!("time_{}.png", pass.name())),
+                &time_series,
+                &flops_series,
+                &Axes { title: &title, x_label: "sequence length N", y_label: "median time (ms)", x_categories: None },
+            )?;
+            let title = format!("{name}: {} peak working memory against sequence length", pass.name());
+            crate::plot::loglog_chart(
+                &out.join(format!("memory_{}.png", pass.name())),
+                &memory_series,
+                &[],
+                &Axes {
+                    title: &title,
+                    x_label: "sequence length N",
+                    y_label: "peak memory above baseline (MB)",
+                    x_categories: None,
+                },
+            )?;
+        }
+    }
+    if slopes.is_empty() {
+        bail!("no complexity points finished");
+    }
+    Ok(slopes)
+}
