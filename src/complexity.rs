@@ -4,7 +4,7 @@
 //! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: the child
 //! reads its resident-set high-water mark (`VmHWM`), which is real on the CPU too, and a point that runs out
 //! of memory or time is killed and recorded as such while the sweep goes on.
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -343,11 +343,12 @@ struct Row {
     outcome: Outcome,
 }
 
-pub fn run(recipe: &ComplexityRecipe, out: &Path, device: &str, quiet: bool) -> Result<()> {
+/// Runs every point, each in a child process of `exe` (the `ablate` binary), and writes `points.csv`,
+/// `slopes.csv` and the log-log plots into `out`.
+pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quiet: bool) -> Result<()> {
     let spec = &recipe.complexity;
     let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let exe = std::env::current_exe()?;
     let mut rows: Vec<Row> = Vec::new();
     let total = spec.variants.len() * spec.passes.len() * spec.lengths.len();
     let mut k = 0;
@@ -579,9 +580,6 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 },
             )?;
         }
-    }
-    if slopes.is_empty() {
-        bail!("no complexity points finished");
     }
     Ok(slopes)
 }

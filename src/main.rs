@@ -258,7 +258,7 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let out = args.out.clone().unwrap_or_else(|| default_out(&name, args.smoke));
         // Validate the device here, once, rather than in every child.
         device_or_exit(&args.device)?;
-        return ablate::complexity::run(&recipe, &out, &args.device, args.quiet);
+        return ablate::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
     }
     let recipe = recipe::load(&path, args.smoke)?;
     let device = device_or_exit(&args.device)?;

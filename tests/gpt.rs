@@ -252,3 +252,38 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     assert!(run.outcome.final_eval.accuracy > 0.9, "copy accuracy {}", run.outcome.final_eval.accuracy);
 }
+
+#[test]
+fn length_generalisation_is_scored_where_the_encoding_allows_it() {
+    let text = "abcdefghij ".repeat(300);
+    let data = Dataset::Text(TextData::from_text(&text, 0.3).unwrap());
+    for (pe, readable) in [(ablate::config::PositionEncoding::Learned, false), (ablate::config::PositionEncoding::Alibi, true)] {
+        let cfg = Config {
+            model: ModelConfig { d_model: 16, layers: 1, heads: 2, block_size: 16, pe, ..Default::default() },
+            data: DataConfig::default(),
+            train: TrainConfig { steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, eval_lengths: vec![2, 4], ..Default::default() },
+        };
+        let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+        let evals = &run.outcome.length_evals;
+        assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![2, 4]);
+        assert!(evals.iter().all(|e| e.1.is_some() == readable), "{pe:?}");
+        if readable {
+            assert!(evals[1].1.as_ref().unwrap().loss.is_finite());
+        }
+    }
+}
+
+#[test]
+fn attention_heatmaps_render_one_panel_per_layer_and_head() {
+    let (_vs, model) = tiny_model(11, 4);
+    let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).unsqueeze(0);
+    let (_, weights) = model.forward_with_weights(&idx, false, true);
+    assert_eq!(weights.len(), 2);
+    assert_eq!(weights[0].size(), vec![1, 4, 6, 6]);
+    let path = std::env::temp_dir().join(format!("ablate-heatmap-{}.png", std::process::id()));
+    let maps: Vec<Tensor> = weights.iter().map(|w| w.get(0)).collect();
+    ablate::plot::attention_heatmaps(&path, &maps, "test").unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+    let _ = std::fs::remove_file(path);
+}

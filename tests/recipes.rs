@@ -214,3 +214,41 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn attention_knobs_reject_impossible_combinations_with_their_line() {
+    let e = error("model:\n  block_size: 32\n  attention:\n    pattern:\n      window: 40\n");
+    assert_eq!(e.line, 5, "{e}");
+    assert!(e.message.contains("covers the whole block"), "{e}");
+
+    let e = error("model:\n  attention:\n    implementation: sparse\n");
+    assert_eq!(e.line, 3, "{e}");
+    assert!(e.message.contains("needs a window pattern"), "{e}");
+
+    let e = error("model:\n  pe: rope\n  position:\n    at: qk\n");
+    assert_eq!(e.line, 4, "{e}");
+    assert!(e.message.contains("only absolute encodings"), "{e}");
+
+    let e = error("model:\n  block_size: 40\ndata:\n  task: copy\n  copy_length: 16\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("2·copy_length = 32"), "{e}");
+
+    let e = error("train:\n  eval_lengths: [1]\n");
+    assert!(e.message.contains("train.eval_lengths"), "{e}");
+
+    let e = error("model:\n  attention:\n    pattern:\n      dilation: 2\n");
+    assert!(e.message.contains("a dilation needs a window"), "{e}");
+
+    let e = error("model:\n  pe: rotary\n");
+    assert_eq!(e.line, 2, "{e}");
+    assert!(e.message.contains("rope") && e.message.contains("alibi"), "{e}");
+}
+
+#[test]
+fn a_swept_section_replaces_the_whole_section_and_labels_read_plainly() {
+    let r = load("sweep:\n  model.attention:\n    - {implementation: fused}\n    - {implementation: sparse, pattern: {window: 8}}\n").unwrap();
+    assert_eq!(r.runs.len(), 2);
+    assert_eq!(r.runs[1].config.model.attention.pattern.window, Some(8));
+    assert_eq!(r.runs[1].config.model.attention.pattern.dilation, 1, "unset fields take their defaults");
+    assert_eq!(r.runs[1].label, "attention={implementation:sparse,pattern:{window:8}}");
+}

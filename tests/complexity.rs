@@ -1,0 +1,81 @@
+//! The complexity benchmark's arithmetic and a real (tiny) run through child processes.
+use ablate::complexity::{analytic_flops, loglog_slope, ComplexityRecipe, Pass, PointSpec};
+use ablate::config::{Implementation, PatternConfig};
+use std::path::Path;
+
+#[test]
+fn the_fitted_slope_recovers_the_exponent_of_a_power_law() {
+    let quadratic: Vec<(f64, f64)> = [128.0, 256.0, 512.0, 1024.0].iter().map(|&n: &f64| (n, 3.0 * n * n)).collect();
+    assert!((loglog_slope(&quadratic).unwrap() - 2.0).abs() < 1e-9);
+    let linear: Vec<(f64, f64)> = [10.0, 100.0, 1000.0].iter().map(|&n: &f64| (n, 0.5 * n)).collect();
+    assert!((loglog_slope(&linear).unwrap() - 1.0).abs() < 1e-9);
+    assert!(loglog_slope(&[(1.0, 1.0)]).is_none());
+}
+
+fn point(n: i64, implementation: Implementation, window: Option<i64>) -> PointSpec {
+    PointSpec {
+        n,
+        d_model: 64,
+        heads: 4,
+        batch: 1,
+        causal: false,
+        pattern: PatternConfig { window, ..Default::default() },
+        implementation,
+        pass: Pass::Forward,
+        repeats: 1,
+        warmup: 0,
+    }
+}
+
+#[test]
+fn analytic_flops_grow_quadratically_for_masks_and_linearly_for_the_sparse_kernel() {
+    let ratio = |imp, w| {
+        analytic_flops(&point(8192, imp, w)) / analytic_flops(&point(4096, imp, w))
+    };
+    // Attention dominates at these lengths: doubling N nearly quadruples mask-based work...
+    assert!(ratio(Implementation::Fused, Some(16)) > 3.5);
+    // ...and exactly doubles the sparse kernel's.
+    assert!((ratio(Implementation::Sparse, Some(16)) - 2.0).abs() < 1e-9);
+    let fb = PointSpec { pass: Pass::ForwardBackward, ..point(1024, Implementation::Fused, None) };
+    assert!((analytic_flops(&fb) / analytic_flops(&point(1024, Implementation::Fused, None)) - 3.0).abs() < 1e-9);
+}
+
+#[test]
+fn a_tiny_complexity_run_writes_points_slopes_and_plots() {
+    let recipe: ComplexityRecipe = serde_yaml::from_str(
+        "complexity:\n  lengths: [32, 64, 128]\n  d_model: 32\n  heads: 2\n  passes: [forward, forward_backward]\n  repeats: 1\n  warmup: 0\n  variants:\n    - {label: dense, implementation: fused}\n    - {label: window, implementation: sparse, pattern: {window: 4}}\n",
+    )
+    .unwrap();
+    recipe.complexity.validate().unwrap();
+    let out = std::env::temp_dir().join(format!("ablate-complexity-{}", std::process::id()));
+    ablate::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true).unwrap();
+    let points = std::fs::read_to_string(out.join("points.csv")).unwrap();
+    assert_eq!(points.lines().count(), 1 + 2 * 2 * 3);
+    let mut reader = csv::Reader::from_path(out.join("points.csv")).unwrap();
+    for row in reader.records() {
+        let row = row.unwrap();
+        assert_eq!(&row[12], "ok", "{row:?}");
+        let peak: f64 = row[15].parse().unwrap();
+        assert!(peak > 10.0, "peak resident memory is real, got {peak} MB");
+    }
+    for f in ["slopes.csv", "time_forward.png", "memory_forward_backward.png"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn a_point_past_the_memory_limit_is_recorded_and_the_sweep_goes_on() {
+    // 0.05 GB is below what libtorch itself needs, so every point is killed: recorded, not fatal.
+    let recipe: ComplexityRecipe = serde_yaml::from_str(
+        "complexity:\n  lengths: [32, 64]\n  d_model: 32\n  heads: 2\n  passes: [forward]\n  repeats: 1\n  memory_limit_gb: 0.05\n  variants:\n    - {label: dense, implementation: fused}\n",
+    )
+    .unwrap();
+    let out = std::env::temp_dir().join(format!("ablate-complexity-oom-{}", std::process::id()));
+    let result = ablate::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true);
+    result.unwrap();
+    let points = std::fs::read_to_string(out.join("points.csv")).unwrap();
+    assert!(points.contains("out_of_memory"), "{points}");
+    assert!(points.contains("skipped after a shorter length failed"), "{points}");
+    let _ = std::fs::remove_dir_all(out);
+}
