@@ -64,22 +64,28 @@ pub fn run_header(spec: &RunSpec) -> Vec<String> {
 
 pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
     let e = &outcome.final_eval;
+    // Metrics a diverged run does not have stay empty (plots skip them) rather than reading "NaN".
+    let num = |v: f64, digits: usize| if v.is_finite() { format!("{v:.digits$}") } else { String::new() };
     let metrics = [
         outcome.params.to_string(),
-        format!("{:.6}", outcome.final_train_loss),
-        format!("{:.6}", e.loss),
-        format!("{:.6}", e.loss.exp()),
-        format!("{:.6}", e.accuracy),
+        num(outcome.final_train_loss, 6),
+        num(e.loss, 6),
+        num(e.loss.exp(), 6),
+        num(e.accuracy, 6),
         format!("{:.3}", outcome.wall_s),
         format!("{:.1}", outcome.tokens_per_s),
         spec.config.train.steps.to_string(),
     ];
     // Empty where the model cannot read that length (a learned position table).
     let lengths = outcome.length_evals.iter().flat_map(|(_, e)| match e {
-        Some(e) => [format!("{:.6}", e.loss), format!("{:.6}", e.accuracy)],
+        Some(e) => [num(e.loss, 6), num(e.accuracy, 6)],
         None => [String::new(), String::new()],
     });
-    [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), "ok".into()]
+    let status = match outcome.diverged_at {
+        None => "ok".to_string(),
+        Some(step) => format!("diverged at step {step}"),
+    };
+    [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), status]
         .into_iter()
         .chain(flatten_config(&spec.config).into_iter().map(|(_, v)| v))
         .chain(metrics)

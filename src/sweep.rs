@@ -83,15 +83,22 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         results.append(run, &outcome)?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
-            let line = format!(
-                "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, {:.1}s",
-                run.id,
-                outcome.final_eval.loss,
-                outcome.final_eval.loss.exp(),
-                outcome.final_eval.accuracy,
-                outcome.tokens_per_s,
-                outcome.wall_s
-            );
+            let line = if let Some(step) = outcome.diverged_at {
+                format!(
+                    "  {}: diverged at step {step} (loss {}), recorded; the sweep goes on",
+                    run.id, outcome.final_train_loss
+                )
+            } else {
+                format!(
+                    "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, {:.1}s",
+                    run.id,
+                    outcome.final_eval.loss,
+                    outcome.final_eval.loss.exp(),
+                    outcome.final_eval.accuracy,
+                    outcome.tokens_per_s,
+                    outcome.wall_s
+                )
+            };
             if bar.is_hidden() {
                 eprintln!("{line}");
             } else {

@@ -1,6 +1,6 @@
 //! One training run of a GPT on a text corpus: AdamW with warm-up and cosine decay, gradient clipping,
 //! periodic evaluation on the held-out split, optional attention probes, and a sample at the end.
-use anyhow::{bail, Result};
+use anyhow::Result;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -33,6 +33,8 @@ pub struct RunOutcome {
     pub final_eval: Evaluation,
     /// (multiple of block_size, evaluation at that length or `None` when the model cannot read it).
     pub length_evals: Vec<(i64, Option<Evaluation>)>,
+    /// The step whose loss was NaN or infinite, if training diverged (the run stops there).
+    pub diverged_at: Option<i64>,
     pub wall_s: f64,
     /// Training tokens per second over the optimisation steps (evaluation time excluded).
     pub tokens_per_s: f64,
@@ -91,6 +93,7 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
     let started = Instant::now();
     let mut train_time = 0.0;
     let mut last_loss = f64::NAN;
+    let mut diverged_at = None;
     let record_eval = |step: i64, curves: &mut Vec<CurvePoint>| {
         let e = evaluate(&model, &val);
         curves.push(CurvePoint { step, split: "val", metric: "loss", value: e.loss });
@@ -115,10 +118,14 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
         let (loss, grad_norm) = train_step(&model, &mut opt, &x, &y, lr, t.grad_clip);
         last_loss = loss;
         train_time += tick.elapsed().as_secs_f64();
-        if !last_loss.is_finite() {
-            bail!("training diverged at step {}: loss is {last_loss}", step + 1);
-        }
         let done = step + 1;
+        if !last_loss.is_finite() {
+            // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
+            curves.push(CurvePoint { step: done, split: "train", metric: "loss", value: last_loss });
+            diverged_at = Some(done);
+            progress(t.steps, last_loss);
+            break;
+        }
         if done % t.log_interval == 0 || done == t.steps {
             curves.push(CurvePoint { step: done, split: "train", metric: "loss", value: last_loss });
             curves.push(CurvePoint { step: done, split: "train", metric: "grad_norm", value: grad_norm });
@@ -129,7 +136,10 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
         }
         progress(done, last_loss);
     }
-    let final_eval = record_eval(t.steps, &mut curves);
+    let final_eval = match diverged_at {
+        None => record_eval(t.steps, &mut curves),
+        Some(_) => Evaluation { loss: f64::NAN, accuracy: f64::NAN },
+    };
     // Length generalisation: the same number of held-out tokens, in windows k times longer.
     let length_evals = t
         .eval_lengths
@@ -149,16 +159,20 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
         Dataset::Text(_) => Decoding::Sample { temperature: 0.8, top_k: Some(10) },
         Dataset::Copy(_) => Decoding::Greedy,
     };
-    let ids = generate(&model, &prompt, new_tokens, decoding);
+    let sample = match diverged_at {
+        None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding)),
+        Some(step) => format!("(no sample: training diverged at step {step})"),
+    };
     let outcome = RunOutcome {
         params: opt.num_params(),
         final_train_loss: last_loss,
         final_eval,
         length_evals,
+        diverged_at,
         wall_s: started.elapsed().as_secs_f64(),
         tokens_per_s: tokens / train_time.max(1e-9),
         curves,
-        sample: data.tokenizer().decode(&ids),
+        sample,
     };
     Ok(TrainedRun { outcome, model, vs })
 }

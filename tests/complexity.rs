@@ -29,9 +29,7 @@ fn point(n: i64, implementation: Implementation, window: Option<i64>) -> PointSp
 
 #[test]
 fn analytic_flops_grow_quadratically_for_masks_and_linearly_for_the_sparse_kernel() {
-    let ratio = |imp, w| {
-        analytic_flops(&point(8192, imp, w)) / analytic_flops(&point(4096, imp, w))
-    };
+    let ratio = |imp, w| analytic_flops(&point(8192, imp, w)) / analytic_flops(&point(4096, imp, w));
     // Attention dominates at these lengths: doubling N nearly quadruples mask-based work...
     assert!(ratio(Implementation::Fused, Some(16)) > 3.5);
     // ...and exactly doubles the sparse kernel's.

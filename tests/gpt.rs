@@ -257,11 +257,20 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
 fn length_generalisation_is_scored_where_the_encoding_allows_it() {
     let text = "abcdefghij ".repeat(300);
     let data = Dataset::Text(TextData::from_text(&text, 0.3).unwrap());
-    for (pe, readable) in [(ablate::config::PositionEncoding::Learned, false), (ablate::config::PositionEncoding::Alibi, true)] {
+    for (pe, readable) in
+        [(ablate::config::PositionEncoding::Learned, false), (ablate::config::PositionEncoding::Alibi, true)]
+    {
         let cfg = Config {
             model: ModelConfig { d_model: 16, layers: 1, heads: 2, block_size: 16, pe, ..Default::default() },
             data: DataConfig::default(),
-            train: TrainConfig { steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, eval_lengths: vec![2, 4], ..Default::default() },
+            train: TrainConfig {
+                steps: 3,
+                batch_size: 4,
+                eval_interval: 3,
+                eval_batches: 2,
+                eval_lengths: vec![2, 4],
+                ..Default::default()
+            },
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         let evals = &run.outcome.length_evals;
@@ -286,4 +295,32 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
+    // An absurd learning rate on unscaled attention blows the loss up to infinity / NaN.
+    let text = "abcdefghij ".repeat(300);
+    let data = Dataset::Text(TextData::from_text(&text, 0.3).unwrap());
+    let mut model = ModelConfig { d_model: 32, layers: 2, heads: 1, block_size: 16, ..Default::default() };
+    model.attention.scale = ablate::config::Scale::Factor(1e4);
+    let cfg = Config {
+        model,
+        data: DataConfig::default(),
+        train: TrainConfig {
+            steps: 200,
+            batch_size: 4,
+            lr: 1e6,
+            min_lr: 1e5,
+            warmup_steps: 1,
+            grad_clip: None,
+            eval_interval: 50,
+            eval_batches: 2,
+            ..Default::default()
+        },
+    };
+    let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+    let step = run.outcome.diverged_at.expect("this configuration diverges");
+    assert!(step <= 200);
+    assert!(run.outcome.final_eval.loss.is_nan());
 }
