@@ -1,4 +1,5 @@
-//! Link flags that torch-sys does not set for the final binary:
+//! Builds `csrc/fused.cpp` (libtorch kernels tch does not bind) and sets link flags that torch-sys does not
+//! set for the final binary:
 //! - an rpath to libtorch's lib dir, so `ablate` runs without LD_LIBRARY_PATH;
 //! - libtorch_cuda forced in: nothing references its symbols directly, so `--as-needed` would drop it
 //!   and CUDA would silently report "unavailable" on a GPU machine.
@@ -6,11 +7,29 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
         // torch-sys fails with its own message in this case; bin/ablate always sets LIBTORCH.
         return;
     };
-    let lib = PathBuf::from(libtorch).join("lib");
+    let root = PathBuf::from(&libtorch);
+    let lib = root.join("lib");
+    // Kernels tch does not bind (fused AdamW), compiled against the same libtorch headers as torch-sys.
+    println!("cargo:rerun-if-changed=csrc/fused.cpp");
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(root.join("include"))
+        .include(root.join("include/torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!(
+            "-D_GLIBCXX_USE_CXX11_ABI={}",
+            std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into())
+        ))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("csrc/fused.cpp")
+        .compile("ablate_fused");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");

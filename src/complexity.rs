@@ -374,7 +374,7 @@ pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quie
                     Outcome::Failed("skipped after a shorter length failed".into())
                 } else {
                     run_child(
-                        &exe,
+                        exe,
                         &point,
                         device,
                         Duration::from_secs_f64(spec.timeout_s),

@@ -426,7 +426,7 @@ impl Config {
         if m.pe == PositionEncoding::Rope && m.d_model / m.heads < 2 {
             return Err(invalid("model.pe", "rope needs heads of at least 2 dimensions (d_model / heads >= 2)"));
         }
-        if !(pos.rope_theta > 1.0) {
+        if !pos.rope_theta.is_finite() || pos.rope_theta <= 1.0 {
             return Err(invalid(
                 "model.position.rope_theta",
                 format!("must be greater than 1, got {}", pos.rope_theta),

@@ -76,7 +76,7 @@ impl Gpt {
         let mut x = self.token_embedding.forward(idx);
         let table = self.positions.table(n);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.positions_at) {
-            x = x + t;
+            x = &x + t;
         }
         let g = self.global_tokens.as_ref().map_or(0, |t| t.size()[0]);
         // Global tokens carry no position: the encodings added inside the layers are zero for them.
@@ -90,7 +90,7 @@ impl Gpt {
         for layer in &self.layers {
             let qk_add = match self.positions_at {
                 AbsoluteAt::EveryLayer => {
-                    x = x + table.as_ref().expect("absolute encoding");
+                    x = &x + table.as_ref().expect("absolute encoding");
                     None
                 }
                 AbsoluteAt::Qk => table.as_ref(),

@@ -126,12 +126,19 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
 
 #[test]
 fn adamw_matches_the_closed_form_update() {
+    for update in [ablate::optim::Update::Fused, ablate::optim::Update::Explicit] {
+        adamw_matches_the_closed_form_with(update);
+    }
+}
+
+fn adamw_matches_the_closed_form_with(update: ablate::optim::Update) {
     // Two parameters (a matrix that decays, a bias that does not), three steps with known gradients,
     // against torch.optim.AdamW's update written out in f64.
     let w = Tensor::from_slice(&[0.5f64, -1.0, 2.0, 0.25]).view([2, 2]).to_kind(Kind::Float).set_requires_grad(true);
     let b = Tensor::from_slice(&[0.1f64, -0.2]).to_kind(Kind::Float).set_requires_grad(true);
     let (beta1, beta2, wd, eps) = (0.9, 0.99, 0.1, 1e-8);
     let mut opt = AdamW::new(vec![w.shallow_clone(), b.shallow_clone()], beta1, beta2, wd);
+    opt.update = update;
     let mut reference: Vec<(f64, f64, f64, bool)> = [0.5, -1.0, 2.0, 0.25]
         .iter()
         .map(|&p| (p, 0.0, 0.0, true))
@@ -162,7 +169,7 @@ fn adamw_matches_the_closed_form_update() {
     let got: Vec<f64> =
         Vec::<f64>::try_from(Tensor::cat(&[w.view([-1]), b.view([-1])], 0).to_kind(Kind::Double)).unwrap();
     for (g, (r, ..)) in got.iter().zip(&reference) {
-        assert!((g - r).abs() < 1e-6, "got {g}, closed form {r}");
+        assert!((g - r).abs() < 1e-6, "{update:?}: got {g}, closed form {r}");
     }
 }
 

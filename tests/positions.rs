@@ -159,7 +159,7 @@ impl Encoder {
         let mut qk = None;
         match (self.at, &table) {
             (AbsoluteAt::Qk, Some(t)) => qk = Some(t),
-            (_, Some(t)) => x = x + t,
+            (_, Some(t)) => x = &x + t,
             _ => {}
         }
         self.layer.forward(&x, &Mask::default(), qk, None, false, false).output.mean_dim(1, false, Kind::Float)

@@ -13,6 +13,7 @@
 //! - `Explicit`: scores, additive bias, softmax, weighted sum — readable, works for every variant, and can hand
 //!   back the attention weights for inspection;
 //! - `Sparse`: for windowed patterns, the blocked kernel in `pattern.rs`, whose cost grows with N·window.
+//!
 //! Tests prove they agree.
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -264,7 +265,8 @@ impl MultiHeadAttention {
                     .masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
                 if let Some(pad) = mask.key_padding {
                     let padding = Mask { causal: false, key_padding: Some(pad), offset: 0 };
-                    b = b + padding.additive_bias(n_q, n_k, device, q.kind()).unwrap();
+                    // Broadcasting grows the bias to (B, 1, N_q, N_k): not an in-place add.
+                    b = &b + padding.additive_bias(n_q, n_k, device, q.kind()).unwrap();
                 }
                 b
             }
@@ -273,7 +275,7 @@ impl MultiHeadAttention {
                 .unwrap_or_else(|| Tensor::zeros([1, 1, 1, 1], (q.kind(), device))),
         };
         if let Some(r) = relative {
-            bias = bias + r;
+            bias = &bias + r; // broadcasts to (B, H, N_q, N_k)
         }
         Some(bias)
     }

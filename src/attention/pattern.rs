@@ -6,6 +6,7 @@
 //! - global positions: the first `global_tokens` positions (extra learned tokens a model prepends) and every
 //!   `global_every`-th position after them (e.g. the first token of each block) attend to all and are attended
 //!   by all.
+//!
 //! A causal model intersects this with j ≤ i. No window and no selected positions means dense attention.
 //!
 //! Two implementations compute the same thing. Mask-based: the allowed matrix becomes a −∞ bias on the full
