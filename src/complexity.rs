@@ -565,7 +565,13 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 &out.join(format!("time_{}.png", pass.name())),
                 &time_series,
                 &flops_series,
-                &Axes { title: &title, x_label: "sequence length N", y_label: "median time (ms)", x_categories: None },
+                &Axes {
+                    title: &title,
+                    x_label: "sequence length N",
+                    y_label: "median time (ms)",
+                    x_categories: None,
+                    zoom_past_start: false,
+                },
             )?;
             let title = format!("{name}: {} peak working memory against sequence length", pass.name());
             crate::plot::loglog_chart(
@@ -577,6 +583,7 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                     x_label: "sequence length N",
                     y_label: "peak memory above baseline (MB)",
                     x_categories: None,
+                    zoom_past_start: false,
                 },
             )?;
         }

@@ -204,14 +204,15 @@ fn attention_map(
     let (tokenizer, _vs, model, what) = match (checkpoint, recipe) {
         (Some(c), _) => {
             let (_, tokenizer, vs, model) = ablate::checkpoint::load(c, tch::Device::Cpu)?;
-            (tokenizer, vs, model, format!("checkpoint {}", c.display()))
+            let stem = c.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            (tokenizer, vs, model, format!("trained {stem}"))
         }
         (None, Some(r)) => {
             let path = find_recipe(r)?;
             let recipe = recipe::load(&path, false)?;
             let tokenizer = ablate::data::CharTokenizer::fit(text);
             let (vs, model) = ablate::train::build_model(&recipe.base, tokenizer.vocab_size(), tch::Device::Cpu);
-            (tokenizer, vs, model, format!("untrained model from {}", path.display()))
+            (tokenizer, vs, model, format!("untrained model of {}", path.display()))
         }
         (None, None) => anyhow::bail!("give --checkpoint FILE or --recipe FILE"),
     };
@@ -222,7 +223,9 @@ fn attention_map(
     let (_, weights) =
         tch::no_grad(|| model.forward_with_weights(&tch::Tensor::from_slice(&ids).unsqueeze(0), false, true));
     let maps: Vec<tch::Tensor> = weights.iter().map(|w| w.get(0)).collect();
-    ablate::plot::attention_heatmaps(out, &maps, &format!("attention weights of the {what} on {:?}", text))?;
+    let shown: String =
+        if text.chars().count() > 40 { text.chars().take(40).chain("…".chars()).collect() } else { text.to_string() };
+    ablate::plot::attention_heatmaps(out, &maps, &format!("{what}, on {shown:?}"))?;
     println!("wrote {}", out.display());
     Ok(())
 }

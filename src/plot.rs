@@ -83,6 +83,9 @@ pub struct Axes<'a> {
     pub y_label: &'a str,
     /// Category names for the x positions 0, 1, 2, … (`None`: numeric x axis).
     pub x_categories: Option<&'a [String]>,
+    /// Fit the y range to the last 90% of the x range, so an initial transient (the loss at step 0) does not
+    /// flatten the differences that matter; earlier points are still drawn, clipped.
+    pub zoom_past_start: bool,
 }
 
 /// Draws `series` as lines with ±std bands (and markers for category charts) into `path`.
@@ -91,13 +94,18 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
     if series.is_empty() {
         return Err(anyhow!("nothing to plot for {}", path.display()));
     }
-    let pts = series.iter().flat_map(|s| s.points.iter());
+    let pts = || series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, m, sd) in pts {
+    for &(x, _, _) in pts() {
         x0 = x0.min(x);
         x1 = x1.max(x);
-        y0 = y0.min(m - sd);
-        y1 = y1.max(m + sd);
+    }
+    let y_from = if axes.zoom_past_start { x0 + 0.1 * (x1 - x0) } else { f64::MIN };
+    for &(x, m, sd) in pts() {
+        if x >= y_from {
+            y0 = y0.min(m - sd);
+            y1 = y1.max(m + sd);
+        }
     }
     if axes.x_categories.is_some() {
         x0 -= 0.5;

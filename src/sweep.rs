@@ -182,7 +182,11 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             continue;
         }
         let title = format!("{name}: {y_label}{band}");
-        line_chart(&dir.join(file), &series, &Axes { title: &title, x_label: "step", y_label, x_categories: None })?;
+        line_chart(
+            &dir.join(file),
+            &series,
+            &Axes { title: &title, x_label: "step", y_label, x_categories: None, zoom_past_start: true },
+        )?;
     }
     length_generalisation_chart(dir, name, &runs, &variants, &band)?;
     if let Some(x_key) = sweep_keys.first() {
@@ -196,7 +200,13 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             line_chart(
                 &dir.join(file),
                 &series,
-                &Axes { title: &title, x_label: x_key, y_label, x_categories: Some(&categories) },
+                &Axes {
+                    title: &title,
+                    x_label: x_key,
+                    y_label,
+                    x_categories: Some(&categories),
+                    zoom_past_start: false,
+                },
             )?;
         }
     }
@@ -321,6 +331,7 @@ fn length_generalisation_chart(
             x_label: "evaluation length (multiple of the training block)",
             y_label: "held-out loss",
             x_categories: Some(&categories),
+            zoom_past_start: false,
         },
     )
 }
