@@ -143,6 +143,22 @@ impl ComplexitySpec {
         Ok(())
     }
 
+    /// The measurement of `variant` at length `n`.
+    pub fn point(&self, variant: &Variant, pass: Pass, n: i64) -> PointSpec {
+        PointSpec {
+            n,
+            d_model: self.d_model,
+            heads: self.heads,
+            batch: self.batch,
+            causal: self.causal,
+            pattern: variant.pattern.clone(),
+            implementation: variant.implementation,
+            pass,
+            repeats: self.repeats,
+            warmup: self.warmup,
+        }
+    }
+
     /// The `--smoke` form: the three shortest lengths, one repeat.
     pub fn shrink_for_smoke(&mut self) {
         self.lengths.sort();
@@ -357,18 +373,7 @@ pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quie
             let mut failed = false;
             for &n in &spec.lengths {
                 k += 1;
-                let point = PointSpec {
-                    n,
-                    d_model: spec.d_model,
-                    heads: spec.heads,
-                    batch: spec.batch,
-                    causal: spec.causal,
-                    pattern: variant.pattern.clone(),
-                    implementation: variant.implementation,
-                    pass,
-                    repeats: spec.repeats,
-                    warmup: spec.warmup,
-                };
+                let point = spec.point(variant, pass, n);
                 // Once a point ran out of memory or time, longer ones will too: record them without running.
                 let outcome = if failed {
                     Outcome::Failed("skipped after a shorter length failed".into())
@@ -538,21 +543,7 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
             let pts: Vec<(f64, f64, f64)> = spec
                 .lengths
                 .iter()
-                .map(|&n| {
-                    let s = PointSpec {
-                        n,
-                        d_model: spec.d_model,
-                        heads: spec.heads,
-                        batch: spec.batch,
-                        causal: spec.causal,
-                        pattern: variant.pattern.clone(),
-                        implementation: variant.implementation,
-                        pass,
-                        repeats: 1,
-                        warmup: 0,
-                    };
-                    (n as f64, analytic_flops(&s) / rate * 1000.0, 0.0)
-                })
+                .map(|&n| (n as f64, analytic_flops(&spec.point(variant, pass, n)) / rate * 1000.0, 0.0))
                 .collect();
             flops_series.push(Series {
                 label: format!("analytic FLOPs, {} (at {:.0} GFLOP/s)", variant.label, rate / 1e9),

@@ -16,15 +16,20 @@ fn attention(
     (vs, m)
 }
 
+/// Weights larger than the training init, so the softmax is far from uniform and differences show.
+fn randomise(vs: &nn::VarStore) {
+    tch::no_grad(|| {
+        for mut p in vs.trainable_variables() {
+            p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.4));
+        }
+    });
+}
+
 /// The same weights in a sparse-kernel unit and an explicit (mask-based) unit.
 fn twins(pattern: &PatternConfig, pe: PositionEncoding) -> (nn::VarStore, MultiHeadAttention, MultiHeadAttention) {
     let (vs_a, sparse) = attention(pattern, Implementation::Sparse, pe);
     let (mut vs_b, masked) = attention(pattern, Implementation::Explicit, pe);
-    tch::no_grad(|| {
-        for mut p in vs_a.trainable_variables() {
-            p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.4));
-        }
-    });
+    randomise(&vs_a);
     vs_b.copy(&vs_a).unwrap();
     (vs_a, sparse, masked)
 }
@@ -106,11 +111,7 @@ fn a_window_that_covers_the_sequence_is_dense_attention() {
     let n = 9;
     for causal in [false, true] {
         let (vs_dense, dense) = attention(&PatternConfig::default(), Implementation::Explicit, PositionEncoding::None);
-        tch::no_grad(|| {
-            for mut p in vs_dense.trainable_variables() {
-                p.copy_(&(Tensor::randn(p.size(), (Kind::Float, Device::Cpu)) * 0.4));
-            }
-        });
+        randomise(&vs_dense);
         let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
         let mask = Mask { causal, key_padding: None, offset: 0 };
         let expected = dense.self_attend(&x, &mask, None, false, false).output;
@@ -136,11 +137,7 @@ fn no_token_receives_weight_from_outside_its_pattern() {
     ] {
         for causal in [false, true] {
             let (vs, m) = attention(&p, Implementation::Explicit, PositionEncoding::Alibi);
-            tch::no_grad(|| {
-                for mut t in vs.trainable_variables() {
-                    t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.4));
-                }
-            });
+            randomise(&vs);
             let x = Tensor::randn([1, n, 16], (Kind::Float, Device::Cpu));
             let w =
                 m.self_attend(&x, &Mask { causal, key_padding: None, offset: 0 }, None, false, true).weights.unwrap();

@@ -130,10 +130,6 @@ impl MultiHeadAttention {
         Self::new(vs, d_model, heads, &cfg, PositionEncoding::None, &PositionConfig::default(), out_init_std)
     }
 
-    pub fn heads(&self) -> i64 {
-        self.heads
-    }
-
     /// Self-attention: queries, keys and values all come from `x` (B, N, D). `qk_add` (N, D) is added to the
     /// input of the query and key projections only (an absolute encoding that never reaches the values).
     pub fn self_attend(
