@@ -235,7 +235,12 @@ fn device_or_exit(spec: &str) -> anyhow::Result<tch::Device> {
 }
 
 fn find_recipe(name: &Path) -> anyhow::Result<PathBuf> {
-    let dir = std::env::var_os("ABLATE_RECIPES_DIR").map(PathBuf::from);
+    // bin/ablate points at the repository's recipes/; a binary run directly falls back to the recipes/ two
+    // levels above target/release/.
+    let dir = std::env::var_os("ABLATE_RECIPES_DIR").map(PathBuf::from).or_else(|| {
+        let exe = std::env::current_exe().ok()?;
+        Some(exe.parent()?.parent()?.parent()?.join("recipes"))
+    });
     recipe::resolve_path(name, dir.as_deref()).ok_or_else(|| {
         anyhow::Error::new(RecipeError {
             file: name.display().to_string(),

@@ -8,13 +8,22 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{Config, DataConfig, ModelConfig, TrainConfig};
 
-/// A recipe error pointing at a place in the YAML file.
+/// A recipe error pointing at a place in the YAML file (`line` 0: the file as a whole).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{file}:{line}: {message}")]
+#[error("{}", self.located())]
 pub struct RecipeError {
     pub file: String,
     pub line: usize,
     pub message: String,
+}
+
+impl RecipeError {
+    fn located(&self) -> String {
+        match self.line {
+            0 => format!("{}: {}", self.file, self.message),
+            line => format!("{}:{line}: {}", self.file, self.message),
+        }
+    }
 }
 
 /// The file as written. The base config sections are the config structs themselves.
