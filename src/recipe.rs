@@ -105,7 +105,8 @@ pub fn load(path: &Path, smoke: bool) -> Result<Recipe, RecipeError> {
 pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, RecipeError> {
     let lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
         file: file.into(),
-        line,
+        // A construct left open is only noticed at the end of the file: point at its last line.
+        line: line.clamp(1, text.lines().count().max(1)),
         message: format!("YAML syntax error: {message}"),
     })?;
     let err = |line: usize, message: String| RecipeError { file: file.into(), line, message };
@@ -131,10 +132,23 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         };
         let line = lines.line(&format!("sweep.{key}"));
         check_path(&base_value, key).map_err(|m| err(line, format!("sweep.{key}: {m}")))?;
-        match v {
-            Value::Sequence(values) if !values.is_empty() => axes.push((key.to_string(), values.clone())),
-            _ => return Err(err(line, format!("sweep.{key}: expected a non-empty list of values, e.g. [1, 2, 4]"))),
+        let Value::Sequence(values) = v else {
+            return Err(err(line, format!("sweep.{key}: expected a non-empty list of values, e.g. [1, 2, 4]")));
+        };
+        if values.is_empty() {
+            return Err(err(line, format!("sweep.{key}: expected a non-empty list of values, e.g. [1, 2, 4]")));
         }
+        // Each value on its own must be a valid setting of its key: a type error points at that value.
+        for (i, candidate) in values.iter().enumerate() {
+            let mut value = base_value.clone();
+            set_path(&mut value, key, candidate.clone());
+            if let Err(e) = serde_yaml::from_value::<Config>(value) {
+                let msg = explain_serde_error(&e.to_string());
+                let msg = if msg.starts_with(key) { msg } else { format!("{key}: {msg}") };
+                return Err(err(lines.line(&format!("sweep.{key}.{i}")), msg));
+            }
+        }
+        axes.push((key.to_string(), values.clone()));
     }
     let mut smoke_overrides: Vec<(String, Value)> = Vec::new();
     for (k, v) in &parsed.smoke {

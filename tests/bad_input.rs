@@ -1,0 +1,77 @@
+//! Malformed and impossible recipes, tried systematically: each must be rejected before training with one
+//! line that names the file, the line and the key.
+use ablate::recipe::parse;
+
+/// (recipe text, expected line, text the message must contain)
+const CASES: &[(&str, usize, &str)] = &[
+    ("model:\n  heads: [1, 2\n", 2, "YAML syntax error"),
+    ("model:\n\theads: 2\n", 2, "YAML syntax error"),
+    ("modle:\n  heads: 2\n", 1, "did you mean `model`"),
+    ("model:\n  hedas: 4\n", 2, "did you mean `heads`"),
+    ("train:\n  step: 10\n", 2, "did you mean `steps`"),
+    ("model:\n  attention:\n    scael: none\n", 3, "did you mean `scale`"),
+    ("model:\n  heads: four\n", 2, "model.heads"),
+    ("model:\n  d_model: 12.5\n", 2, "model.d_model"),
+    ("train:\n  lr: fast\n", 2, "train.lr"),
+    ("model:\n  pre_ln: maybe\n", 2, "model.pre_ln"),
+    ("model:\n  pe: rotary\n", 2, "rope"),
+    ("model:\n  activation: swish\n", 2, "gelu"),
+    ("model:\n  attention:\n    implementation: flash\n", 3, "sparse"),
+    ("model:\n  attention:\n    scale: -2\n", 3, "sqrt_dk, none, or a positive number"),
+    ("model:\n  d_model: 128\n  heads: 5\n", 3, "allowed: 1, 2, 4, 8, 16, 32, 64, 128"),
+    ("model:\n  d_model: 96\nsweep:\n  model.heads:\n    - 4\n    - 7\n", 6, "7 heads do not divide d_model 96"),
+    ("model:\n  layers: 0\n", 2, "model.layers: must be at least 1"),
+    ("model:\n  block_size: -4\n", 2, "model.block_size"),
+    ("model:\n  dropout: 1.5\n", 2, "model.dropout: must be in [0, 1)"),
+    ("train:\n  lr: -0.001\n", 2, "train.lr: must be a positive number"),
+    ("train:\n  min_lr: 0.5\n", 2, "train.min_lr"),
+    ("train:\n  beta2: 1.0\n", 2, "train.beta2"),
+    ("train:\n  grad_clip: 0\n", 2, "train.grad_clip"),
+    ("train:\n  batch_size: 0\n", 2, "train.batch_size"),
+    ("train:\n  warmup_steps: -1\n", 2, "train.warmup_steps"),
+    ("data:\n  val_fraction: 1.0\n", 2, "data.val_fraction"),
+    ("data:\n  path: /definitely/not/here.txt\n", 2, "no such file"),
+    ("data:\n  corpus: shakespeare\n", 2, "bible"),
+    ("data:\n  task: copy\n  copy_length: 10\n", 1, "2·copy_length = 20"),
+    ("data:\n  task: copy\n  copy_symbols: 40\n", 3, "data.copy_symbols"),
+    ("model:\n  block_size: 32\n  attention:\n    pattern:\n      window: 32\n", 5, "covers the whole block"),
+    ("model:\n  attention:\n    pattern:\n      window: 0\n", 4, "model.attention.pattern.window"),
+    ("model:\n  attention:\n    pattern:\n      dilation: 3\n", 4, "a dilation needs a window"),
+    ("model:\n  attention:\n    pattern:\n      global_every: 0\n", 4, "global_every"),
+    ("model:\n  attention:\n    implementation: sparse\n", 3, "needs a window pattern"),
+    ("model:\n  pe: alibi\n  position:\n    at: every_layer\n", 4, "only absolute encodings"),
+    ("model:\n  pe: rope\n  position:\n    rope_fraction: 0\n", 4, "rope_fraction"),
+    ("model:\n  position:\n    t5_buckets: 2\n", 3, "t5_buckets"),
+    ("train:\n  eval_lengths: [2, 1]\n", 2, "train.eval_lengths"),
+    ("sweep:\n  model.heads: []\n", 2, "non-empty list"),
+    ("sweep:\n  model.heads: 4\n", 2, "non-empty list"),
+    ("sweep:\n  model.hedas: [1, 2]\n", 2, "did you mean model.heads?"),
+    ("sweep:\n  trian.steps: [1, 2]\n", 2, "did you mean train?"),
+    ("sweep:\n  model.heads.x: [1]\n", 2, "is a value, not a section"),
+    ("sweep:\n  model.pe:\n    - none\n    - learnt\n", 4, "model.pe"),
+    ("seeds: []\n", 1, "seeds: the list is empty"),
+    ("seeds: [1, -2]\n", 1, "seeds"),
+    ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),
+    ("unexpected: 1\n", 1, "unknown field `unexpected`"),
+];
+
+#[test]
+fn every_malformed_recipe_gets_one_line_with_file_line_and_key() {
+    assert!(CASES.len() >= 30);
+    let mut failures = Vec::new();
+    for (i, (text, line, needle)) in CASES.iter().enumerate() {
+        match parse(text, "bad.yaml", "bad", false) {
+            Ok(_) => failures.push(format!("case {i}: accepted\n{text}")),
+            Err(e) => {
+                let shown = e.to_string();
+                if e.line != *line || !shown.contains(needle) || shown.contains('\n') {
+                    failures.push(format!("case {i}: got `{shown}`, wanted line {line} and `{needle}`"));
+                }
+                if !shown.starts_with(&format!("bad.yaml:{}: ", e.line)) {
+                    failures.push(format!("case {i}: `{shown}` does not start with bad.yaml:{}:", e.line));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), CASES.len(), failures.join("\n"));
+}
