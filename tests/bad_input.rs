@@ -75,3 +75,73 @@ fn every_malformed_recipe_gets_one_line_with_file_line_and_key() {
     }
     assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), CASES.len(), failures.join("\n"));
 }
+
+/// A small deterministic mutation fuzzer: shipped recipes with characters replaced, inserted or deleted and
+/// lines dropped or duplicated. The loader must never panic, and every rejection is one line with file:line.
+#[test]
+fn mutated_recipes_never_panic_the_loader() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut seeds: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !ablate::complexity::is_complexity_recipe(p))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    seeds.sort();
+    let alphabet: Vec<char> = "abcdehilmnoprstuwxyz_.:-[]{},'\"#|>&*!%@ \n\t0123456789".chars().collect();
+    let mut state: u64 = 0x0bad_5eed;
+    let mut next = move |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    let (mut accepted, mut rejected) = (0, 0);
+    for round in 0..3000 {
+        let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..1 + next(4) {
+            let at = next(text.len().max(1));
+            match next(5) {
+                0 if !text.is_empty() => {
+                    let last = text.len() - 1;
+                    text[at.min(last)] = alphabet[next(alphabet.len())];
+                }
+                1 => text.insert(at.min(text.len()), alphabet[next(alphabet.len())]),
+                2 if !text.is_empty() => {
+                    text.remove(at.min(text.len() - 1));
+                }
+                _ => {
+                    let s: String = text.iter().collect();
+                    let mut lines: Vec<&str> = s.lines().collect();
+                    if !lines.is_empty() {
+                        let l = next(lines.len());
+                        if next(2) == 0 {
+                            lines.remove(l);
+                        } else {
+                            lines.insert(l, lines[l]);
+                        }
+                    }
+                    text = (lines.join("\n") + "\n").chars().collect();
+                }
+            }
+        }
+        let text: String = text.into_iter().collect();
+        let outcome = std::panic::catch_unwind(|| parse(&text, "fuzz.yaml", "fuzz", round % 2 == 0));
+        match outcome {
+            Err(_) => panic!("the loader panicked on:\n{text}"),
+            Ok(Ok(_)) => accepted += 1,
+            Ok(Err(e)) => {
+                let shown = e.to_string();
+                assert!(shown.starts_with("fuzz.yaml:") && !shown.contains('\n'), "not one located line: {shown:?}");
+                assert!(
+                    e.line >= 1 && e.line <= text.lines().count().max(1),
+                    "line {} outside the file: {shown}",
+                    e.line
+                );
+                rejected += 1;
+            }
+        }
+    }
+    // Both outcomes happen, so the mutations are neither all harmless nor all fatal.
+    assert!(accepted > 100 && rejected > 100, "accepted {accepted}, rejected {rejected}");
+}
