@@ -298,6 +298,13 @@ fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
 
 fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
+    if ablate::complexity::is_complexity_recipe(&path) {
+        anyhow::bail!(
+            "{}: a complexity benchmark draws its plots as it runs; run `ablate {}` to measure and plot again",
+            path.display(),
+            path.display()
+        );
+    }
     let recipe = recipe::load(&path, false)?;
     let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
     plot_results(&out, &recipe.sweep_keys, &recipe.name)
