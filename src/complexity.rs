@@ -213,16 +213,10 @@ pub fn analytic_flops(s: &PointSpec) -> f64 {
     }
 }
 
-fn proc_status_kb(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(f64::NAN)
+/// A `kB` field (`VmRSS:`, `VmHWM:`) of a process's `/proc/<pid>/status`; `None` if unreadable.
+fn status_kb(status_file: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(status_file).ok()?;
+    text.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Runs one point in this process (the child side). Prints nothing; returns the measurements.
@@ -254,7 +248,7 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let baseline_kb = proc_status_kb("VmRSS:");
+    let baseline_kb = status_kb("/proc/self/status", "VmRSS:").unwrap_or(f64::NAN);
     for _ in 0..s.warmup {
         step();
     }
@@ -266,7 +260,7 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    let peak_kb = proc_status_kb("VmHWM:");
+    let peak_kb = status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN);
     PointResult {
         median_ms: times[times.len() / 2],
         min_ms: times[0],
@@ -309,14 +303,7 @@ fn run_child(exe: &Path, s: &PointSpec, device: &str, timeout: Duration, memory_
             let line = text.lines().last().unwrap_or("");
             return Ok(Outcome::Ok(serde_json::from_str(line).with_context(|| format!("child printed {line:?}"))?));
         }
-        let rss_kb = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-            })
-            .unwrap_or(0.0);
+        let rss_kb = status_kb(&format!("/proc/{pid}/status"), "VmRSS:").unwrap_or(0.0);
         if rss_kb > memory_limit_kb {
             let _ = child.kill();
             let _ = child.wait();

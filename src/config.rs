@@ -372,6 +372,11 @@ fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
 }
 
 impl Config {
+    /// The longest window a run reads: the block, or its longest length-generalisation evaluation.
+    pub fn longest_window(&self) -> i64 {
+        self.model.block_size * self.train.eval_lengths.iter().copied().max().unwrap_or(1)
+    }
+
     /// Every impossible combination, caught before anything trains.
     pub fn validate(&self) -> Result<(), Invalid> {
         let m = &self.model;

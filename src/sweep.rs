@@ -26,8 +26,9 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         if !datasets.contains_key(&key) {
             datasets.insert(key.clone(), Dataset::load(&run.config.data)?);
         }
-        let longest = run.config.model.block_size * run.config.train.eval_lengths.iter().copied().max().unwrap_or(1);
-        datasets[&key].check_block_size(longest).with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+        datasets[&key]
+            .check_block_size(run.config.longest_window())
+            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
     }
     let results = ResultsDir::create(opts.out)?;
     if opts.force {

@@ -84,7 +84,7 @@ pub struct TrainedRun {
 pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -> Result<TrainedRun> {
     let t = &cfg.train;
     let block = cfg.model.block_size;
-    data.check_block_size(block * t.eval_lengths.iter().copied().max().unwrap_or(1))?;
+    data.check_block_size(cfg.longest_window())?;
     tch::manual_seed(t.seed as i64);
     let (vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);

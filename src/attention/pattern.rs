@@ -127,12 +127,12 @@ pub fn sliding_window_attention(
     scores = scores.masked_fill(&valid.logical_not(), MASKED);
 
     let globals = pattern.global_positions(n);
+    let g_idx = Tensor::from_slice(&globals).to(device);
     let out = if globals.is_empty() {
         let p = scores.softmax(-1, kind).dropout(dropout, train);
         p.matmul(&v_blocks)
     } else {
         // Every query also scores the global keys, except those its window already covers.
-        let g_idx = Tensor::from_slice(&globals).to(device);
         let g = globals.len() as i64;
         let (k_glob, v_glob) = (k.index_select(2, &g_idx), v.index_select(2, &g_idx)); // (B, H, g, dh)
         let mut g_scores = q.matmul(&k_glob.transpose(-1, -2)) * scale; // (B, H, N, g)
@@ -158,7 +158,6 @@ pub fn sliding_window_attention(
     let mut out = out.narrow(2, 0, n);
     if !globals.is_empty() {
         // Global queries see every key (up to themselves when causal): a dense row each.
-        let g_idx = Tensor::from_slice(&globals).to(device);
         let q_glob = q.index_select(2, &g_idx);
         let mut rows = q_glob.matmul(&k.transpose(-1, -2)) * scale; // (B, H, g, N)
         let j = Tensor::arange(n, (Kind::Int64, device)).view([1, n]);
