@@ -104,7 +104,9 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
         model: ModelConfig { d_model: 48, layers: 2, heads: 4, block_size: 32, ..Default::default() },
         data: DataConfig::default(),
         train: TrainConfig {
-            steps: 150,
+            // 150 steps left 2 of 12 seeds one character wrong after 60; 300 got all 12 right. 400 for margin
+            // against numerics that differ between machines.
+            steps: 400,
             batch_size: 16,
             lr: 3e-3,
             min_lr: 3e-4,
