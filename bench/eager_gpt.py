@@ -57,6 +57,7 @@ def main():
                           ("vocab", 65), ("warmup", 10), ("steps", 50)]:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     a = p.parse_args()
     torch.manual_seed(0)
     dev = torch.device(a.device)
@@ -68,12 +69,18 @@ def main():
     x = torch.randint(a.vocab, (a.batch, a.block), device=dev)
     y = torch.randint(a.vocab, (a.batch, a.block), device=dev)
 
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+    scaler = torch.amp.GradScaler(dev.type, enabled=a.precision == "fp16")
+
     def step():
-        loss = model(x, y)
+        with torch.autocast(dev.type, dtype=low or torch.float32, enabled=low is not None):
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
 
     for _ in range(a.warmup):
@@ -85,7 +92,7 @@ def main():
         torch.cuda.synchronize()
     secs = time.perf_counter() - start
     params = sum(p.numel() for p in model.parameters())
-    print(f"pytorch eager {a.layers}L/{a.heads}H/d{a.d_model} T={a.block} B={a.batch} {a.device}: "
+    print(f"pytorch eager {a.layers}L/{a.heads}H/d{a.d_model} T={a.block} B={a.batch} {a.precision} {a.device}: "
           f"{a.steps * a.batch * a.block / secs:.0f} tokens/s, {secs * 1000 / a.steps:.2f} ms/step, {params} params")
 
 

@@ -1,6 +1,7 @@
 // libtorch kernels that tch does not bind. Each returns nullptr on success or a malloc'ed error message that
 // the caller frees with ablate_free_error (C++ exceptions must not cross into Rust).
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,41 @@ char *ablate_fused_adamw(at::Tensor *param, at::Tensor *grad, at::Tensor *m, at:
     return strdup(e.what());
   }
 }
+
+// Points `param`'s gradient at `grad` (same shape), so that backward accumulates into it in place: the
+// optimiser then reads every gradient from one flat buffer without gathering them.
+char *ablate_set_grad(at::Tensor *param, at::Tensor *grad) {
+  try {
+    param->mutable_grad() = *grad;
+    return nullptr;
+  } catch (const std::exception &e) {
+    return strdup(e.what());
+  }
+}
+
+// Turns autocast on (dtype 1: bfloat16, 2: float16) or off (dtype 0) for `cuda` or the CPU, in this thread.
+// Leaving it clears the cache of casted weights, as torch.autocast's __exit__ does.
+char *ablate_autocast(bool cuda, int dtype) {
+  try {
+    const auto device = cuda ? at::DeviceType::CUDA : at::DeviceType::CPU;
+    if (dtype == 0) {
+      at::autocast::set_autocast_enabled(device, false);
+      if (at::autocast::decrement_nesting() == 0) {
+        at::autocast::clear_cache();
+      }
+    } else {
+      at::autocast::set_autocast_dtype(device, dtype == 1 ? at::kBFloat16 : at::kHalf);
+      at::autocast::set_autocast_enabled(device, true);
+      at::autocast::increment_nesting();
+    }
+    return nullptr;
+  } catch (const std::exception &e) {
+    return strdup(e.what());
+  }
+}
+
+// Drops autocast's low-precision copies of the weights: they are stale once an optimiser step changed them.
+void ablate_autocast_clear_cache() { at::autocast::clear_cache(); }
 
 void ablate_free_error(char *message) { free(message); }
 }

@@ -3,8 +3,9 @@
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{Config, ModelConfig};
+use crate::config::{Config, ModelConfig, Precision};
 use crate::optim::AdamW;
+use crate::precision::{self, LossScaler};
 use crate::train::{build_model, train_step};
 
 pub struct BenchConfig {
@@ -16,6 +17,7 @@ pub struct BenchConfig {
     pub vocab: i64,
     pub warmup: i64,
     pub steps: i64,
+    pub precision: Precision,
 }
 
 pub struct BenchResult {
@@ -39,12 +41,14 @@ pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
     let mut opt = AdamW::new(vs.trainable_variables(), 0.9, 0.99, 0.1);
     let x = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
     let y = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
+    let _autocast = precision::autocast(b.precision, device);
+    let mut scaler = LossScaler::for_precision(b.precision);
     for _ in 0..b.warmup {
-        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0));
+        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0), &mut scaler);
     }
     let start = Instant::now();
     for _ in 0..b.steps {
-        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0));
+        train_step(&model, &mut opt, &x, &y, 1e-3, Some(1.0), &mut scaler);
     }
     if let Device::Cuda(_) = device {
         tch::Cuda::synchronize(0);

@@ -332,6 +332,13 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Save each trained model to `<out>/checkpoints/` (for `ablate generate`).
     pub checkpoint: bool,
+    /// Save the whole training state (weights, optimiser moments, step, loss scale, curves so far) every this
+    /// many steps under `<out>/checkpoints/`; a killed run restarts from its last one and finishes exactly as
+    /// an uninterrupted run would. `null`: never.
+    pub checkpoint_every: Option<i64>,
+    /// Arithmetic of the forward and backward passes: `fp32`; `bf16` or `fp16` autocast (matmuls in the low
+    /// precision, reductions and weights in float32); `fp16` adds dynamic loss scaling.
+    pub precision: Precision,
     /// After training, also evaluate on held-out windows this many times longer than `block_size`
     /// (length generalisation); a learned position table cannot, and leaves those metrics empty.
     pub eval_lengths: Vec<i64>,
@@ -355,9 +362,19 @@ impl Default for TrainConfig {
             probe_attention: false,
             seed: 0,
             checkpoint: false,
+            checkpoint_every: None,
+            precision: Precision::Fp32,
             eval_lengths: Vec::new(),
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
 }
 
 /// A config value that fails validation: the dotted key, and what is wrong with it.
@@ -390,6 +407,7 @@ impl Config {
             ("train.eval_interval", self.train.eval_interval),
             ("train.eval_batches", self.train.eval_batches),
             ("train.log_interval", self.train.log_interval),
+            ("train.checkpoint_every", self.train.checkpoint_every.unwrap_or(1)),
         ];
         for (key, value) in positive {
             if value < 1 {

@@ -2,6 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ablate::bench::{self, BenchConfig};
+use ablate::config::Precision;
 use ablate::generate::Decoding;
 use ablate::recipe::{self, RecipeError};
 use ablate::sweep::{plot_results, run_recipe, SweepOptions};
@@ -118,6 +119,9 @@ enum Command {
         warmup: i64,
         #[arg(long, default_value_t = 50)]
         steps: i64,
+        /// fp32, bf16 or fp16 (autocast, as `train.precision`).
+        #[arg(long, default_value = "fp32")]
+        precision: String,
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -148,13 +152,22 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&result)?);
             Ok(())
         })(),
-        Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, device }) => {
-            device_or_exit(&device).map(|device| {
-                let r = bench::run(&BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps }, device);
+        Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, precision, device }) => {
+            let precision = match precision.as_str() {
+                "fp32" => Ok(Precision::Fp32),
+                "bf16" => Ok(Precision::Bf16),
+                "fp16" => Ok(Precision::Fp16),
+                other => Err(anyhow::anyhow!("--precision {other}: allowed values are fp32, bf16, fp16")),
+            };
+            precision.and_then(|precision| {
+                let device = device_or_exit(&device)?;
+                let cfg = BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps, precision };
+                let r = bench::run(&cfg, device);
                 println!(
-                    "ablate (Rust/tch) {layers}L/{heads}H/d{d_model} T={block} B={batch} {device:?}: {:.0} tokens/s, {:.2} ms/step, {} params",
+                    "ablate (Rust/tch) {layers}L/{heads}H/d{d_model} T={block} B={batch} {precision:?} {device:?}: {:.0} tokens/s, {:.2} ms/step, {} params",
                     r.tokens_per_s, r.step_ms, r.params
                 );
+                Ok(())
             })
         }
         None => match &cli.run.recipe {

@@ -5,26 +5,9 @@
 //! fused AdamW kernel (`torch.optim.AdamW(fused=True)`; tch does not bind it, `csrc/fused.cpp` does); the
 //! same maths written with tensor ops (`Update::Explicit`) stays as the readable reference, and the tests
 //! check both against AdamW's update written out by hand.
-use std::ffi::{c_char, CStr};
 use tch::{Kind, Tensor};
-use torch_sys::C_tensor;
 
-extern "C" {
-    #[allow(clippy::too_many_arguments)]
-    fn ablate_fused_adamw(
-        param: *mut C_tensor,
-        grad: *mut C_tensor,
-        m: *mut C_tensor,
-        v: *mut C_tensor,
-        step: *mut C_tensor,
-        lr: f64,
-        beta1: f64,
-        beta2: f64,
-        weight_decay: f64,
-        eps: f64,
-    ) -> *mut c_char;
-    fn ablate_free_error(message: *mut c_char);
-}
+use crate::native;
 
 /// Which implementation performs the AdamW update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,9 +19,11 @@ pub enum Update {
 }
 
 pub struct AdamW {
-    /// Matrices and embeddings first (they get weight decay), then biases and norm gains (they do not).
-    params: Vec<Tensor>,
+    /// Every parameter, matrices and embeddings first (they get weight decay), then biases and norm gains
+    /// (they do not); the parameters themselves are views of it.
     flat: Tensor,
+    /// Every parameter's gradient is a view of this buffer: backward accumulates straight into it.
+    flat_grad: Tensor,
     m: Tensor,
     v: Tensor,
     /// How many leading elements of `flat` get weight decay.
@@ -53,6 +38,15 @@ pub struct AdamW {
     pub update: Update,
 }
 
+/// What one optimiser step did.
+#[derive(Debug, Clone, Copy)]
+pub struct StepReport {
+    /// Global gradient norm before clipping (after removing any loss scale).
+    pub grad_norm: f64,
+    /// False when the step was skipped because a scaled gradient overflowed (fp16 loss scaling).
+    pub applied: bool,
+}
+
 impl AdamW {
     /// Takes over `params`: their storage moves into the flat buffer (values unchanged).
     pub fn new(params: Vec<Tensor>, beta1: f64, beta2: f64, weight_decay: f64) -> Self {
@@ -63,10 +57,12 @@ impl AdamW {
         let decayed = params.iter().map(|p| p.numel() as i64).sum();
         params.extend(rest);
         let flat = Tensor::cat(&params.iter().map(|p| p.detach().reshape([-1])).collect::<Vec<_>>(), 0);
+        let flat_grad = flat.zeros_like();
         let mut offset = 0;
         for p in params.iter_mut() {
             let n = p.numel() as i64;
             p.set_data(&flat.narrow(0, offset, n).view(p.size().as_slice()));
+            native::set_grad(p, &mut flat_grad.narrow(0, offset, n).view(p.size().as_slice()));
             offset += n;
         }
         let device = flat.device();
@@ -75,7 +71,7 @@ impl AdamW {
             v: flat.zeros_like(),
             decayed,
             flat,
-            params,
+            flat_grad,
             beta1,
             beta2,
             eps: 1e-8,
@@ -90,47 +86,57 @@ impl AdamW {
         self.flat.numel() as i64
     }
 
+    /// Updates applied so far.
+    pub fn steps_taken(&self) -> i64 {
+        self.step
+    }
+
     pub fn zero_grad(&mut self) {
-        for p in self.params.iter_mut() {
-            let mut g = p.grad();
-            if g.defined() {
-                let _ = g.detach_().zero_();
-            }
-        }
+        let _ = self.flat_grad.zero_();
     }
 
-    /// All gradients as one flat tensor (zeros for parameters that got none).
-    fn flat_grad(&self) -> Tensor {
-        let grads: Vec<Tensor> = self
-            .params
-            .iter()
-            .map(|p| {
-                let g = p.grad();
-                if g.defined() {
-                    g.reshape([-1])
-                } else {
-                    p.zeros_like().reshape([-1])
-                }
-            })
-            .collect();
-        Tensor::cat(&grads, 0)
+    /// The optimiser's state for a checkpoint: first and second moments, and the step count.
+    pub fn state(&self) -> (&Tensor, &Tensor, i64) {
+        (&self.m, &self.v, self.step)
     }
 
-    /// One update at learning rate `lr`. Clips the global gradient norm to `clip` first when given.
-    /// Returns the gradient norm before clipping.
-    pub fn step(&mut self, lr: f64, clip: Option<f64>) -> f64 {
+    /// Restores moments and step count saved by `state` (parameters are restored through the var store).
+    pub fn restore(&mut self, m: &Tensor, v: &Tensor, step: i64) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            m.size() == self.m.size() && v.size() == self.v.size(),
+            "the checkpoint's optimiser state has {} values, this model {}",
+            m.numel(),
+            self.m.numel()
+        );
         let _guard = tch::no_grad_guard();
-        let mut g = self.flat_grad().to_kind(self.flat.kind());
+        self.m.copy_(m);
+        self.v.copy_(v);
+        self.step = step;
+        Ok(())
+    }
+
+    /// One update at learning rate `lr` from the accumulated gradients, which backward produced from a loss
+    /// multiplied by `loss_scale` (1 unless fp16 loss scaling is on). Clips the global gradient norm to
+    /// `clip` first when given. With a loss scale, a non-finite gradient skips the update.
+    pub fn step(&mut self, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
+        let _guard = tch::no_grad_guard();
+        let mut g = self.flat_grad.shallow_clone();
+        if loss_scale != 1.0 {
+            let _ = g.g_mul_scalar_(1.0 / loss_scale);
+        }
         let norm = match clip {
             Some(max) => clip_by_global_norm(&mut g, max),
             None => g.norm().double_value(&[]),
         };
+        if loss_scale != 1.0 && !norm.is_finite() {
+            return StepReport { grad_norm: norm, applied: false };
+        }
         self.step += 1;
         match self.update {
             Update::Fused => self.fused_update(&g, lr),
             Update::Explicit => self.explicit_update(&g, lr),
         }
-        norm
+        StepReport { grad_norm: norm, applied: true }
     }
 
     fn fused_update(&mut self, g: &Tensor, lr: f64) {
@@ -141,29 +147,17 @@ impl AdamW {
             if len == 0 {
                 continue;
             }
-            let mut p = self.flat.narrow(0, start, len);
-            let mut g = g.narrow(0, start, len);
-            let mut m = self.m.narrow(0, start, len);
-            let mut v = self.v.narrow(0, start, len);
-            let error = unsafe {
-                ablate_fused_adamw(
-                    p.as_mut_ptr(),
-                    g.as_mut_ptr(),
-                    m.as_mut_ptr(),
-                    v.as_mut_ptr(),
-                    self.step_tensor.as_mut_ptr(),
-                    lr,
-                    self.beta1,
-                    self.beta2,
-                    wd,
-                    self.eps,
-                )
-            };
-            if !error.is_null() {
-                let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-                unsafe { ablate_free_error(error) };
-                panic!("libtorch's fused AdamW failed: {message}");
-            }
+            native::fused_adamw(
+                &mut self.flat.narrow(0, start, len),
+                &mut g.narrow(0, start, len),
+                &mut self.m.narrow(0, start, len),
+                &mut self.v.narrow(0, start, len),
+                &mut self.step_tensor,
+                lr,
+                (self.beta1, self.beta2),
+                wd,
+                self.eps,
+            );
         }
     }
 

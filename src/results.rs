@@ -43,8 +43,18 @@ pub fn flatten_config(config: &Config) -> Vec<(String, String)> {
 }
 
 const RUN_FIXED_COLUMNS: [&str; 5] = ["run_id", "variant", "seed", "config_hash", "status"];
-const RUN_METRIC_COLUMNS: [&str; 8] =
-    ["params", "train_loss", "val_loss", "val_perplexity", "val_accuracy", "wall_s", "tokens_per_s", "steps"];
+const RUN_METRIC_COLUMNS: [&str; 10] = [
+    "params",
+    "train_loss",
+    "val_loss",
+    "val_perplexity",
+    "val_accuracy",
+    "wall_s",
+    "tokens_per_s",
+    "model_tflops",
+    "mfu",
+    "steps",
+];
 
 pub fn run_header(spec: &RunSpec) -> Vec<String> {
     RUN_FIXED_COLUMNS
@@ -74,6 +84,8 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
         num(e.accuracy, 6),
         format!("{:.3}", outcome.wall_s),
         format!("{:.1}", outcome.tokens_per_s),
+        format!("{:.4}", outcome.model_flops / 1e12),
+        format!("{:.4}", outcome.mfu),
         spec.config.train.steps.to_string(),
     ];
     // Empty where the model cannot read that length (a learned position table).

@@ -6,10 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use tch::Device;
 
+use crate::checkpoint::file_stem;
 use crate::data::Dataset;
 use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
 use crate::recipe::Recipe;
 use crate::results::{read_curves, read_runs, ResultsDir};
+use crate::train::{train_resumable, StateFile};
 
 pub struct SweepOptions<'a> {
     pub out: &'a Path,
@@ -63,13 +65,18 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         let data = &datasets[&serde_yaml::to_string(&run.config.data)?];
         bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, recipe.runs.len(), run.id));
         let steps = run.config.train.steps;
+        let before = bar.position();
         let mut progress = |step: i64, loss: f64| {
-            bar.inc(1);
+            bar.set_position(before + step as u64);
             if step % 10 == 0 || step == steps {
                 bar.set_message(format!("step {step}/{steps} loss {loss:.4}"));
             }
         };
-        let trained = crate::train::train(&run.config, data, opts.device, &mut progress)
+        let state = StateFile {
+            path: results.dir.join("checkpoints").join(format!("{}.state.safetensors", file_stem(&run.id))),
+            config_hash: run.config_hash.clone(),
+        };
+        let trained = train_resumable(&run.config, data, opts.device, &mut progress, Some(&state))
             .with_context(|| format!("run `{}`", run.id))?;
         if run.config.train.checkpoint {
             crate::checkpoint::save(
@@ -82,6 +89,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         }
         let outcome = trained.outcome;
         results.append(run, &outcome)?;
+        // The row is the commit point: only then is the run's resumable state no longer needed.
+        state.remove()?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
             let line = if let Some(step) = outcome.diverged_at {
@@ -90,13 +99,18 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                     run.id, outcome.final_train_loss
                 )
             } else {
+                let resumed = match outcome.resumed_from {
+                    0 => String::new(),
+                    k => format!(", resumed from step {k}"),
+                };
                 format!(
-                    "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, {:.1}s",
+                    "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, MFU {:.1}%, {:.1}s{resumed}",
                     run.id,
                     outcome.final_eval.loss,
                     outcome.final_eval.loss.exp(),
                     outcome.final_eval.accuracy,
                     outcome.tokens_per_s,
+                    outcome.mfu * 100.0,
                     outcome.wall_s
                 )
             };

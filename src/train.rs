@@ -1,6 +1,13 @@
 //! One training run of a GPT on a text corpus: AdamW with warm-up and cosine decay, gradient clipping,
-//! periodic evaluation on the held-out split, optional attention probes, and a sample at the end.
-use anyhow::Result;
+//! mixed precision, periodic evaluation on the held-out split, optional attention probes, resumable state
+//! checkpoints, and a sample at the end.
+//!
+//! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
+//! dropout. A run restarted from a checkpoint at step k therefore draws exactly what the uninterrupted run
+//! drew after step k, without saving the generator's internal state.
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -9,15 +16,22 @@ use crate::config::Config;
 use crate::data::{Dataset, IGNORE};
 use crate::generate::{generate, Decoding};
 use crate::gpt::Gpt;
-use crate::optim::{warmup_cosine, AdamW};
+use crate::optim::{warmup_cosine, AdamW, StepReport};
+use crate::precision::{self, LossScaler};
 
 /// One point of a learning curve.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CurvePoint {
     pub step: i64,
-    pub split: &'static str,
-    pub metric: &'static str,
+    pub split: String,
+    pub metric: String,
     pub value: f64,
+}
+
+impl CurvePoint {
+    fn new(step: i64, split: &str, metric: &str, value: f64) -> Self {
+        Self { step, split: split.into(), metric: metric.into(), value }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +52,11 @@ pub struct RunOutcome {
     pub wall_s: f64,
     /// Training tokens per second over the optimisation steps (evaluation time excluded).
     pub tokens_per_s: f64,
+    /// Achieved model FLOP/s over the optimisation steps, and its fraction of the device's matmul peak.
+    pub model_flops: f64,
+    pub mfu: f64,
+    /// The step this process started from (0, or the step of the checkpoint it resumed).
+    pub resumed_from: i64,
     pub curves: Vec<CurvePoint>,
     pub sample: String,
 }
@@ -65,13 +84,109 @@ pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Evaluation {
     Evaluation { loss: loss / batches.len() as f64, accuracy: correct / count }
 }
 
-/// One optimisation step on a batch; returns the loss and the gradient norm before clipping.
-pub fn train_step(model: &Gpt, opt: &mut AdamW, x: &Tensor, y: &Tensor, lr: f64, clip: Option<f64>) -> (f64, f64) {
+/// One optimisation step on a batch; returns the loss and what the optimiser did. The loss is multiplied
+/// by the scaler's factor before backward (fp16), and the scaler updated from the outcome.
+pub fn train_step(
+    model: &Gpt,
+    opt: &mut AdamW,
+    x: &Tensor,
+    y: &Tensor,
+    lr: f64,
+    clip: Option<f64>,
+    scaler: &mut LossScaler,
+) -> (f64, StepReport) {
     let (_, loss) = model.loss(x, y, true);
     opt.zero_grad();
-    loss.backward();
-    let grad_norm = opt.step(lr, clip);
-    (loss.double_value(&[]), grad_norm)
+    if scaler.enabled {
+        (&loss * scaler.scale).backward();
+    } else {
+        loss.backward();
+    }
+    let report = opt.step(lr, clip, scaler.scale);
+    scaler.update(report.applied);
+    if report.applied {
+        crate::native::clear_autocast_cache();
+    }
+    (loss.double_value(&[]), report)
+}
+
+/// Seed of step `step`'s generator: a splitmix64 mix, so neighbouring (seed, step) pairs share nothing.
+pub fn step_seed(seed: u64, step: i64) -> i64 {
+    let mut z = seed.wrapping_add((step as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 1) as i64
+}
+
+/// Where a run keeps its resumable state, and which config it belongs to.
+pub struct StateFile {
+    pub path: PathBuf,
+    pub config_hash: String,
+}
+
+/// Everything of a run in progress that is not a tensor.
+#[derive(Serialize, Deserialize)]
+struct Progressed {
+    config_hash: String,
+    step: i64,
+    optimiser_steps: i64,
+    last_loss: f64,
+    train_time: f64,
+    scaler: LossScaler,
+    curves: Vec<CurvePoint>,
+}
+
+impl StateFile {
+    /// Writes weights, optimiser moments and `progressed` into one safetensors file (the non-tensor part as
+    /// a byte tensor), through a temporary file and a rename: a kill leaves the old state or the new one.
+    fn save(&self, vs: &nn::VarStore, opt: &AdamW, progressed: &Progressed) -> Result<()> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let (m, v, _) = opt.state();
+        let json = serde_json::to_vec(progressed)?;
+        let mut tensors: Vec<(String, Tensor)> =
+            vs.variables().into_iter().map(|(name, t)| (format!("model.{name}"), t)).collect();
+        tensors.push(("optim.exp_avg".into(), m.shallow_clone()));
+        tensors.push(("optim.exp_avg_sq".into(), v.shallow_clone()));
+        tensors.push(("progress.json".into(), Tensor::from_slice(&json)));
+        let tmp = self.path.with_extension("tmp");
+        Tensor::write_safetensors(&tensors, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.path).with_context(|| format!("writing {}", self.path.display()))?;
+        Ok(())
+    }
+
+    /// Restores a saved state into a freshly built model and optimiser; `None` when there is no state for
+    /// this config (absent, or left by a different config under the same run id).
+    fn load(&self, vs: &mut nn::VarStore, opt: &mut AdamW) -> Result<Option<Progressed>> {
+        if !self.path.exists() {
+            return Ok(None);
+        }
+        let what = || format!("resuming from {}", self.path.display());
+        let tensors: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(&self.path).with_context(what)?.into_iter().collect();
+        let json = tensors.get("progress.json").with_context(what)?;
+        let progressed: Progressed =
+            serde_json::from_slice(&Vec::<u8>::try_from(json).with_context(what)?).with_context(what)?;
+        if progressed.config_hash != self.config_hash {
+            return Ok(None);
+        }
+        let _guard = tch::no_grad_guard();
+        for (name, mut var) in vs.variables() {
+            let saved = tensors.get(&format!("model.{name}")).with_context(|| format!("{}: no {name}", what()))?;
+            var.f_copy_(saved).with_context(what)?;
+        }
+        let get = |k: &str| tensors.get(k).with_context(|| format!("{}: no {k}", what()));
+        opt.restore(get("optim.exp_avg")?, get("optim.exp_avg_sq")?, progressed.optimiser_steps)?;
+        Ok(Some(progressed))
+    }
+
+    pub fn remove(&self) -> Result<()> {
+        if self.path.exists() {
+            std::fs::remove_file(&self.path).with_context(|| format!("removing {}", self.path.display()))?;
+        }
+        Ok(())
+    }
 }
 
 /// A finished run: its measurements and the trained model.
@@ -82,57 +197,106 @@ pub struct TrainedRun {
 }
 
 pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -> Result<TrainedRun> {
+    train_resumable(cfg, data, device, progress, None)
+}
+
+/// Trains one run; with `state`, saves the training state every `train.checkpoint_every` steps and starts
+/// from the saved state when one exists for this config.
+pub fn train_resumable(
+    cfg: &Config,
+    data: &Dataset,
+    device: Device,
+    progress: Progress,
+    state: Option<&StateFile>,
+) -> Result<TrainedRun> {
     let t = &cfg.train;
     let block = cfg.model.block_size;
     data.check_block_size(cfg.longest_window())?;
     tch::manual_seed(t.seed as i64);
-    let (vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
+    let (mut vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
     let val = data.val_batches(t.eval_batches, t.batch_size, block, device);
-    let mut curves = Vec::new();
+    let _autocast = precision::autocast(t.precision, device);
     let started = Instant::now();
+    let mut curves = Vec::new();
     let mut train_time = 0.0;
     let mut last_loss = f64::NAN;
-    let mut diverged_at = None;
+    let mut scaler = LossScaler::for_precision(t.precision);
+    let mut first_step = 0;
+    let resumed = match state {
+        Some(s) => s.load(&mut vs, &mut opt)?,
+        None => None,
+    };
     let record_eval = |step: i64, curves: &mut Vec<CurvePoint>| {
         let e = evaluate(&model, &val);
-        curves.push(CurvePoint { step, split: "val", metric: "loss", value: e.loss });
-        curves.push(CurvePoint { step, split: "val", metric: "accuracy", value: e.accuracy });
+        curves.push(CurvePoint::new(step, "val", "loss", e.loss));
+        curves.push(CurvePoint::new(step, "val", "accuracy", e.accuracy));
         if t.probe_attention {
             let _guard = tch::no_grad_guard();
             let (_, weights) = model.forward_with_weights(&val[0].0, false, true);
-            let stats: Vec<(f64, f64)> = weights.iter().map(weight_statistics).collect();
+            let stats: Vec<(f64, f64)> = weights.iter().map(|w| weight_statistics(&w.to_kind(Kind::Float))).collect();
             let n = stats.len() as f64;
             let entropy = stats.iter().map(|s| s.0).sum::<f64>() / n;
             let max_weight = stats.iter().map(|s| s.1).sum::<f64>() / n;
-            curves.push(CurvePoint { step, split: "val", metric: "attn_entropy", value: entropy });
-            curves.push(CurvePoint { step, split: "val", metric: "attn_max_weight", value: max_weight });
+            curves.push(CurvePoint::new(step, "val", "attn_entropy", entropy));
+            curves.push(CurvePoint::new(step, "val", "attn_max_weight", max_weight));
         }
         e
     };
-    record_eval(0, &mut curves);
-    for step in 0..t.steps {
+    match resumed {
+        Some(p) => {
+            first_step = p.step;
+            last_loss = p.last_loss;
+            train_time = p.train_time;
+            scaler = p.scaler;
+            curves = p.curves;
+            progress(first_step, last_loss);
+        }
+        None => {
+            record_eval(0, &mut curves);
+        }
+    }
+    let mut diverged_at = None;
+    for step in first_step..t.steps {
         let tick = Instant::now();
+        tch::manual_seed(step_seed(t.seed, step));
         let lr = warmup_cosine(step, t.warmup_steps, t.steps, t.lr, t.min_lr);
         let (x, y) = data.train_batch(t.batch_size, block, device);
-        let (loss, grad_norm) = train_step(&model, &mut opt, &x, &y, lr, t.grad_clip);
+        let (loss, report) = train_step(&model, &mut opt, &x, &y, lr, t.grad_clip, &mut scaler);
         last_loss = loss;
         train_time += tick.elapsed().as_secs_f64();
         let done = step + 1;
         if !last_loss.is_finite() {
             // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
-            curves.push(CurvePoint { step: done, split: "train", metric: "loss", value: last_loss });
+            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
             diverged_at = Some(done);
             progress(t.steps, last_loss);
             break;
         }
         if done % t.log_interval == 0 || done == t.steps {
-            curves.push(CurvePoint { step: done, split: "train", metric: "loss", value: last_loss });
-            curves.push(CurvePoint { step: done, split: "train", metric: "grad_norm", value: grad_norm });
-            curves.push(CurvePoint { step: done, split: "train", metric: "lr", value: lr });
+            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
+            curves.push(CurvePoint::new(done, "train", "grad_norm", report.grad_norm));
+            curves.push(CurvePoint::new(done, "train", "lr", lr));
+            if scaler.enabled {
+                curves.push(CurvePoint::new(done, "train", "loss_scale", scaler.scale));
+            }
         }
         if done % t.eval_interval == 0 && done != t.steps {
             record_eval(done, &mut curves);
+        }
+        if let (Some(s), Some(every)) = (state, t.checkpoint_every) {
+            if done % every == 0 && done != t.steps {
+                let progressed = Progressed {
+                    config_hash: s.config_hash.clone(),
+                    step: done,
+                    optimiser_steps: opt.steps_taken(),
+                    last_loss,
+                    train_time,
+                    scaler: scaler.clone(),
+                    curves: curves.clone(),
+                };
+                s.save(&vs, &opt, &progressed)?;
+            }
         }
         progress(done, last_loss);
     }
@@ -152,7 +316,10 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
             (k, e)
         })
         .collect();
-    let tokens = (t.steps * t.batch_size * block) as f64;
+    let steps_done = diverged_at.unwrap_or(t.steps);
+    let tokens_per_s = (steps_done * t.batch_size * block) as f64 / train_time.max(1e-9);
+    let params = opt.num_params();
+    let model_flops = tokens_per_s * precision::train_flops_per_token(cfg, params, data.tokenizer().vocab_size());
     tch::manual_seed(t.seed as i64);
     let (prompt, new_tokens) = data.sample_prompt();
     let decoding = match data {
@@ -163,14 +330,18 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
         None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding)),
         Some(step) => format!("(no sample: training diverged at step {step})"),
     };
+    drop(_autocast);
     let outcome = RunOutcome {
-        params: opt.num_params(),
+        params,
         final_train_loss: last_loss,
         final_eval,
         length_evals,
         diverged_at,
         wall_s: started.elapsed().as_secs_f64(),
-        tokens_per_s: tokens / train_time.max(1e-9),
+        tokens_per_s,
+        model_flops,
+        mfu: model_flops / precision::matmul_peak(device, t.precision),
+        resumed_from: first_step,
         curves,
         sample,
     };

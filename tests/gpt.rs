@@ -154,7 +154,7 @@ fn adamw_matches_the_closed_form_with(update: ablate::optim::Update) {
         let loss = (&cw * w.square()).sum(Kind::Float) + (&cb * b.square()).sum(Kind::Float);
         opt.zero_grad();
         loss.backward();
-        opt.step(lr, None);
+        opt.step(lr, None, 1.0);
         let cs = [1.0, 2.0, 0.5, 3.0, 4.0, 1.0];
         let step = (t + 1) as f64;
         for (i, (p, m, v, decays)) in reference.iter_mut().enumerate() {

@@ -1,0 +1,162 @@
+//! Checkpoints, recovery, reproducibility and mixed precision: a killed run resumes and finishes exactly as
+//! an uninterrupted one; the same recipe and seed give identical metrics; autocast really lowers precision.
+use ablate::config::{Config, DataConfig, ModelConfig, Precision, TrainConfig};
+use ablate::data::{Dataset, TextData};
+use ablate::optim::AdamW;
+use ablate::results::{read_curves, read_runs};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tch::{nn, Device, Kind, Tensor};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A recipe of two runs on a small text file, long enough to kill mid-way.
+fn write_recipe(dir: &Path, steps: i64) -> PathBuf {
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "a stitch in time saves nine; many hands make light work. ".repeat(80)).unwrap();
+    let recipe = dir.join("resume.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "model:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.1\ndata:\n  path: {}\n\
+             train:\n  steps: {steps}\n  batch_size: 8\n  eval_interval: 50\n  eval_batches: 2\n  log_interval: 10\n  \
+             checkpoint_every: 20\nsweep:\n  model.heads: [1, 2]\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    recipe
+}
+
+fn ablate(recipe: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ablate"));
+    cmd.arg(recipe).arg("--out").arg(out).arg("--device").arg("cpu");
+    cmd
+}
+
+/// The columns that must agree between two runs of the same config (timings may not).
+fn metrics(out: &Path) -> Vec<Vec<(String, String)>> {
+    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
+    read_runs(&out.join("runs.csv"))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
+        .collect()
+}
+
+#[test]
+fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
+    let dir = scratch("resume");
+    let recipe = write_recipe(&dir, 400);
+    let reference = dir.join("reference");
+    assert!(ablate(&recipe, &reference).arg("--quiet").status().unwrap().success());
+
+    // Kill the second sweep (SIGKILL: no clean-up of any kind) once its first state checkpoint exists.
+    let out = dir.join("killed");
+    let state = out.join("checkpoints/model.heads=1_seed=0.state.safetensors");
+    let mut child = ablate(&recipe, &out).arg("--quiet").stderr(Stdio::null()).spawn().unwrap();
+    let started = Instant::now();
+    while !state.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no checkpoint appeared");
+        assert!(child.try_wait().unwrap().is_none(), "the run finished before it could be killed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.join("runs.csv").exists(), "killed before any run finished");
+
+    let resumed = ablate(&recipe, &out).output().unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let log = String::from_utf8_lossy(&resumed.stderr);
+    assert!(log.contains("resumed from step"), "{log}");
+    // Bit-identical metrics and curves: weights, optimiser moments, schedule and randomness all restored.
+    assert_eq!(metrics(&out), metrics(&reference));
+    assert_eq!(read_curves(&out.join("curves.csv")).unwrap(), read_curves(&reference.join("curves.csv")).unwrap());
+    // Finished runs leave no resumable state behind.
+    assert!(!state.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_same_recipe_and_seed_give_identical_metrics_twice() {
+    let dir = scratch("repro");
+    let recipe = write_recipe(&dir, 60);
+    for out in ["first", "second"] {
+        assert!(ablate(&recipe, &dir.join(out)).arg("--quiet").status().unwrap().success());
+    }
+    let (a, b) = (metrics(&dir.join("first")), metrics(&dir.join("second")));
+    assert_eq!(a.len(), 2);
+    assert_eq!(a, b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn autocast_runs_matmuls_in_bfloat16_only_while_the_guard_lives() {
+    let a = Tensor::randn([8, 8], (Kind::Float, Device::Cpu));
+    {
+        let _guard = ablate::precision::autocast(Precision::Bf16, Device::Cpu);
+        assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+        // Losses stay in float32 under autocast.
+        let logits = a.matmul(&a);
+        let target = Tensor::zeros([8], (Kind::Int64, Device::Cpu));
+        assert_eq!(logits.cross_entropy_for_logits(&target).kind(), Kind::Float);
+    }
+    assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    assert!(ablate::precision::autocast(Precision::Fp32, Device::Cpu).is_none());
+}
+
+#[test]
+fn bf16_training_follows_fp32_training_closely() {
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
+    let data = Dataset::Text(TextData::from_text(&text, 0.1).unwrap());
+    let loss = |precision| {
+        let cfg = Config {
+            model: ModelConfig { d_model: 32, layers: 2, heads: 2, block_size: 32, ..Default::default() },
+            data: DataConfig::default(),
+            train: TrainConfig {
+                steps: 60,
+                batch_size: 8,
+                lr: 3e-3,
+                warmup_steps: 5,
+                eval_interval: 60,
+                eval_batches: 2,
+                precision,
+                ..Default::default()
+            },
+        };
+        let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+        // Master weights stay float32 whatever the arithmetic.
+        assert!(run.vs.trainable_variables().iter().all(|p| p.kind() == Kind::Float));
+        run.outcome.final_eval.loss
+    };
+    let (fp32, bf16) = (loss(Precision::Fp32), loss(Precision::Bf16));
+    assert!(fp32 < 2.5, "fp32 learned: {fp32}");
+    assert!((fp32 - bf16).abs() < 0.1 * fp32, "fp32 {fp32} vs bf16 {bf16}");
+    assert_ne!(fp32, bf16, "bf16 must actually change the arithmetic");
+}
+
+#[test]
+fn a_scaled_gradient_that_overflows_skips_the_update() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().var("w", &[4], nn::Init::Const(1.0));
+    let mut opt = AdamW::new(vs.trainable_variables(), 0.9, 0.99, 0.0);
+    // d/dw of sum(w * [inf, 1, 1, 1]) overflows.
+    let scale = Tensor::from_slice(&[f32::INFINITY, 1.0, 1.0, 1.0]);
+    opt.zero_grad();
+    (&w * &scale).sum(Kind::Float).backward();
+    let report = opt.step(0.1, None, 1024.0);
+    assert!(!report.applied);
+    assert_eq!(Vec::<f32>::try_from(&w).unwrap(), vec![1.0; 4]);
+    assert_eq!(opt.steps_taken(), 0);
+    // A finite scaled gradient is unscaled before the update: the same step as an unscaled one.
+    opt.zero_grad();
+    (&w * 1024.0).sum(Kind::Float).backward();
+    let report = opt.step(0.1, None, 1024.0);
+    assert!(report.applied && (report.grad_norm - 2.0).abs() < 1e-6, "{report:?}");
+}
