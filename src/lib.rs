@@ -15,6 +15,7 @@ pub mod plot;
 pub mod precision;
 pub mod recipe;
 pub mod results;
+pub mod scale;
 pub mod sweep;
 pub mod sword;
 pub mod train;

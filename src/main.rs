@@ -5,6 +5,7 @@ use ablate::bench::{self, BenchConfig};
 use ablate::config::Precision;
 use ablate::generate::Decoding;
 use ablate::recipe::{self, RecipeError};
+use ablate::scale::{Shard, WorkerPlan};
 use ablate::sweep::{plot_results, run_recipe, SweepOptions};
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,19 @@ struct RunArgs {
     /// No progress bar or per-run lines.
     #[arg(long)]
     quiet: bool,
+    /// Train only shard I of N (0-based, e.g. `$SLURM_ARRAY_TASK_ID/4`) into <out>/shards/; combine the
+    /// shards with `ablate merge`.
+    #[arg(long, conflicts_with_all = ["workers", "devices"])]
+    shard: Option<Shard>,
+    /// Run the sweep on N parallel worker processes on --device (CPU workers split the cores), then merge.
+    #[arg(long, conflicts_with = "devices")]
+    workers: Option<usize>,
+    /// One worker process per listed device, e.g. `cuda:0,cuda:1` or `cpu,cpu`, then merge.
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<String>>,
+    /// Intra-op CPU threads of this process (of each worker with --workers/--devices).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -46,6 +60,37 @@ enum Command {
         recipe: PathBuf,
         #[arg(long)]
         smoke: bool,
+    },
+    /// Combine the shards of a sharded run (`--shard`, Slurm array tasks) into <out> and draw the plots.
+    Merge {
+        recipe: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        smoke: bool,
+    },
+    /// Write Slurm scripts for a recipe: an array job of N shards and a merge job that runs after them.
+    Slurm {
+        recipe: PathBuf,
+        /// Number of array tasks (shards).
+        #[arg(long)]
+        shards: usize,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        smoke: bool,
+        /// Device of every task (`cuda` with --gpus-per-task).
+        #[arg(long, default_value = "auto")]
+        device: String,
+        #[arg(long, default_value_t = 1)]
+        cpus_per_task: usize,
+        #[arg(long, default_value_t = 0)]
+        gpus_per_task: usize,
+        #[arg(long)]
+        partition: Option<String>,
+        /// Wall-clock limit per task, Slurm syntax (e.g. 02:00:00).
+        #[arg(long)]
+        time: Option<String>,
     },
     /// Redraw a recipe's plots from the CSV files in its output directory.
     Plot {
@@ -129,9 +174,56 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(threads) = cli.run.threads {
+        if threads == 0 {
+            eprintln!("ablate: error: --threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        tch::set_num_threads(threads as i32);
+    }
     let result = match cli.command {
         Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
         Some(Command::Plot { recipe, out }) => plot(&recipe, out),
+        Some(Command::Merge { recipe, out, smoke }) => (|| {
+            let path = find_recipe(&recipe)?;
+            let recipe = recipe::load(&path, smoke)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
+            ablate::scale::merge(&recipe, &out, false).map(|_| ())
+        })(),
+        Some(Command::Slurm { recipe, shards, out, smoke, device, cpus_per_task, gpus_per_task, partition, time }) => {
+            (|| {
+                let path = find_recipe(&recipe)?;
+                let recipe = recipe::load(&path, smoke)?;
+                if shards == 0 {
+                    anyhow::bail!("--shards must be at least 1");
+                }
+                if cpus_per_task == 0 {
+                    anyhow::bail!("--cpus-per-task must be at least 1");
+                }
+                device_or_exit(&device)?;
+                let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
+                let plan = ablate::scale::SlurmPlan {
+                    recipe_path: &path,
+                    out: &out,
+                    shards,
+                    smoke,
+                    device: &device,
+                    cpus_per_task,
+                    gpus_per_task,
+                    partition: partition.as_deref(),
+                    time: time.as_deref(),
+                };
+                let submit = ablate::scale::write_slurm_scripts(&recipe, &plan)?;
+                println!(
+                    "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",
+                    recipe.runs.len(),
+                    submit.display(),
+                    submit.with_file_name("array.sbatch").display(),
+                    path.display()
+                );
+                Ok(())
+            })()
+        }
         Some(Command::Generate { checkpoint, prompt, tokens, decoding, temperature, top_k, width, seed, device }) => {
             let decoding = match decoding.as_str() {
                 "greedy" => Ok(Decoding::Greedy),
@@ -277,6 +369,12 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let recipe = ablate::complexity::load(&path, args.smoke)?;
         let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
         let out = args.out.clone().unwrap_or_else(|| default_out(&name, args.smoke));
+        if args.shard.is_some() || args.workers.is_some() || args.devices.is_some() {
+            anyhow::bail!(
+                "{}: a complexity benchmark times one point at a time on one device; --shard, --workers and --devices do not apply",
+                path.display()
+            );
+        }
         // Validate the device here, once, rather than in every child.
         device_or_exit(&args.device)?;
         return ablate::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
@@ -284,7 +382,25 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
     let recipe = recipe::load(&path, args.smoke)?;
     let device = device_or_exit(&args.device)?;
     let out = args.out.clone().unwrap_or_else(|| default_out(&recipe.name, args.smoke));
-    run_recipe(&recipe, &SweepOptions { out: &out, device, force: args.force, quiet: args.quiet })
+    let workers = match (&args.devices, args.workers) {
+        (Some(list), _) => Some(list.clone()),
+        (None, Some(n)) => Some(vec![args.device.clone(); n]),
+        (None, None) => None,
+    };
+    if let Some(devices) = workers {
+        if devices.is_empty() {
+            anyhow::bail!("--workers / --devices: need at least one worker");
+        }
+        for d in &devices {
+            device_or_exit(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
+        }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let threads = args.threads.unwrap_or((cores / devices.len()).max(1));
+        let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
+        return ablate::scale::run_workers(&recipe, &plan, args.quiet);
+    }
+    let opts = SweepOptions { out: &out, device, force: args.force, quiet: args.quiet, shard: args.shard };
+    run_recipe(&recipe, &opts)
 }
 
 fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ use crate::data::Dataset;
 use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
 use crate::recipe::Recipe;
 use crate::results::{read_curves, read_runs, ResultsDir};
+use crate::scale::Shard;
 use crate::train::{train_resumable, StateFile};
 
 pub struct SweepOptions<'a> {
@@ -18,6 +19,9 @@ pub struct SweepOptions<'a> {
     pub device: Device,
     pub force: bool,
     pub quiet: bool,
+    /// Train only this deterministic slice of the runs, into `<out>/shards/<i>-of-<n>/`; `ablate merge`
+    /// (or the worker pool) then combines the shards into `<out>`.
+    pub shard: Option<Shard>,
 }
 
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
@@ -32,22 +36,32 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             .check_block_size(run.config.longest_window())
             .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
     }
-    let results = ResultsDir::create(opts.out)?;
+    let results = ResultsDir::create(&match opts.shard {
+        Some(shard) => shard.dir(opts.out),
+        None => opts.out.to_path_buf(),
+    })?;
     if opts.force {
         results.clear()?;
     }
-    let finished = results.finished()?;
+    let mut finished = results.finished()?;
     results.drop_orphan_curves(&finished)?;
+    if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
+        // Runs already merged into the main results count as finished for every shard.
+        finished.extend(ResultsDir { dir: opts.out.to_path_buf() }.finished()?);
+    }
     write_resolved(recipe, &results.dir.join("recipe.resolved.yaml"))?;
 
+    let mine: Vec<_> =
+        recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
     let todo: Vec<_> =
-        recipe.runs.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).collect();
-    let skipped = recipe.runs.len() - todo.len();
+        mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
+    let skipped = mine.len() - todo.len();
     if !opts.quiet {
+        let shard = opts.shard.map(|s| format!(" (shard {s} of the {} runs)", recipe.runs.len())).unwrap_or_default();
         eprintln!(
-            "ablate: {} — {} runs ({} already finished, {} to train) on {:?} -> {}",
+            "ablate: {} — {} runs{shard} ({} already finished, {} to train) on {:?} -> {}",
             recipe.name,
-            recipe.runs.len(),
+            mine.len(),
             skipped,
             todo.len(),
             opts.device,
@@ -63,7 +77,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     );
     for (k, run) in todo.iter().enumerate() {
         let data = &datasets[&serde_yaml::to_string(&run.config.data)?];
-        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, recipe.runs.len(), run.id));
+        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, mine.len(), run.id));
         let steps = run.config.train.steps;
         let before = bar.position();
         let mut progress = |step: i64, loss: f64| {
@@ -122,6 +136,16 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         }
     }
     bar.finish_and_clear();
+    if let Some(shard) = opts.shard {
+        if !opts.quiet {
+            eprintln!(
+                "ablate: shard {shard} done in {}; `ablate merge {}` combines the shards",
+                results.dir.display(),
+                recipe.file
+            );
+        }
+        return Ok(());
+    }
     plot_results(&results.dir, &recipe.sweep_keys, &recipe.name)?;
     if !opts.quiet {
         eprintln!("ablate: wrote {}", results.dir.display());
@@ -129,7 +153,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     Ok(())
 }
 
-fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
+pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
     #[derive(serde::Serialize)]
     struct Resolved<'a> {
         name: &'a str,

@@ -159,7 +159,7 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     std::fs::create_dir_all(&dir).unwrap();
     let recipe = parse(&tiny_recipe(&dir), "tiny.yaml", "tiny", false).unwrap();
     let out = dir.join("out");
-    let opts = SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true };
+    let opts = SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
     run_recipe(&recipe, &opts).unwrap();
     let runs = read_runs(&out.join("runs.csv")).unwrap();
     assert_eq!(runs.len(), 4);

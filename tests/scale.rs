@@ -1,0 +1,121 @@
+//! Scaling out: shards, the local worker pool and the Slurm scripts give the results of one process.
+use ablate::recipe::parse;
+use ablate::scale::{merge, write_slurm_scripts, Shard, SlurmPlan};
+use ablate::sweep::{run_recipe, SweepOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::Device;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn recipe_text(dir: &Path) -> String {
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "to be or not to be, that is the question. ".repeat(60)).unwrap();
+    format!(
+        "model:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 8\n  batch_size: 4\n  \
+         eval_interval: 4\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  model.heads: [1, 2, 4]\nseeds: [0, 1]\n",
+        data.display()
+    )
+}
+
+fn without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
+    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
+    ablate::results::read_runs(&out.join("runs.csv"))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
+        .collect()
+}
+
+#[test]
+fn shards_merged_in_any_order_equal_a_single_run() {
+    let dir = scratch("shards");
+    let recipe = parse(&recipe_text(&dir), "shards.yaml", "shards", false).unwrap();
+    let single = dir.join("single");
+    let opts = |out, shard| SweepOptions { out, device: Device::Cpu, force: false, quiet: true, shard };
+    run_recipe(&recipe, &opts(&single, None)).unwrap();
+
+    let sharded = dir.join("sharded");
+    // Shard 2 first, then merge early: a partial merge reports what is missing and keeps recipe order.
+    run_recipe(&recipe, &opts(&sharded, Some(Shard { index: 2, count: 3 }))).unwrap();
+    assert_eq!(merge(&recipe, &sharded, true).unwrap(), (2, 4));
+    for index in [0, 1] {
+        run_recipe(&recipe, &opts(&sharded, Some(Shard { index, count: 3 }))).unwrap();
+    }
+    assert_eq!(merge(&recipe, &sharded, true).unwrap(), (6, 0));
+    assert_eq!(without_timings(&sharded), without_timings(&single));
+    for f in ["curves.csv", "samples.txt"] {
+        assert_eq!(std::fs::read_to_string(sharded.join(f)).unwrap(), std::fs::read_to_string(single.join(f)).unwrap());
+    }
+    assert!(sharded.join("val_loss.png").exists());
+    // Merging again changes nothing; a shard re-run trains nothing already merged.
+    assert_eq!(merge(&recipe, &sharded, true).unwrap(), (6, 0));
+    let before = std::fs::read_to_string(sharded.join("shards/0-of-3/runs.csv")).unwrap();
+    run_recipe(&recipe, &opts(&sharded, Some(Shard { index: 0, count: 3 }))).unwrap();
+    assert_eq!(std::fs::read_to_string(sharded.join("shards/0-of-3/runs.csv")).unwrap(), before);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_pool_of_cpu_workers_writes_what_one_process_writes() {
+    let dir = scratch("workers");
+    let recipe = dir.join("pool.yaml");
+    std::fs::write(&recipe, recipe_text(&dir)).unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let status = Command::new(env!("CARGO_BIN_EXE_ablate"))
+            .arg(&recipe)
+            .args(["--device", "cpu", "--quiet", "--out"])
+            .arg(dir.join(out))
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    run("one", &["--threads", "1"]);
+    run("pool", &["--devices", "cpu,cpu", "--threads", "1"]);
+    assert_eq!(without_timings(&dir.join("pool")), without_timings(&dir.join("one")));
+    assert!(dir.join("pool/shards/1-of-2/runs.csv").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_slurm_scripts_run_one_shard_per_array_task_then_merge() {
+    let dir = scratch("slurm");
+    let recipe = parse(&recipe_text(&dir), "s.yaml", "s", true).unwrap();
+    let out = dir.join("out");
+    let plan = SlurmPlan {
+        recipe_path: &dir.join("s.yaml"),
+        out: &out,
+        shards: 4,
+        smoke: true,
+        device: "cuda",
+        cpus_per_task: 8,
+        gpus_per_task: 1,
+        partition: Some("gpu"),
+        time: Some("01:00:00"),
+    };
+    let submit = write_slurm_scripts(&recipe, &plan).unwrap();
+    let array = std::fs::read_to_string(out.join("slurm/array.sbatch")).unwrap();
+    for needle in [
+        "#SBATCH --array=0-3",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --gpus-per-task=1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=01:00:00",
+        "--shard \"$SLURM_ARRAY_TASK_ID/4\"",
+        "--device cuda",
+        "--smoke",
+    ] {
+        assert!(array.contains(needle), "missing {needle} in\n{array}");
+    }
+    let merge = std::fs::read_to_string(out.join("slurm/merge.sbatch")).unwrap();
+    assert!(merge.contains(" merge ") && merge.contains("--smoke"), "{merge}");
+    let submit = std::fs::read_to_string(submit).unwrap();
+    assert!(submit.contains("--dependency=afterok:"), "{submit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
