@@ -63,10 +63,10 @@ struct StoredRun {
     sample: Option<String>,
 }
 
-fn read_dir_runs(
-    dir: &Path,
-    ids: &HashMap<String, usize>,
-) -> Result<(Option<csv::StringRecord>, Vec<(String, StoredRun)>)> {
+/// A results directory's `runs.csv` header (if it has one) and its finished runs by id.
+type DirRuns = (Option<csv::StringRecord>, Vec<(String, StoredRun)>);
+
+fn read_dir_runs(dir: &Path, ids: &HashMap<String, usize>) -> Result<DirRuns> {
     let runs_csv = dir.join("runs.csv");
     if !runs_csv.exists() {
         return Ok((None, Vec::new()));
