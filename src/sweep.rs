@@ -192,19 +192,38 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Draws every plot of a results directory from its CSV files.
-pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()> {
-    let runs = read_runs(&dir.join("runs.csv"))?;
-    let curves = read_curves(&dir.join("curves.csv"))?;
-    // Variants in first-seen order, each with its run ids.
+/// The variants of `runs.csv` in first-seen order, each with its run ids, labelled for legends. Diverged
+/// runs keep their curves up to the blow-up; the label says so, so a short line is not mistaken for a crash
+/// or a plotting bug.
+pub fn variants_of(runs: &[BTreeMap<String, String>]) -> Vec<(String, Vec<String>)> {
     let mut variants: Vec<(String, Vec<String>)> = Vec::new();
-    for r in &runs {
+    for r in runs {
         let label = r["variant"].clone();
         match variants.iter_mut().find(|v| v.0 == label) {
             Some(v) => v.1.push(r["run_id"].clone()),
             None => variants.push((label, vec![r["run_id"].clone()])),
         }
     }
+    for (label, ids) in variants.iter_mut() {
+        let steps: Vec<&str> = runs
+            .iter()
+            .filter(|r| ids.contains(&r["run_id"]))
+            .filter_map(|r| r["status"].strip_prefix("diverged at step "))
+            .collect();
+        if steps.len() == ids.len() && ids.len() == 1 {
+            label.push_str(&format!(" (diverged at step {})", steps[0]));
+        } else if !steps.is_empty() {
+            label.push_str(&format!(" ({} of {} runs diverged)", steps.len(), ids.len()));
+        }
+    }
+    variants
+}
+
+/// Draws every plot of a results directory from its CSV files.
+pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()> {
+    let runs = read_runs(&dir.join("runs.csv"))?;
+    let curves = read_curves(&dir.join("curves.csv"))?;
+    let variants = variants_of(&runs);
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
     let band = if seeds > 1 { format!(" (mean ± std over {seeds} seeds)") } else { String::new() };
     let charts = [

@@ -53,6 +53,9 @@ const CASES: &[(&str, usize, &str)] = &[
     ("seeds: [1, -2]\n", 1, "seeds"),
     ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),
     ("unexpected: 1\n", 1, "unknown field `unexpected`"),
+    ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
+    ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
+    ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),
 ];
 
 #[test]
@@ -144,4 +147,26 @@ fn mutated_recipes_never_panic_the_loader() {
     }
     // Both outcomes happen, so the mutations are neither all harmless nor all fatal.
     assert!(accepted > 100 && rejected > 100, "accepted {accepted}, rejected {rejected}");
+}
+
+#[test]
+fn an_unwritable_output_directory_fails_before_training_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("ablate-unwritable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = dir.join("r.yaml");
+    std::fs::write(&recipe, "model:\n  d_model: 16\n  layers: 1\n").unwrap();
+    // A path below a regular file can never be created, whoever runs the test (root included).
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .arg(&recipe)
+        .arg("--out")
+        .arg(blocker.join("results"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot create the output directory") && stderr.contains("a-file/results"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -333,3 +333,21 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
     assert!(step <= 200);
     assert!(run.outcome.final_eval.loss.is_nan());
 }
+
+#[test]
+fn legends_mark_diverged_variants() {
+    let row = |id: &str, variant: &str, status: &str| -> std::collections::BTreeMap<String, String> {
+        [("run_id", id), ("variant", variant), ("status", status)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let runs = vec![
+        row("a s0", "scale=none", "diverged at step 12"),
+        row("b s0", "scale=sqrt", "ok"),
+        row("c s0", "scale=big", "diverged at step 3"),
+        row("c s1", "scale=big", "ok"),
+    ];
+    let labels: Vec<String> = ablate::sweep::variants_of(&runs).into_iter().map(|v| v.0).collect();
+    assert_eq!(labels, vec!["scale=none (diverged at step 12)", "scale=sqrt", "scale=big (1 of 2 runs diverged)"]);
+}
