@@ -19,9 +19,16 @@ pub struct RecipeError {
 
 impl RecipeError {
     fn located(&self) -> String {
+        // Messages quote the offending text; control characters in it (a key with a line break inside) are
+        // escaped so that the error stays one line.
+        let message: String = self
+            .message
+            .chars()
+            .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+            .collect();
         match self.line {
-            0 => format!("{}: {}", self.file, self.message),
-            line => format!("{}:{line}: {}", self.file, self.message),
+            0 => format!("{}: {message}", self.file),
+            line => format!("{}:{line}: {message}", self.file),
         }
     }
 }
@@ -103,13 +110,15 @@ pub fn load(path: &Path, smoke: bool) -> Result<Recipe, RecipeError> {
 
 /// Parses and expands a recipe given as text (`file` names it in errors, `stem` is the default name).
 pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, RecipeError> {
+    // Lines as YAML counts them (a lone carriage return ends a line too). A construct left open is only
+    // noticed past the end of the file; such errors point at its last line.
+    let last_line = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
     let lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
         file: file.into(),
-        // A construct left open is only noticed at the end of the file: point at its last line.
-        line: line.clamp(1, text.lines().count().max(1)),
+        line: line.clamp(1, last_line),
         message: format!("YAML syntax error: {message}"),
     })?;
-    let err = |line: usize, message: String| RecipeError { file: file.into(), line, message };
+    let err = |line: usize, message: String| RecipeError { file: file.into(), line: line.clamp(1, last_line), message };
     let parsed: RecipeFile = serde_yaml::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))

@@ -53,6 +53,10 @@ const CASES: &[(&str, usize, &str)] = &[
     ("seeds: [1, -2]\n", 1, "seeds"),
     ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),
     ("unexpected: 1\n", 1, "unknown field `unexpected`"),
+    // Found by cargo fuzz: a key with a line break in it must not break the one-line error.
+    ("model: {\"hea\\nds\": 4}\n", 1, "unknown field `hea\\nds`"),
+    // Also found by cargo fuzz: YAML ends a line at a lone carriage return, and so do the line numbers.
+    ("train:\r  lr: fast\r", 2, "train.lr"),
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),
@@ -169,4 +173,28 @@ fn an_unwritable_output_directory_fails_before_training_with_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("cannot create the output directory") && stderr.contains("a-file/results"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every input cargo fuzz kept (`fuzz/corpus/recipe`: the shipped recipes, the crashes it found, and what
+/// it learned from): the same checks as the fuzz target, on stable Rust, in every test run.
+#[test]
+fn the_fuzz_corpus_loads_without_panics_and_with_located_errors() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/recipe");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let Some((&flags, rest)) = bytes.split_first() else { continue };
+        let Ok(text) = std::str::from_utf8(rest) else { continue };
+        let outcome = std::panic::catch_unwind(|| parse(text, "fuzz.yaml", "fuzz", flags & 1 == 1));
+        let Ok(result) = outcome else { panic!("the loader panicked on {}", path.display()) };
+        if let Err(e) = result {
+            let shown = e.to_string();
+            let lines = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
+            assert!(!shown.contains('\n') && shown.starts_with("fuzz.yaml"), "{}: {shown:?}", path.display());
+            assert!(e.line <= lines, "{}: line {} of {lines}: {shown}", path.display(), e.line);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} corpus files");
 }
