@@ -6,27 +6,37 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <vector>
 
 extern "C" {
 
-// One fused AdamW update (torch.optim.AdamW(fused=True)'s kernel) of `param` from `grad`, with moments
-// `m`, `v` and the step count in the one-element float tensor `step` (already incremented).
-char *ablate_fused_adamw(at::Tensor *param, at::Tensor *grad, at::Tensor *m, at::Tensor *v, at::Tensor *step,
-                         double lr, double beta1, double beta2, double weight_decay, double eps) {
+// One fused AdamW update (torch.optim.AdamW(fused=True)'s kernel) of the `n` tensors `params` from `grads`,
+// with moments `ms`, `vs` and the step count in the one-element float tensor `step` (already incremented;
+// shared by every tensor, as they are always stepped together).
+char *ablate_fused_adamw(at::Tensor **params, at::Tensor **grads, at::Tensor **ms, at::Tensor **vs, int64_t n,
+                         at::Tensor *step, double lr, double beta1, double beta2, double weight_decay, double eps) {
   try {
-    at::_fused_adamw_({*param}, {*grad}, {*m}, {*v}, {}, {*step}, lr, beta1, beta2, weight_decay, eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (int64_t i = 0; i < n; ++i) {
+      p.push_back(*params[i]);
+      g.push_back(*grads[i]);
+      m.push_back(*ms[i]);
+      v.push_back(*vs[i]);
+      steps.push_back(*step);
+    }
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
     return nullptr;
   } catch (const std::exception &e) {
     return strdup(e.what());
   }
 }
 
-// Points `param`'s gradient at `grad` (same shape), so that backward accumulates into it in place: the
-// optimiser then reads every gradient from one flat buffer without gathering them.
-char *ablate_set_grad(at::Tensor *param, at::Tensor *grad) {
+// Drops `param`'s gradient (zero_grad(set_to_none=True)): backward then hands its fresh gradient buffer
+// over instead of adding it into a zeroed one.
+char *ablate_clear_grad(at::Tensor *param) {
   try {
-    param->mutable_grad() = *grad;
+    param->mutable_grad() = at::Tensor();
     return nullptr;
   } catch (const std::exception &e) {
     return strdup(e.what());

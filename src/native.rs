@@ -8,10 +8,11 @@ use torch_sys::C_tensor;
 extern "C" {
     #[allow(clippy::too_many_arguments)]
     fn ablate_fused_adamw(
-        param: *mut C_tensor,
-        grad: *mut C_tensor,
-        m: *mut C_tensor,
-        v: *mut C_tensor,
+        params: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        ms: *const *mut C_tensor,
+        vs: *const *mut C_tensor,
+        n: i64,
         step: *mut C_tensor,
         lr: f64,
         beta1: f64,
@@ -19,7 +20,7 @@ extern "C" {
         weight_decay: f64,
         eps: f64,
     ) -> *mut c_char;
-    fn ablate_set_grad(param: *mut C_tensor, grad: *mut C_tensor) -> *mut c_char;
+    fn ablate_clear_grad(param: *mut C_tensor) -> *mut c_char;
     fn ablate_autocast(cuda: bool, dtype: i32) -> *mut c_char;
     fn ablate_autocast_clear_cache();
     fn ablate_free_error(message: *mut c_char);
@@ -35,26 +36,32 @@ fn check(error: *mut c_char, what: &str) {
     }
 }
 
-/// One step of libtorch's fused AdamW kernel on `param` in place; `step` holds the (incremented) count.
+/// One step of libtorch's fused AdamW kernel on every tensor of `params` in place (with their gradients and
+/// moments at the same positions); `step` holds the (incremented) count.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_adamw(
-    param: &mut Tensor,
-    grad: &mut Tensor,
-    m: &mut Tensor,
-    v: &mut Tensor,
-    step: &mut Tensor,
+    params: &[Tensor],
+    grads: &[Tensor],
+    m: &[Tensor],
+    v: &[Tensor],
+    step: &Tensor,
     lr: f64,
     betas: (f64, f64),
     weight_decay: f64,
     eps: f64,
 ) {
+    let n = params.len();
+    assert!(grads.len() == n && m.len() == n && v.len() == n, "one gradient and two moments per parameter");
+    let ptrs = |ts: &[Tensor]| ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect::<Vec<_>>();
+    let (p, g, m, v) = (ptrs(params), ptrs(grads), ptrs(m), ptrs(v));
     let error = unsafe {
         ablate_fused_adamw(
-            param.as_mut_ptr(),
-            grad.as_mut_ptr(),
-            m.as_mut_ptr(),
-            v.as_mut_ptr(),
-            step.as_mut_ptr(),
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            n as i64,
+            step.as_ptr() as *mut C_tensor,
             lr,
             betas.0,
             betas.1,
@@ -65,10 +72,9 @@ pub fn fused_adamw(
     check(error, "fused AdamW");
 }
 
-/// Makes `grad` (same shape and device as `param`) the gradient that backward accumulates into.
-pub fn set_grad(param: &mut Tensor, grad: &mut Tensor) {
-    assert_eq!(param.size(), grad.size(), "a gradient must have its parameter's shape");
-    check(unsafe { ablate_set_grad(param.as_mut_ptr(), grad.as_mut_ptr()) }, "set_grad");
+/// Drops `param`'s gradient, so the next backward hands over a fresh buffer (`set_to_none=True`).
+pub fn clear_grad(param: &Tensor) {
+    check(unsafe { ablate_clear_grad(param.as_ptr() as *mut C_tensor) }, "clear_grad");
 }
 
 /// Low-precision type for autocast regions.

@@ -1,10 +1,12 @@
 //! AdamW over one flat parameter buffer, with global-norm gradient clipping and the warm-up + cosine schedule.
 //!
-//! Every trainable tensor is re-pointed at a slice of a single contiguous buffer, so an optimiser step costs
-//! the same few whole-buffer passes however many parameters the model has. The update itself is libtorch's
-//! fused AdamW kernel (`torch.optim.AdamW(fused=True)`; tch does not bind it, `csrc/fused.cpp` does); the
-//! same maths written with tensor ops (`Update::Explicit`) stays as the readable reference, and the tests
-//! check both against AdamW's update written out by hand.
+//! Every trainable tensor is re-pointed at a slice of a single contiguous buffer (and so are the moments), so
+//! the optimiser state and a checkpoint are three flat tensors. Gradients are not: backward hands over a
+//! fresh buffer per parameter (zero_grad sets them to none, as PyTorch does), which measured faster than
+//! accumulating into a zeroed flat gradient. The update is libtorch's fused AdamW kernel over the parameter
+//! list (`torch.optim.AdamW(fused=True)`; tch does not bind it, `csrc/fused.cpp` does); the same maths
+//! written with tensor ops (`Update::Explicit`) stays as the readable reference, and the tests check both
+//! against AdamW's update written out by hand.
 use tch::{Kind, Tensor};
 
 use crate::native;
@@ -20,13 +22,16 @@ pub enum Update {
 
 pub struct AdamW {
     /// Every parameter, matrices and embeddings first (they get weight decay), then biases and norm gains
-    /// (they do not); the parameters themselves are views of it.
+    /// (they do not); the parameters themselves are views of it, as are `m_parts` and `v_parts` of the
+    /// moments, so state and checkpoints are three flat tensors.
     flat: Tensor,
-    /// Every parameter's gradient is a view of this buffer: backward accumulates straight into it.
-    flat_grad: Tensor,
+    params: Vec<Tensor>,
     m: Tensor,
     v: Tensor,
-    /// How many leading elements of `flat` get weight decay.
+    m_parts: Vec<Tensor>,
+    v_parts: Vec<Tensor>,
+    /// How many leading tensors of `params` (and elements of `flat`) get weight decay.
+    decayed_tensors: usize,
     decayed: i64,
     pub beta1: f64,
     pub beta2: f64,
@@ -54,24 +59,31 @@ impl AdamW {
         let _guard = tch::no_grad_guard();
         // Decayed tensors first, so decay is one multiply over a prefix of the buffer.
         let (mut params, rest): (Vec<Tensor>, Vec<Tensor>) = params.into_iter().partition(|p| p.dim() >= 2);
+        let decayed_tensors = params.len();
         let decayed = params.iter().map(|p| p.numel() as i64).sum();
         params.extend(rest);
         let flat = Tensor::cat(&params.iter().map(|p| p.detach().reshape([-1])).collect::<Vec<_>>(), 0);
-        let flat_grad = flat.zeros_like();
+        let (m, v) = (flat.zeros_like(), flat.zeros_like());
+        let (mut m_parts, mut v_parts) = (Vec::new(), Vec::new());
         let mut offset = 0;
         for p in params.iter_mut() {
             let n = p.numel() as i64;
-            p.set_data(&flat.narrow(0, offset, n).view(p.size().as_slice()));
-            native::set_grad(p, &mut flat_grad.narrow(0, offset, n).view(p.size().as_slice()));
+            let shape = p.size();
+            p.set_data(&flat.narrow(0, offset, n).view(shape.as_slice()));
+            m_parts.push(m.narrow(0, offset, n).view(shape.as_slice()));
+            v_parts.push(v.narrow(0, offset, n).view(shape.as_slice()));
             offset += n;
         }
         let device = flat.device();
         Self {
-            m: flat.zeros_like(),
-            v: flat.zeros_like(),
-            decayed,
             flat,
-            flat_grad,
+            params,
+            m,
+            v,
+            m_parts,
+            v_parts,
+            decayed_tensors,
+            decayed,
             beta1,
             beta2,
             eps: 1e-8,
@@ -91,8 +103,12 @@ impl AdamW {
         self.step
     }
 
+    /// Drops every gradient (`set_to_none`): backward then hands its gradient buffers over without a copy
+    /// into zeroed ones.
     pub fn zero_grad(&mut self) {
-        let _ = self.flat_grad.zero_();
+        for p in &self.params {
+            native::clear_grad(p);
+        }
     }
 
     /// The optimiser's state for a checkpoint: first and second moments, and the step count.
@@ -115,44 +131,67 @@ impl AdamW {
         Ok(())
     }
 
+    /// Every parameter's gradient (zeros for one that got none).
+    fn grads(&self) -> Vec<Tensor> {
+        self.params
+            .iter()
+            .map(|p| {
+                let g = p.grad();
+                if g.defined() {
+                    g
+                } else {
+                    p.zeros_like()
+                }
+            })
+            .collect()
+    }
+
     /// One update at learning rate `lr` from the accumulated gradients, which backward produced from a loss
     /// multiplied by `loss_scale` (1 unless fp16 loss scaling is on). Clips the global gradient norm to
     /// `clip` first when given. With a loss scale, a non-finite gradient skips the update.
     pub fn step(&mut self, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
         let _guard = tch::no_grad_guard();
-        let mut g = self.flat_grad.shallow_clone();
-        if loss_scale != 1.0 {
-            let _ = g.g_mul_scalar_(1.0 / loss_scale);
-        }
-        let norm = match clip {
-            Some(max) => clip_by_global_norm(&mut g, max),
-            None => g.norm().double_value(&[]),
-        };
+        let mut grads = self.grads();
+        let norms: Vec<Tensor> = grads.iter().map(|g| g.norm()).collect();
+        let norm = Tensor::stack(&norms, 0).norm().double_value(&[]) / loss_scale;
         if loss_scale != 1.0 && !norm.is_finite() {
             return StepReport { grad_norm: norm, applied: false };
         }
+        // Removing the loss scale and clipping are one multiply (as torch.nn.utils.clip_grad_norm_'s
+        // max / (norm + 1e-6)).
+        let mut coef = 1.0 / loss_scale;
+        if let Some(max) = clip {
+            if norm > max {
+                coef *= max / (norm + 1e-6);
+            }
+        }
+        if coef != 1.0 {
+            for g in grads.iter_mut() {
+                let _ = g.g_mul_scalar_(coef);
+            }
+        }
         self.step += 1;
         match self.update {
-            Update::Fused => self.fused_update(&g, lr),
-            Update::Explicit => self.explicit_update(&g, lr),
+            Update::Fused => self.fused_update(&grads, lr),
+            Update::Explicit => self.explicit_update(&grads, lr),
         }
         StepReport { grad_norm: norm, applied: true }
     }
 
-    fn fused_update(&mut self, g: &Tensor, lr: f64) {
+    fn fused_update(&mut self, grads: &[Tensor], lr: f64) {
         let _ = self.step_tensor.fill_(self.step as f64);
-        let total = self.flat.numel() as i64;
-        // Two calls: the decayed prefix, then the rest without decay.
-        for (start, len, wd) in [(0, self.decayed, self.weight_decay), (self.decayed, total - self.decayed, 0.0)] {
-            if len == 0 {
+        // Two calls: the decayed tensors, then the rest without decay.
+        let k = self.decayed_tensors;
+        for (range, wd) in [(0..k, self.weight_decay), (k..self.params.len(), 0.0)] {
+            if range.is_empty() {
                 continue;
             }
             native::fused_adamw(
-                &mut self.flat.narrow(0, start, len),
-                &mut g.narrow(0, start, len),
-                &mut self.m.narrow(0, start, len),
-                &mut self.v.narrow(0, start, len),
-                &mut self.step_tensor,
+                &self.params[range.clone()],
+                &grads[range.clone()],
+                &self.m_parts[range.clone()],
+                &self.v_parts[range],
+                &self.step_tensor,
                 lr,
                 (self.beta1, self.beta2),
                 wd,
@@ -161,10 +200,11 @@ impl AdamW {
         }
     }
 
-    fn explicit_update(&mut self, g: &Tensor, lr: f64) {
+    fn explicit_update(&mut self, grads: &[Tensor], lr: f64) {
+        let g = Tensor::cat(&grads.iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0);
         let t = self.step as f64;
         // m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²  (as lerps: one pass each)
-        let _ = self.m.lerp_(g, 1.0 - self.beta1);
+        let _ = self.m.lerp_(&g, 1.0 - self.beta1);
         let _ = self.v.lerp_(&g.square(), 1.0 - self.beta2);
         if self.weight_decay > 0.0 && self.decayed > 0 {
             let _ = self.flat.narrow(0, 0, self.decayed).g_mul_scalar_(1.0 - lr * self.weight_decay);
