@@ -235,7 +235,7 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
     );
     let backward = s.pass == Pass::ForwardBackward;
     let x = Tensor::randn([s.batch, s.n, s.d_model], (Kind::Float, device)).set_requires_grad(backward);
-    let mask = Mask { causal: s.causal, key_padding: None, offset: 0 };
+    let mask = Mask { causal: s.causal, key_padding: None, offset: 0, bias: None };
     let step = || {
         if backward {
             let out = mha.self_attend(&x, &mask, None, true, false).output;

@@ -72,24 +72,27 @@ pub fn bible_path() -> Result<PathBuf> {
     Ok(path)
 }
 
-fn tempdir_in(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn tempdir_in(dir: &Path) -> Result<PathBuf> {
     let p = dir.join(format!("fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&p);
     std::fs::create_dir_all(&p)?;
     Ok(p)
 }
 
-/// `apt-get download` (after `apt-get update` if the package lists are empty), unpack, read the module.
-fn fetch_bible(work: &Path) -> Result<String> {
-    let download = || Command::new("apt-get").args(["download", "-qq", "sword-text-web"]).current_dir(work).output();
-    let mut out = download().context("running apt-get (the default corpus comes from Debian's package archive); set data.path to a local text file on systems without apt")?;
+/// `apt-get download PACKAGE` into `work` (after `apt-get update` if the package lists are empty) and unpack
+/// it there with `dpkg-deb -x`; returns the unpacked root. `what` names the data for error messages.
+pub(crate) fn fetch_deb(package: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let download = || Command::new("apt-get").args(["download", "-qq", package]).current_dir(work).output();
+    let mut out = download().with_context(|| {
+        format!("running apt-get ({what} comes from Debian's package archive); on systems without apt give a local path instead")
+    })?;
     if !out.status.success() {
         eprintln!("ablate: apt-get download failed; refreshing package lists with apt-get update");
         let _ = Command::new("apt-get").args(["update", "-qq"]).status();
         out = download()?;
         if !out.status.success() {
             bail!(
-                "could not download Debian package sword-text-web ({}): run `apt-get update` as root and retry, or set data.path to a local text file",
+                "could not download Debian package {package} ({}): run `apt-get update` as root and retry, or give a local path to {what}",
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
@@ -103,6 +106,12 @@ fn fetch_bible(work: &Path) -> Result<String> {
     if !status.success() {
         bail!("dpkg-deb could not unpack {}", deb.display());
     }
+    Ok(unpacked)
+}
+
+/// The World English Bible's SWORD module from `sword-text-web`, one verse per line.
+fn fetch_bible(work: &Path) -> Result<String> {
+    let unpacked = fetch_deb("sword-text-web", work, "the default corpus")?;
     let ztext = unpacked.join("usr/share/sword/modules/texts/ztext");
     let module = std::fs::read_dir(&ztext)
         .with_context(|| format!("the package has no {}", ztext.display()))?

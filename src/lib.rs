@@ -7,6 +7,7 @@ pub mod config;
 pub mod data;
 pub mod generate;
 pub mod gpt;
+pub mod images;
 pub mod layers;
 pub mod native;
 pub mod optim;
@@ -19,6 +20,7 @@ pub mod scale;
 pub mod sweep;
 pub mod sword;
 pub mod train;
+pub mod vision;
 
 /// `auto` (CUDA when available), `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(spec: &str) -> Result<tch::Device, String> {

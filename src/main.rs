@@ -92,6 +92,19 @@ enum Command {
         #[arg(long)]
         time: Option<String>,
     },
+    /// Parameter count and analytic forward multiply-accumulates of a named model preset (or of all).
+    Describe {
+        /// A preset name (see `ablate describe --list`).
+        preset: Option<String>,
+        #[arg(long)]
+        list: bool,
+    },
+    /// Print a markdown table of a recipe's results: per variant, mean ± std over seeds of the final metrics.
+    Summary {
+        recipe: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Redraw a recipe's plots from the CSV files in its output directory.
     Plot {
         recipe: PathBuf,
@@ -184,6 +197,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
         Some(Command::Plot { recipe, out }) => plot(&recipe, out),
+        Some(Command::Describe { preset, list }) => describe(preset.as_deref(), list),
+        Some(Command::Summary { recipe, out }) => (|| {
+            let path = find_recipe(&recipe)?;
+            let recipe = recipe::load(&path, false)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
+            print!("{}", ablate::sweep::summary_table(&out)?);
+            Ok(())
+        })(),
         Some(Command::Merge { recipe, out, smoke }) => (|| {
             let path = find_recipe(&recipe)?;
             let recipe = recipe::load(&path, smoke)?;
@@ -332,6 +353,40 @@ fn attention_map(
         if text.chars().count() > 40 { text.chars().take(40).chain("…".chars()).collect() } else { text.to_string() };
     ablate::plot::attention_heatmaps(out, &maps, &format!("{what}, on {shown:?}"))?;
     println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn describe(name: Option<&str>, list: bool) -> anyhow::Result<()> {
+    use ablate::vision::{preset, PRESETS};
+    let names: Vec<&str> = match (name, list) {
+        (_, true) | (None, false) => PRESETS.to_vec(),
+        (Some(n), false) => {
+            if preset(n).is_none() {
+                anyhow::bail!("no preset `{n}`; presets: {}", PRESETS.join(", "));
+            }
+            vec![n]
+        }
+    };
+    println!("| preset | model | image | params | forward GMACs / image | forward GFLOPs / image |");
+    println!("|---|---|---|---|---|---|");
+    for n in names {
+        let cfg = preset(n).expect("listed");
+        let macs = cfg.forward_macs();
+        println!(
+            "| {n} | {:?}, patch {}, width {}, depths {:?}, heads {:?} | {}×{}×{} | {} | {:.3} | {:.3} |",
+            cfg.arch,
+            cfg.patch_size,
+            cfg.dim,
+            cfg.depths,
+            cfg.heads,
+            cfg.channels,
+            cfg.image_size,
+            cfg.image_size,
+            ablate::vision::parameter_count(&cfg),
+            macs / 1e9,
+            2.0 * macs / 1e9
+        );
+    }
     Ok(())
 }
 

@@ -128,12 +128,20 @@ impl ResultsDir {
         self.dir.join("curves.csv")
     }
 
-    /// Deletes previous results (for `--force`).
+    /// Deletes previous results (for `--force`), resumable training states included: starting over must
+    /// not continue from them.
     pub fn clear(&self) -> Result<()> {
         for f in ["runs.csv", "curves.csv", "samples.txt"] {
             let p = self.dir.join(f);
             if p.exists() {
                 std::fs::remove_file(&p)?;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("checkpoints")) {
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.file_name().to_string_lossy().ends_with(".state.safetensors") {
+                    std::fs::remove_file(e.path())?;
+                }
             }
         }
         Ok(())

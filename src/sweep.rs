@@ -103,8 +103,6 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         }
         let outcome = trained.outcome;
         results.append(run, &outcome)?;
-        // The row is the commit point: only then is the run's resumable state no longer needed.
-        state.remove()?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
             let line = if let Some(step) = outcome.diverged_at {
@@ -392,4 +390,34 @@ fn length_generalisation_chart(
             zoom_past_start: false,
         },
     )
+}
+
+/// A markdown table of a results directory: per variant, the number of runs (and how many diverged), mean ±
+/// std over seeds of the final held-out loss, accuracy and train loss, and mean tokens/s and MFU.
+pub fn summary_table(dir: &Path) -> Result<String> {
+    let path = dir.join("runs.csv");
+    let runs = read_runs(&path).with_context(|| format!("no results to summarise in {}", dir.display()))?;
+    let columns = [("val_loss", 4), ("val_accuracy", 4), ("train_loss", 4), ("tokens_per_s", 0), ("mfu", 3)];
+    let mut out = String::from(
+        "| variant | runs | held-out loss | held-out accuracy | final train loss | tokens/s | MFU |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (label, ids) in variants_of(&runs) {
+        let rows: Vec<_> = runs.iter().filter(|r| ids.contains(&r["run_id"])).collect();
+        let mut cells = vec![label, rows.len().to_string()];
+        for (i, (column, digits)) in columns.iter().enumerate() {
+            let values: Vec<f64> =
+                rows.iter().filter_map(|r| r.get(*column).and_then(|v| v.parse::<f64>().ok())).collect();
+            cells.push(match values.len() {
+                0 => "–".to_string(),
+                _ if i >= 3 => format!("{:.digits$}", mean_std(&values).0),
+                1 => format!("{:.digits$}", values[0]),
+                _ => {
+                    let (m, s) = mean_std(&values);
+                    format!("{m:.digits$} ± {s:.digits$}")
+                }
+            });
+        }
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    Ok(out)
 }

@@ -180,13 +180,6 @@ impl StateFile {
         opt.restore(get("optim.exp_avg")?, get("optim.exp_avg_sq")?, progressed.optimiser_steps)?;
         Ok(Some(progressed))
     }
-
-    pub fn remove(&self) -> Result<()> {
-        if self.path.exists() {
-            std::fs::remove_file(&self.path).with_context(|| format!("removing {}", self.path.display()))?;
-        }
-        Ok(())
-    }
 }
 
 /// A finished run: its measurements and the trained model.
@@ -285,7 +278,8 @@ pub fn train_resumable(
             record_eval(done, &mut curves);
         }
         if let (Some(s), Some(every)) = (state, t.checkpoint_every) {
-            if done % every == 0 && done != t.steps {
+            // Every k steps and at the end: the final state lets a run be continued or inspected later.
+            if done % every == 0 || done == t.steps {
                 let progressed = Progressed {
                     config_hash: s.config_hash.clone(),
                     step: done,

@@ -27,7 +27,7 @@ fn attention_rows_sum_to_one_and_masked_keys_get_zero_weight() {
     let (_vs, m) = mha(16, 4, Scale::SqrtDk, Implementation::Explicit);
     let x = Tensor::randn([3, 7, 16], (Kind::Float, Device::Cpu));
     let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0).repeat([3, 1]);
-    let mask = Mask { causal: true, key_padding: Some(&keep), offset: 0 };
+    let mask = Mask { causal: true, key_padding: Some(&keep), offset: 0, bias: None };
     let w = m.self_attend(&x, &mask, None, false, true).weights.unwrap();
     assert_eq!(w.size(), vec![3, 4, 7, 7]);
     let row_sums = w.sum_dim_intlist(-1, false, Kind::Float);
@@ -101,10 +101,10 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
     for scale in [1.0 / (d as f64).sqrt(), 1.0, 0.37] {
         let cases: Vec<(&str, &Tensor, Mask)> = vec![
             ("none", &q, Mask::default()),
-            ("padding", &q, Mask { causal: false, key_padding: Some(&keep), offset: 0 }),
+            ("padding", &q, Mask { causal: false, key_padding: Some(&keep), offset: 0, bias: None }),
             ("causal, fewer queries than keys", &q, Mask::causal()),
             ("causal square", &q_sq, Mask::causal()),
-            ("causal + padding", &q_sq, Mask { causal: true, key_padding: Some(&keep), offset: 0 }),
+            ("causal + padding", &q_sq, Mask { causal: true, key_padding: Some(&keep), offset: 0, bias: None }),
         ];
         for (name, q, mask) in cases {
             let bias = mask.additive_bias(q.size()[2], n_k, Device::Cpu, Kind::Float);
@@ -140,7 +140,7 @@ fn cross_attention_reads_keys_and_values_from_the_other_sequence() {
     let x = Tensor::randn([1, 4, 16], (Kind::Float, Device::Cpu));
     let memory = Tensor::randn([1, 7, 16], (Kind::Float, Device::Cpu));
     let keep = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 0, 0]).to_kind(Kind::Bool).unsqueeze(0);
-    let mask = Mask { causal: false, key_padding: Some(&keep), offset: 0 };
+    let mask = Mask { causal: false, key_padding: Some(&keep), offset: 0, bias: None };
     let out = m.cross_attend(&x, &memory, &mask, false, true);
     assert_eq!(out.weights.as_ref().unwrap().size(), vec![1, 2, 4, 7]);
     // Changing the memory changes the output; changing only padded memory positions does not.

@@ -79,7 +79,7 @@ fn the_sparse_kernel_equals_its_mask_based_twin() {
                 tch::manual_seed(20);
                 let (_vs, sparse, masked) = twins(&p, pe);
                 let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
-                let mask = Mask { causal, key_padding: None, offset: 0 };
+                let mask = Mask { causal, key_padding: None, offset: 0, bias: None };
                 let a = sparse.self_attend(&x, &mask, None, false, false).output;
                 let b = masked.self_attend(&x, &mask, None, false, false).output;
                 let diff = (&a - &b).abs().max().double_value(&[]);
@@ -113,7 +113,7 @@ fn a_window_that_covers_the_sequence_is_dense_attention() {
         let (vs_dense, dense) = attention(&PatternConfig::default(), Implementation::Explicit, PositionEncoding::None);
         randomise(&vs_dense);
         let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
-        let mask = Mask { causal, key_padding: None, offset: 0 };
+        let mask = Mask { causal, key_padding: None, offset: 0, bias: None };
         let expected = dense.self_attend(&x, &mask, None, false, false).output;
         for implementation in [Implementation::Explicit, Implementation::Sparse] {
             let (mut vs, wide) = attention(&pattern(Some(n), 1, None, 0), implementation, PositionEncoding::None);
@@ -139,8 +139,10 @@ fn no_token_receives_weight_from_outside_its_pattern() {
             let (vs, m) = attention(&p, Implementation::Explicit, PositionEncoding::Alibi);
             randomise(&vs);
             let x = Tensor::randn([1, n, 16], (Kind::Float, Device::Cpu));
-            let w =
-                m.self_attend(&x, &Mask { causal, key_padding: None, offset: 0 }, None, false, true).weights.unwrap();
+            let w = m
+                .self_attend(&x, &Mask { causal, key_padding: None, offset: 0, bias: None }, None, false, true)
+                .weights
+                .unwrap();
             let library = p.allowed(n, causal, Device::Cpu).unwrap();
             for i in 0..n {
                 for j in 0..n {

@@ -36,7 +36,7 @@ fn relative_schemes_give_the_same_scores_when_every_position_shifts() {
             let (vs, m) = attention_with(pe);
             let x = Tensor::randn([2, 12, 16], (Kind::Float, Device::Cpu));
             let at = |offset: i64| {
-                let mask = Mask { causal, key_padding: None, offset };
+                let mask = Mask { causal, key_padding: None, offset, bias: None };
                 m.self_attend(&x, &mask, None, false, true).weights.unwrap()
             };
             let base = at(0);
@@ -48,7 +48,7 @@ fn relative_schemes_give_the_same_scores_when_every_position_shifts() {
             let (mut vs_plain, plain) = attention_with(PositionEncoding::None);
             vs_plain.copy(&vs).unwrap(); // the projections; the scheme's own parameters have no counterpart
             let w_plain = plain
-                .self_attend(&x, &Mask { causal, key_padding: None, offset: 0 }, None, false, true)
+                .self_attend(&x, &Mask { causal, key_padding: None, offset: 0, bias: None }, None, false, true)
                 .weights
                 .unwrap();
             assert!((&base - w_plain).abs().max().double_value(&[]) > 1e-3, "{pe:?} had no effect");

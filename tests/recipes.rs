@@ -209,6 +209,14 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert_eq!(rerun[3]["val_loss"], runs[3]["val_loss"], "a re-run of the same seed reproduces its metrics");
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
 
+    // The summary: one row per variant, the mean of its seeds' final held-out loss.
+    let table = ablate::sweep::summary_table(&out).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    let heads1: Vec<f64> = runs[..2].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
+    let mean = (heads1[0] + heads1[1]) / 2.0;
+    assert!(lines[2].starts_with(&format!("| heads=1 | 2 | {mean:.4} ± ")), "{table}");
+
     // --force starts over.
     run_recipe(&recipe, &SweepOptions { force: true, ..opts }).unwrap();
     assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);

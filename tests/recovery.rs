@@ -78,8 +78,15 @@ fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
     // Bit-identical metrics and curves: weights, optimiser moments, schedule and randomness all restored.
     assert_eq!(metrics(&out), metrics(&reference));
     assert_eq!(read_curves(&out.join("curves.csv")).unwrap(), read_curves(&reference.join("curves.csv")).unwrap());
-    // Finished runs leave no resumable state behind.
-    assert!(!state.exists());
+    // The final state stays (for continuing or inspecting the run); a re-run trains nothing.
+    assert!(state.exists());
+    let again = ablate(&recipe, &out).output().unwrap();
+    assert!(String::from_utf8_lossy(&again.stderr).contains("2 already finished, 0 to train"));
+    // --force starts over: it must not continue from the kept states.
+    let forced = ablate(&recipe, &out).arg("--force").output().unwrap();
+    let log = String::from_utf8_lossy(&forced.stderr);
+    assert!(log.contains("0 already finished, 2 to train") && !log.contains("resumed"), "{log}");
+    assert_eq!(metrics(&out), metrics(&reference));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -36,11 +36,14 @@ pub struct Mask<'a> {
     /// Absolute position of the first key. Relative schemes must give the same scores for any value (tested);
     /// RoPE rotates by absolute angles, so it needs it.
     pub offset: i64,
+    /// Any further additive bias on the scores, broadcastable to (B, H, N_q, N_k): a model's own bias
+    /// such as Swin's per-window relative position table and its shifted-window mask.
+    pub bias: Option<&'a Tensor>,
 }
 
 impl Mask<'_> {
     pub fn causal() -> Self {
-        Mask { causal: true, key_padding: None, offset: 0 }
+        Mask { causal: true, key_padding: None, offset: 0, bias: None }
     }
 
     /// The additive bias (0 where allowed, -inf where not), broadcastable to (B, H, N_q, N_k); `None` when
@@ -167,6 +170,22 @@ impl MultiHeadAttention {
         self.attend_projected(&q, &kv[0], &kv[1], mask, false, train, want_weights)
     }
 
+    /// Channel attention (DaViT's channel group attention): tokens exchange information through attention
+    /// *between channels*. Within each group of C_g = D/H channels the weights are C_g × C_g: softmax over
+    /// channels of (k·s)ᵀ v, applied to qᵀ, with s = C_g^-0.5 on k as in timm's `ChannelAttention` (another
+    /// port scales by the token count instead; we follow timm). It is `explicit_attention` with the roles
+    /// transposed: queries kᵀ, keys vᵀ, values qᵀ. `weights`: (B, H, C_g, C_g).
+    pub fn channel_attend(&self, x: &Tensor, want_weights: bool) -> Attended {
+        let (b, n, _) = x.size3().unwrap();
+        let parts = self.qkv.forward(x).chunk(3, -1);
+        let (q, k, v) = (self.split_heads(&parts[0]), self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        let t = |x: &Tensor| x.transpose(-2, -1);
+        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scale, 0.0, false);
+        // (B, H, C_g, N) -> (B, N, H·C_g)
+        let merged = out.permute([0, 3, 1, 2]).contiguous().view([b, n, self.heads * self.head_dim]);
+        Attended { output: self.out.forward(&merged), weights: want_weights.then_some(weights) }
+    }
+
     fn split_heads(&self, t: &Tensor) -> Tensor {
         let (b, n, _) = t.size3().unwrap();
         t.view([b, n, self.heads, self.head_dim]).transpose(1, 2)
@@ -197,6 +216,7 @@ impl MultiHeadAttention {
             && self.implementation == Implementation::Sparse
             && !want_weights
             && mask.key_padding.is_none()
+            && mask.bias.is_none()
             && n_q == n_k;
         let (heads_out, weights) = if sparse_kernel {
             let out = pattern::sliding_window_attention(
@@ -251,7 +271,7 @@ impl MultiHeadAttention {
         } else {
             None
         };
-        if pattern_mask.is_none() && relative.is_none() && mask.key_padding.is_none() {
+        if pattern_mask.is_none() && relative.is_none() && mask.key_padding.is_none() && mask.bias.is_none() {
             return None;
         }
         // The pattern's mask already includes causality; otherwise take causal + padding from `mask`.
@@ -260,7 +280,7 @@ impl MultiHeadAttention {
                 let mut b = Tensor::zeros([n_q, n_k], (q.kind(), device))
                     .masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
                 if let Some(pad) = mask.key_padding {
-                    let padding = Mask { causal: false, key_padding: Some(pad), offset: 0 };
+                    let padding = Mask { causal: false, key_padding: Some(pad), offset: 0, bias: None };
                     // Broadcasting grows the bias to (B, 1, N_q, N_k): not an in-place add.
                     b = &b + padding.additive_bias(n_q, n_k, device, q.kind()).unwrap();
                 }
@@ -272,6 +292,9 @@ impl MultiHeadAttention {
         };
         if let Some(r) = relative {
             bias = &bias + r; // broadcasts to (B, H, N_q, N_k)
+        }
+        if let Some(extra) = mask.bias {
+            bias = &bias + extra;
         }
         Some(bias)
     }

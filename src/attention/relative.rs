@@ -157,3 +157,46 @@ pub fn t5_bucket(dist: &Tensor, bidirectional: bool, buckets: i64, max_distance:
     let large = (large.to_kind(Kind::Int64) + max_exact).clamp_max(n_buckets - 1);
     base + n.where_self(&is_small, &large)
 }
+
+/// Swin's relative position bias for attention inside a w × w window: a learned scalar per head for each of
+/// the (2w−1)² two-dimensional offsets between a query and a key of the window, looked up into an
+/// (H, w², w²) bias that the layer adds to the scores (through `Mask::bias`). Like the 1-D schemes above it
+/// depends only on the offset, here (Δrow, Δcol).
+#[derive(Debug)]
+pub struct WindowBias {
+    table: Tensor,
+    /// (w², w²) index into `table` of the offset between token i and token j of a window.
+    index: Tensor,
+    tokens: i64,
+}
+
+impl WindowBias {
+    pub fn new(vs: &nn::Path, window: i64, heads: i64) -> Self {
+        let span = 2 * window - 1;
+        let table =
+            vs.var("relative_position_bias_table", &[span * span, heads], nn::Init::Randn { mean: 0.0, stdev: 0.02 });
+        Self { table, index: window_offset_index(window).to(vs.device()), tokens: window * window }
+    }
+
+    /// (H, w², w²) additive bias.
+    pub fn bias(&self) -> Tensor {
+        let heads = self.table.size()[1];
+        self.table.index_select(0, &self.index.view([-1])).view([self.tokens, self.tokens, heads]).permute([2, 0, 1])
+    }
+}
+
+/// For a w × w window in row-major order: the index of the 2-D offset (Δrow, Δcol) between tokens i and j,
+/// (Δrow + w − 1)·(2w − 1) + (Δcol + w − 1), as an (w², w²) int64 tensor.
+pub fn window_offset_index(window: i64) -> Tensor {
+    let n = window * window;
+    let span = 2 * window - 1;
+    let index: Vec<i64> = (0..n)
+        .flat_map(|i| {
+            (0..n).map(move |j| {
+                let (dr, dc) = (i / window - j / window, i % window - j % window);
+                (dr + window - 1) * span + (dc + window - 1)
+            })
+        })
+        .collect();
+    Tensor::from_slice(&index).view([n, n])
+}

@@ -1,0 +1,168 @@
+//! Image data: the IDX format (MNIST, Fashion-MNIST) and CIFAR-10's binary batches, and Fashion-MNIST itself,
+//! fetched from Debian's `dataset-fashion-mnist` package on first use and cached like the text corpus.
+use anyhow::{bail, Context, Result};
+use flate2::read::GzDecoder;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+use crate::data::{cache_dir, fetch_deb, tempdir_in};
+
+/// Images (N, C, H, W) as bytes and their labels (N) as int64.
+pub struct ImageSet {
+    pub images: Tensor,
+    pub labels: Tensor,
+}
+
+impl ImageSet {
+    pub fn len(&self) -> i64 {
+        self.labels.size()[0]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        GzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .with_context(|| format!("{} is not valid gzip", path.display()))?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+/// An IDX file (optionally gzipped) of unsigned bytes: magic 0x00 0x00 0x08 ndim, ndim big-endian u32 sizes,
+/// then the data. Returns a uint8 tensor of that shape.
+pub fn read_idx(path: &Path) -> Result<Tensor> {
+    let bytes = read_maybe_gz(path)?;
+    let bad = |why: &str| anyhow::anyhow!("{} is not an IDX file of bytes: {why}", path.display());
+    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
+        return Err(bad("wrong magic number"));
+    }
+    if bytes[2] != 0x08 {
+        return Err(bad(&format!("element type 0x{:02x}, only unsigned bytes (0x08) are supported", bytes[2])));
+    }
+    let ndim = bytes[3] as usize;
+    let header = 4 + 4 * ndim;
+    if ndim == 0 || bytes.len() < header {
+        return Err(bad("truncated header"));
+    }
+    let dims: Vec<i64> =
+        (0..ndim).map(|i| u32::from_be_bytes(bytes[4 + 4 * i..8 + 4 * i].try_into().unwrap()) as i64).collect();
+    let count: i64 = dims.iter().product();
+    if bytes.len() as i64 - header as i64 != count {
+        return Err(bad(&format!(
+            "the header promises {count} values of shape {dims:?}, the file holds {}",
+            bytes.len() - header
+        )));
+    }
+    Ok(Tensor::from_slice(&bytes[header..]).view(dims.as_slice()))
+}
+
+/// An image IDX file (N, H, W) and a label IDX file (N) as one set with a channel axis.
+pub fn read_idx_pair(images: &Path, labels: &Path) -> Result<ImageSet> {
+    let x = read_idx(images)?;
+    let y = read_idx(labels)?;
+    if x.dim() != 3 || y.dim() != 1 || x.size()[0] != y.size()[0] {
+        bail!(
+            "{} ({:?}) and {} ({:?}) are not N images with N labels",
+            images.display(),
+            x.size(),
+            labels.display(),
+            y.size()
+        );
+    }
+    Ok(ImageSet { images: x.unsqueeze(1), labels: y.to_kind(Kind::Int64) })
+}
+
+/// One CIFAR-10 binary batch (`data_batch_1.bin`, ...): records of one label byte and 3×32×32 bytes.
+pub fn read_cifar10(path: &Path) -> Result<ImageSet> {
+    let bytes = read_maybe_gz(path)?;
+    const RECORD: usize = 1 + 3 * 32 * 32;
+    if bytes.is_empty() || bytes.len() % RECORD != 0 {
+        bail!("{} is not a CIFAR-10 binary batch: {} bytes is not a multiple of {RECORD}", path.display(), bytes.len());
+    }
+    let n = (bytes.len() / RECORD) as i64;
+    let all = Tensor::from_slice(&bytes).view([n, RECORD as i64]);
+    let labels = all.select(1, 0).to_kind(Kind::Int64);
+    if labels.max().int64_value(&[]) > 9 {
+        bail!("{} is not a CIFAR-10 binary batch: a label is above 9", path.display());
+    }
+    Ok(ImageSet { images: all.narrow(1, 1, 3 * 32 * 32).reshape([n, 3, 32, 32]), labels })
+}
+
+/// Fashion-MNIST's four IDX files in the cache, fetched from Debian's `dataset-fashion-mnist` on first use
+/// (or read from `/usr/share/datasets/fashion-mnist` when the package is installed).
+pub fn fashion_mnist_dir() -> Result<PathBuf> {
+    let installed = PathBuf::from("/usr/share/datasets/fashion-mnist");
+    let files = [
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ];
+    if files.iter().all(|f| installed.join(f).exists()) {
+        return Ok(installed);
+    }
+    let dir = cache_dir().join("fashion-mnist");
+    if files.iter().all(|f| dir.join(f).exists()) {
+        return Ok(dir);
+    }
+    let root = cache_dir();
+    std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
+    eprintln!("ablate: fetching Fashion-MNIST (Debian package dataset-fashion-mnist, ~31 MB) into {}", dir.display());
+    let work = tempdir_in(&root)?;
+    let result = (|| -> Result<()> {
+        let unpacked = fetch_deb("dataset-fashion-mnist", &work, "Fashion-MNIST")?;
+        let partial = root.join("fashion-mnist.partial");
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)?;
+        for f in files {
+            std::fs::copy(unpacked.join("usr/share/datasets/fashion-mnist").join(f), partial.join(f))
+                .with_context(|| format!("the package has no {f}"))?;
+        }
+        std::fs::rename(&partial, &dir)?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result?;
+    Ok(dir)
+}
+
+/// Fashion-MNIST: (train 60,000, test 10,000) grey 28×28 images in 10 classes.
+pub fn fashion_mnist() -> Result<(ImageSet, ImageSet)> {
+    let dir = fashion_mnist_dir()?;
+    let train = read_idx_pair(&dir.join("train-images-idx3-ubyte.gz"), &dir.join("train-labels-idx1-ubyte.gz"))?;
+    let test = read_idx_pair(&dir.join("t10k-images-idx3-ubyte.gz"), &dir.join("t10k-labels-idx1-ubyte.gz"))?;
+    Ok((train, test))
+}
+
+/// Augmentation for a training batch of float images (B, C, H, W): pad by `pad` pixels (zeros) and crop
+/// back at a random offset per image, and mirror left-right with probability ½ when `flip`. Uses
+/// libtorch's generator, so it follows the run's per-step seeding.
+pub fn augment(images: &Tensor, pad: i64, flip: bool) -> Tensor {
+    let (b, _, h, w) = images.size4().unwrap();
+    let mut out = images.shallow_clone();
+    if pad > 0 {
+        let padded = images.constant_pad_nd([pad, pad, pad, pad]);
+        let offsets = Tensor::randint(2 * pad + 1, [b, 2], (Kind::Int64, tch::Device::Cpu));
+        let crops: Vec<Tensor> = (0..b)
+            .map(|i| {
+                let (dy, dx) = (offsets.int64_value(&[i, 0]), offsets.int64_value(&[i, 1]));
+                padded.get(i).narrow(1, dy, h).narrow(2, dx, w)
+            })
+            .collect();
+        out = Tensor::stack(&crops, 0);
+    }
+    if flip {
+        let mirror = Tensor::rand([b, 1, 1, 1], (Kind::Float, tch::Device::Cpu)).lt(0.5).to(out.device());
+        out = out.flip([3]).where_self(&mirror, &out);
+    }
+    out
+}

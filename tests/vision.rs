@@ -1,0 +1,262 @@
+//! Vision Transformers: paper-size presets reproduce timm's parameter counts, and the mechanisms the seed
+//! names hold as properties (windows partition and reassemble exactly; the shifted-window mask lets no weight
+//! cross regions; patch merging halves resolution and doubles width; channel attention is C_g × C_g per group;
+//! a ViT whose one patch is the whole image is an MLP on the pixels).
+use ablate::attention::MultiHeadAttention;
+use ablate::config::{AttentionConfig, ModelConfig, PositionEncoding};
+use ablate::vision::swin::{shifted_window_mask, window_partition, window_reverse, PatchMerging};
+use ablate::vision::{parameter_count, preset, Arch, Pool, VisionConfig, VisionModel, PRESETS};
+use tch::{nn, Device, Kind, Tensor};
+
+#[test]
+fn paper_presets_have_timms_parameter_counts() {
+    for (name, expected) in [
+        ("vit_tiny_patch16_224", 5_717_416),
+        ("vit_small_patch16_224", 22_050_664),
+        ("vit_base_patch16_224", 86_567_656),
+        ("swin_tiny_patch4_window7_224", 28_288_354),
+        ("davit_tiny", 28_360_168),
+    ] {
+        let cfg = preset(name).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(parameter_count(&cfg), expected, "{name}");
+    }
+    // GPT-2 small from the language-model side: 124,439,808 (tied embeddings, learned positions, pre-LN).
+    let gpt2 = ModelConfig {
+        d_model: 768,
+        layers: 12,
+        heads: 12,
+        block_size: 1024,
+        pre_ln: true,
+        tie_embeddings: true,
+        ..Default::default()
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _model = ablate::gpt::Gpt::new(&vs.root(), &gpt2, 50257);
+    let count: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
+    assert_eq!(count, 124_439_808);
+}
+
+#[test]
+fn analytic_macs_match_the_published_figures() {
+    // timm / the papers: ViT-B/16 17.6 GMACs, ViT-S/16 4.6, Swin-T 4.5, DaViT-T 4.5 at 224×224.
+    for (name, gmacs) in [
+        ("vit_base_patch16_224", 17.6),
+        ("vit_small_patch16_224", 4.6),
+        ("swin_tiny_patch4_window7_224", 4.5),
+        ("davit_tiny", 4.5),
+    ] {
+        let got = preset(name).unwrap().forward_macs() / 1e9;
+        assert!((got - gmacs).abs() < 0.05 * gmacs, "{name}: {got:.2} GMACs, published {gmacs}");
+    }
+}
+
+#[test]
+fn small_presets_classify_and_train() {
+    for name in PRESETS.iter().filter(|n| n.ends_with("fmnist")) {
+        let cfg = preset(name).unwrap();
+        cfg.validate().unwrap();
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let model = VisionModel::new(&vs.root(), &cfg);
+        let images = Tensor::randn([3, 1, 28, 28], (Kind::Float, Device::Cpu));
+        let logits = model.forward(&images, true);
+        assert_eq!(logits.size(), vec![3, 10], "{name}");
+        logits.sum(Kind::Float).backward();
+        let with_grad = vs.trainable_variables().iter().filter(|p| p.grad().defined()).count();
+        assert_eq!(with_grad, vs.trainable_variables().len(), "{name}: every parameter gets a gradient");
+    }
+}
+
+#[test]
+fn window_partition_then_reverse_is_the_identity() {
+    let x = Tensor::randn([2, 8, 12, 5], (Kind::Float, Device::Cpu));
+    let windows = window_partition(&x, 4);
+    assert_eq!(windows.size(), vec![2 * 2 * 3, 16, 5]);
+    // The first window is the top-left 4×4 block, row-major.
+    assert!(windows.get(0).get(5).equal(&x.get(0).get(1).get(1)));
+    assert!(window_reverse(&windows, 4, 8, 12).equal(&x));
+}
+
+#[test]
+fn the_shifted_window_mask_lets_no_weight_cross_regions() {
+    // swin_fmnist: 14×14 tokens, windows of 7, the second block shifted by 3.
+    let cfg = preset("swin_fmnist").unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let VisionModel::Swin(model) = VisionModel::new(&vs.root(), &cfg) else { unreachable!() };
+    let images = Tensor::randn([2, 1, 28, 28], (Kind::Float, Device::Cpu));
+    let (_, weights) = model.features(&images, false, true);
+    let mask = shifted_window_mask(14, 14, 7, 3, Device::Cpu);
+    let blocked = mask.isinf(); // (4 windows, 49, 49)
+    assert!(blocked.any().int64_value(&[]) == 1, "the shift must separate some regions");
+    // Block 1 is shifted: every blocked pair has exactly zero weight, every allowed pair some.
+    let shifted = &weights[1]; // (2 images · 4 windows, heads, 49, 49)
+    let blocked = blocked.repeat([2, 1, 1]).unsqueeze(1).expand_as(shifted);
+    assert_eq!(shifted.masked_select(&blocked).abs().max().double_value(&[]), 0.0);
+    assert!(shifted.masked_select(&blocked.logical_not()).min().double_value(&[]) > 0.0);
+    // Block 0 is not shifted: no pair is blocked.
+    assert!(weights[0].min().double_value(&[]) > 0.0);
+    // In the bottom-right window of the rolled grid (rows and columns 7..14), rolled rows 11.. came from the
+    // top of the image: token (4, 4) of that window (rolled (11, 11)) cannot see token (0, 0) (rolled (7, 7)),
+    // while tokens (0, 0) and (0, 1) are true neighbours.
+    let last = mask.get(3);
+    assert!(last.double_value(&[4 * 7 + 4, 0]).is_infinite());
+    assert_eq!(last.double_value(&[0, 1]), 0.0);
+}
+
+#[test]
+fn patch_merging_halves_resolution_and_doubles_width() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let merge = PatchMerging::new(vs.root() / "m", 6);
+    let x = Tensor::randn([2, 8 * 8, 6], (Kind::Float, Device::Cpu));
+    assert_eq!(merge.forward(&x, 8).size(), vec![2, 4 * 4, 12]);
+    // Each output token depends only on its own 2×2 block: changing token (0, 0) changes output token 0 only.
+    let y = x.copy();
+    let _ = y.get(0).get(0).fill_(3.0);
+    let diff = (merge.forward(&y, 8) - merge.forward(&x, 8)).abs().sum_dim_intlist(-1, false, Kind::Float);
+    assert!(diff.double_value(&[0, 0]) > 0.0);
+    assert_eq!(diff.get(0).narrow(0, 1, 15).max().double_value(&[]), 0.0);
+}
+
+#[test]
+fn channel_attention_weights_are_c_g_by_c_g_per_group_as_timm_computes_them() {
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let (d, heads) = (12, 3);
+    let mha = MultiHeadAttention::plain(vs.root() / "a", d, heads, &AttentionConfig::default(), 0.5);
+    let x = Tensor::randn([2, 5, d], (Kind::Float, Device::Cpu));
+    let out = mha.channel_attend(&x, true);
+    let w = out.weights.unwrap();
+    assert_eq!(w.size(), vec![2, heads, 4, 4]);
+    let rows = w.sum_dim_intlist(-1, false, Kind::Float);
+    assert!(rows.allclose(&rows.ones_like(), 1e-6, 1e-6, false));
+    // timm's ChannelAttention on the same weights: softmax((k·s)ᵀ v) applied to qᵀ, then the projection.
+    let vars = vs.variables();
+    let qkv =
+        x.linear(&vars["a.qkv.weight"], Some(&vars["a.qkv.bias"])).view([2, 5, 3, heads, 4]).permute([2, 0, 3, 1, 4]);
+    let (q, k, v) = (qkv.get(0), qkv.get(1) * 0.5, qkv.get(2));
+    let attention = k.transpose(-1, -2).matmul(&v).softmax(-1, Kind::Float);
+    let y = attention.matmul(&q.transpose(-1, -2)).transpose(-1, -2).transpose(1, 2).reshape([2, 5, d]);
+    let expected = y.linear(&vars["a.out.weight"], Some(&vars["a.out.bias"]));
+    assert!(out.output.allclose(&expected, 1e-5, 1e-6, false));
+}
+
+#[test]
+fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
+    let cfg = VisionConfig {
+        arch: Arch::Vit,
+        image_size: 8,
+        patch_size: 8,
+        channels: 1,
+        dim: 16,
+        depths: vec![2],
+        heads: vec![2],
+        pool: Pool::Mean,
+        pe: PositionEncoding::Learned,
+        ..preset("vit_fmnist").unwrap()
+    };
+    cfg.validate().unwrap();
+    tch::manual_seed(1);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let VisionModel::Vit(model) = VisionModel::new(&vs.root(), &cfg) else { unreachable!() };
+    let images = Tensor::randn([4, 1, 8, 8], (Kind::Float, Device::Cpu));
+    let (_, weights) = model.features(&images, false, true);
+    // One token attends to itself with weight exactly 1 ...
+    for w in &weights {
+        assert_eq!(w.size(), vec![4, 2, 1, 1]);
+        assert!(w.eq(1.0).all().int64_value(&[]) == 1);
+    }
+    // ... so queries and keys play no part: the model is patch-linear -> (residual MLPs) -> head.
+    let before = model.forward(&images, false);
+    tch::no_grad(|| {
+        for (name, p) in vs.variables() {
+            if name.ends_with("attn.qkv.weight") {
+                let d = cfg.dim;
+                p.narrow(0, 0, 2 * d).copy_(&Tensor::randn([2 * d, d], (Kind::Float, Device::Cpu)));
+            }
+        }
+    });
+    assert!(model.forward(&images, false).allclose(&before, 1e-6, 1e-6, false));
+}
+
+#[test]
+fn impossible_vision_configs_name_the_key_and_the_values_that_work() {
+    let mut swin = preset("swin_fmnist").unwrap();
+    swin.window = 5; // 14×14 tokens: 5 does not tile
+    let e = swin.validate().unwrap_err();
+    assert_eq!(e.key, "vision.window");
+    assert!(e.message.contains("14×14") && e.message.contains("1, 2, 7, 14"), "{}", e.message);
+
+    let mut vit = preset("vit_fmnist").unwrap();
+    vit.patch_size = 5;
+    let e = vit.validate().unwrap_err();
+    assert_eq!(e.key, "vision.patch_size");
+    assert!(e.message.contains("1, 2, 4, 7, 14, 28"), "{}", e.message);
+
+    let mut heads = preset("davit_fmnist").unwrap();
+    heads.heads = vec![3, 4];
+    assert_eq!(heads.validate().unwrap_err().key, "vision.heads");
+}
+
+#[test]
+fn idx_and_cifar_files_read_back_what_was_written() {
+    let dir = std::env::temp_dir().join(format!("ablate-idx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Two 2×3 images and their labels, as IDX.
+    let mut images = vec![0u8, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3];
+    images.extend(0u8..12);
+    let labels = [0u8, 0, 8, 1, 0, 0, 0, 2, 7, 9];
+    std::fs::write(dir.join("x.idx"), &images).unwrap();
+    std::fs::write(dir.join("y.idx"), labels).unwrap();
+    let set = ablate::images::read_idx_pair(&dir.join("x.idx"), &dir.join("y.idx")).unwrap();
+    assert_eq!(set.images.size(), vec![2, 1, 2, 3]);
+    assert_eq!(set.images.int64_value(&[1, 0, 1, 2]), 11);
+    assert_eq!(Vec::<i64>::try_from(&set.labels).unwrap(), vec![7, 9]);
+    // A wrong count in the header is caught, with the file named.
+    images[7] = 5;
+    std::fs::write(dir.join("bad.idx"), &images).unwrap();
+    let e = ablate::images::read_idx(&dir.join("bad.idx")).unwrap_err().to_string();
+    assert!(e.contains("bad.idx") && e.contains("promises"), "{e}");
+    // CIFAR-10: label byte then 3×32×32 bytes per record.
+    let mut cifar = Vec::new();
+    for label in [3u8, 8] {
+        cifar.push(label);
+        cifar.extend((0..3072).map(|i| (i % 251) as u8));
+    }
+    std::fs::write(dir.join("c.bin"), &cifar).unwrap();
+    let c = ablate::images::read_cifar10(&dir.join("c.bin")).unwrap();
+    assert_eq!(c.images.size(), vec![2, 3, 32, 32]);
+    assert_eq!(Vec::<i64>::try_from(&c.labels).unwrap(), vec![3, 8]);
+    assert_eq!(c.images.int64_value(&[1, 1, 0, 0]), (1024 % 251) as i64); // first green byte
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn augmentation_crops_within_the_padding_and_flips_whole_images() {
+    tch::manual_seed(0);
+    let x = Tensor::arange(2 * 16, (Kind::Float, Device::Cpu)).view([2, 1, 4, 4]) + 1.0;
+    assert!(ablate::images::augment(&x, 0, false).equal(&x));
+    let flipped = ablate::images::augment(&x, 0, true);
+    for i in 0..2 {
+        let (img, out) = (x.get(i), flipped.get(i));
+        assert!(out.equal(&img) || out.equal(&img.flip([2])));
+    }
+    // A crop of the zero-padded image keeps the size; every nonzero pixel is one of the original's.
+    let cropped = ablate::images::augment(&x, 1, false);
+    assert_eq!(cropped.size(), x.size());
+    let originals: std::collections::HashSet<i64> =
+        Vec::<f32>::try_from(x.view([-1])).unwrap().into_iter().map(|v| v as i64).collect();
+    for v in Vec::<f32>::try_from(cropped.view([-1])).unwrap() {
+        assert!(v == 0.0 || originals.contains(&(v as i64)));
+    }
+}
+
+#[test]
+fn fashion_mnist_is_fetched_and_read() {
+    let (train, test) = ablate::images::fashion_mnist().unwrap();
+    assert_eq!((train.len(), test.len()), (60_000, 10_000));
+    assert_eq!(train.images.size(), vec![60_000, 1, 28, 28]);
+    // Balanced classes: 6,000 training images per class.
+    let counts = train.labels.bincount::<Tensor>(None, 10);
+    assert!(counts.eq(6000).all().int64_value(&[]) == 1);
+}
