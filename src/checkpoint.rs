@@ -40,6 +40,19 @@ pub fn save(
     Ok(weights)
 }
 
+/// A vision run's weights and config (no vocabulary): `<dir>/<run>.safetensors` and `<dir>/<run>.json`.
+pub fn save_weights(dir: &Path, run_id: &str, config: &Config, vs: &nn::VarStore) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stem = file_stem(run_id);
+    let weights = dir.join(format!("{stem}.safetensors"));
+    let tmp = dir.join(format!("{stem}.tmp.safetensors"));
+    vs.save(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &weights)?;
+    let meta = serde_json::json!({ "run_id": run_id, "config": config });
+    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&meta)?)?;
+    Ok(weights)
+}
+
 /// Loads a checkpoint given its `.safetensors` or `.json` path.
 pub fn load(path: &Path, device: Device) -> Result<(Config, CharTokenizer, nn::VarStore, Gpt)> {
     let weights = path.with_extension("safetensors");

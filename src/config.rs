@@ -12,6 +12,10 @@ pub struct Config {
     pub data: DataConfig,
     #[serde(default)]
     pub train: TrainConfig,
+    /// An image classifier (ViT, Swin, DaViT) instead of the language model `model` describes; absent for
+    /// language-model runs (and then absent from their CSV columns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<crate::vision::VisionConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -269,6 +273,42 @@ pub struct DataConfig {
     pub max_chars: Option<usize>,
     /// The last fraction of the text is held out for evaluation.
     pub val_fraction: f64,
+    /// Images for a `vision` run (absent for text runs, and then absent from their CSV columns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageDataConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageDataset {
+    /// Fashion-MNIST (60,000 + 10,000 grey 28×28 images, 10 classes), from Debian's `dataset-fashion-mnist`.
+    FashionMnist,
+    /// Any IDX set in `path`: train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
+    /// t10k-labels-idx1-ubyte (each optionally .gz), e.g. MNIST.
+    Idx,
+    /// CIFAR-10's binary version in `path`: data_batch_1..5.bin and test_batch.bin.
+    Cifar10,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageDataConfig {
+    pub dataset: ImageDataset,
+    /// Directory of an `idx` or `cifar10` set.
+    pub path: Option<String>,
+    /// Train on this fraction of the training images (the first ones after a fixed shuffle): the
+    /// data-hunger ablation. Evaluation always uses the test split.
+    pub train_fraction: f64,
+    /// Augmentation: pad by this many pixels and crop back at a random offset (0: off).
+    pub crop_padding: i64,
+    /// Augmentation: mirror left-right with probability ½.
+    pub flip: bool,
+}
+
+impl Default for ImageDataConfig {
+    fn default() -> Self {
+        Self { dataset: ImageDataset::FashionMnist, path: None, train_fraction: 1.0, crop_padding: 0, flip: false }
+    }
 }
 
 impl Default for DataConfig {
@@ -282,6 +322,7 @@ impl Default for DataConfig {
             tokenizer: Tokenizer::Char,
             max_chars: None,
             val_fraction: 0.1,
+            images: None,
         }
     }
 }
@@ -389,6 +430,51 @@ fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
 }
 
 impl Config {
+    /// A vision run: the model itself, its data, and that they fit each other.
+    fn validate_vision(&self) -> Result<(), Invalid> {
+        let Some(v) = &self.vision else {
+            if self.data.images.is_some() {
+                return Err(invalid("data.images", "image data needs a `vision` model section"));
+            }
+            return Ok(());
+        };
+        v.validate()?;
+        let images = self.data.images.clone().unwrap_or_default();
+        if !(images.train_fraction > 0.0 && images.train_fraction <= 1.0) {
+            return Err(invalid(
+                "data.images.train_fraction",
+                format!("must be in (0, 1], got {}", images.train_fraction),
+            ));
+        }
+        if images.crop_padding < 0 {
+            return Err(invalid(
+                "data.images.crop_padding",
+                format!("must be 0 (off) or more, got {}", images.crop_padding),
+            ));
+        }
+        if images.dataset != ImageDataset::FashionMnist && images.path.is_none() {
+            return Err(invalid("data.images.path", format!("{:?} needs the directory of its files", images.dataset)));
+        }
+        // The known sets' shapes; an `idx` set is checked against the model when loaded.
+        let shape = match images.dataset {
+            ImageDataset::FashionMnist => Some((1, 28, 10)),
+            ImageDataset::Cifar10 => Some((3, 32, 10)),
+            ImageDataset::Idx => None,
+        };
+        if let Some((channels, size, classes)) = shape {
+            for (key, want, got) in [
+                ("vision.channels", channels, v.channels),
+                ("vision.image_size", size, v.image_size),
+                ("vision.classes", classes, v.classes),
+            ] {
+                if want != got {
+                    return Err(invalid(key, format!("{:?} images need {want}, got {got}", images.dataset)));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The longest window a run reads: the block, or its longest length-generalisation evaluation.
     pub fn longest_window(&self) -> i64 {
         self.model.block_size * self.train.eval_lengths.iter().copied().max().unwrap_or(1)
@@ -396,6 +482,7 @@ impl Config {
 
     /// Every impossible combination, caught before anything trains.
     pub fn validate(&self) -> Result<(), Invalid> {
+        self.validate_vision()?;
         let m = &self.model;
         let positive = [
             ("model.d_model", m.d_model),
@@ -583,8 +670,12 @@ mod tests {
 
     #[test]
     fn heads_must_divide_d_model_and_the_error_lists_the_allowed_values() {
-        let mut c =
-            Config { model: ModelConfig::default(), data: DataConfig::default(), train: TrainConfig::default() };
+        let mut c = Config {
+            model: ModelConfig::default(),
+            data: DataConfig::default(),
+            train: TrainConfig::default(),
+            vision: None,
+        };
         c.model.d_model = 12;
         c.model.heads = 5;
         let e = c.validate().unwrap_err();

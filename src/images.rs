@@ -166,3 +166,104 @@ pub fn augment(images: &Tensor, pad: i64, flip: bool) -> Tensor {
     }
     out
 }
+
+/// A classification task over an image set: the (fraction of the) training images to draw batches from,
+/// and the test images to evaluate on.
+pub struct ImageTask {
+    pub train: ImageSet,
+    pub test: ImageSet,
+    /// Training images in use (`train_fraction` of them, a fixed shuffle's first ones).
+    pub train_count: i64,
+    pub crop_padding: i64,
+    pub flip: bool,
+    pub channels: i64,
+    pub size: i64,
+    pub classes: i64,
+}
+
+impl ImageTask {
+    pub fn load(cfg: &crate::config::ImageDataConfig) -> Result<Self> {
+        use crate::config::ImageDataset;
+        let dir = || PathBuf::from(cfg.path.clone().unwrap_or_default());
+        let (train, test) = match cfg.dataset {
+            ImageDataset::FashionMnist => fashion_mnist()?,
+            ImageDataset::Idx => {
+                let find = |stem: &str| -> Result<PathBuf> {
+                    [dir().join(stem), dir().join(format!("{stem}.gz"))]
+                        .into_iter()
+                        .find(|p| p.exists())
+                        .with_context(|| format!("data.images.path: no {stem}(.gz) in {}", dir().display()))
+                };
+                (
+                    read_idx_pair(&find("train-images-idx3-ubyte")?, &find("train-labels-idx1-ubyte")?)?,
+                    read_idx_pair(&find("t10k-images-idx3-ubyte")?, &find("t10k-labels-idx1-ubyte")?)?,
+                )
+            }
+            ImageDataset::Cifar10 => {
+                let batches: Vec<ImageSet> =
+                    (1..=5).map(|i| read_cifar10(&dir().join(format!("data_batch_{i}.bin")))).collect::<Result<_>>()?;
+                let train = ImageSet {
+                    images: Tensor::cat(&batches.iter().map(|b| b.images.shallow_clone()).collect::<Vec<_>>(), 0),
+                    labels: Tensor::cat(&batches.iter().map(|b| b.labels.shallow_clone()).collect::<Vec<_>>(), 0),
+                };
+                (train, read_cifar10(&dir().join("test_batch.bin"))?)
+            }
+        };
+        // A fixed shuffle (independent of the run's seed: every run re-seeds before it starts), so every run
+        // with the same fraction sees the same training images.
+        tch::manual_seed(0x5eed);
+        let order = Tensor::randperm(train.len(), (Kind::Int64, tch::Device::Cpu));
+        let train =
+            ImageSet { images: train.images.index_select(0, &order), labels: train.labels.index_select(0, &order) };
+        let train_count = ((train.len() as f64 * cfg.train_fraction).round() as i64).max(1);
+        let (_, channels, size, _) = train.images.size4()?;
+        let classes = train.labels.max().int64_value(&[]).max(test.labels.max().int64_value(&[])) + 1;
+        Ok(Self { train, test, train_count, crop_padding: cfg.crop_padding, flip: cfg.flip, channels, size, classes })
+    }
+
+    /// Bytes to the model's input range: [0, 255] -> [−1, 1].
+    fn to_input(images: &Tensor, device: tch::Device) -> Tensor {
+        (images.to_kind(Kind::Float) / 127.5 - 1.0).to(device)
+    }
+
+    /// A random training batch (augmented as configured), drawn with libtorch's generator.
+    pub fn train_batch(&self, batch: i64, device: tch::Device) -> (Tensor, Tensor) {
+        let idx = Tensor::randint(self.train_count, [batch], (Kind::Int64, tch::Device::Cpu));
+        let x = Self::to_input(&self.train.images.index_select(0, &idx), tch::Device::Cpu);
+        let x = augment(&x, self.crop_padding, self.flip);
+        (x.to(device), self.train.labels.index_select(0, &idx).to(device))
+    }
+
+    /// The first `count` test images in batches of `batch`.
+    pub fn test_batches(&self, count: i64, batch: i64, device: tch::Device) -> Vec<(Tensor, Tensor)> {
+        let count = count.min(self.test.len());
+        (0..count)
+            .step_by(batch as usize)
+            .map(|start| {
+                let n = batch.min(count - start);
+                (
+                    Self::to_input(&self.test.images.narrow(0, start, n), device),
+                    self.test.labels.narrow(0, start, n).to(device),
+                )
+            })
+            .collect()
+    }
+
+    /// Refuses a model whose input does not fit these images.
+    pub fn check_model(&self, v: &crate::vision::VisionConfig) -> Result<()> {
+        if (v.channels, v.image_size) != (self.channels, self.size) || v.classes < self.classes {
+            bail!(
+                "the images are {}×{}×{} in {} classes, the model expects {}×{}×{} in {} (set vision.channels, vision.image_size, vision.classes)",
+                self.channels,
+                self.size,
+                self.size,
+                self.classes,
+                v.channels,
+                v.image_size,
+                v.image_size,
+                v.classes
+            );
+        }
+        Ok(())
+    }
+}

@@ -186,6 +186,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Like any Unix tool, end quietly when the reader of stdout goes away (`ablate check … | head`),
+    // instead of panicking on the failed write.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if let Some(threads) = cli.run.threads {
         if threads == 0 {

@@ -45,6 +45,8 @@ struct RecipeFile {
     data: DataConfig,
     #[serde(default)]
     train: TrainConfig,
+    /// An image classifier instead of a language model.
+    vision: Option<crate::vision::VisionConfig>,
     /// Dotted config key -> list of values; several keys form a grid.
     #[serde(default)]
     sweep: Mapping,
@@ -123,7 +125,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
-    let base = Config { model: parsed.model, data: parsed.data, train: parsed.train };
+    let base = Config { model: parsed.model, data: parsed.data, train: parsed.train, vision: parsed.vision };
     let seeds = match parsed.seeds {
         Some(s) if s.is_empty() => {
             return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))

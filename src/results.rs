@@ -210,8 +210,10 @@ impl ResultsDir {
             ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
         append_rows(&self.curves_csv(), &curve_header, &curve_rows)?;
         append_rows(&self.runs_csv(), &run_header(spec), &[run_row(spec, outcome)])?;
-        let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
-        writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;
+        if !outcome.sample.is_empty() {
+            let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
+            writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;
+        }
         Ok(())
     }
 }

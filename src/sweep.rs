@@ -8,11 +8,13 @@ use tch::Device;
 
 use crate::checkpoint::file_stem;
 use crate::data::Dataset;
+use crate::images::ImageTask;
 use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
 use crate::recipe::Recipe;
 use crate::results::{read_curves, read_runs, ResultsDir};
 use crate::scale::Shard;
 use crate::train::{train_resumable, StateFile};
+use crate::vision::classify::train_classifier;
 
 pub struct SweepOptions<'a> {
     pub out: &'a Path,
@@ -27,14 +29,22 @@ pub struct SweepOptions<'a> {
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Everything that can fail on input fails here, before the first step: data, block sizes, output dir.
     let mut datasets: HashMap<String, Dataset> = HashMap::new();
+    let mut image_sets: HashMap<String, ImageTask> = HashMap::new();
     for run in &recipe.runs {
         let key = serde_yaml::to_string(&run.config.data)?;
+        let located = || format!("{}: run `{}`", recipe.file, run.id);
+        if let Some(vision) = &run.config.vision {
+            if !image_sets.contains_key(&key) {
+                let images = run.config.data.images.clone().unwrap_or_default();
+                image_sets.insert(key.clone(), ImageTask::load(&images).with_context(located)?);
+            }
+            image_sets[&key].check_model(vision).with_context(located)?;
+            continue;
+        }
         if !datasets.contains_key(&key) {
             datasets.insert(key.clone(), Dataset::load(&run.config.data)?);
         }
-        datasets[&key]
-            .check_block_size(run.config.longest_window())
-            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+        datasets[&key].check_block_size(run.config.longest_window()).with_context(located)?;
     }
     let results = ResultsDir::create(&match opts.shard {
         Some(shard) => shard.dir(opts.out),
@@ -76,7 +86,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             .progress_chars("=> "),
     );
     for (k, run) in todo.iter().enumerate() {
-        let data = &datasets[&serde_yaml::to_string(&run.config.data)?];
+        let data_key = serde_yaml::to_string(&run.config.data)?;
         bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, mine.len(), run.id));
         let steps = run.config.train.steps;
         let before = bar.position();
@@ -90,18 +100,29 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             path: results.dir.join("checkpoints").join(format!("{}.state.safetensors", file_stem(&run.id))),
             config_hash: run.config_hash.clone(),
         };
-        let trained = train_resumable(&run.config, data, opts.device, &mut progress, Some(&state))
-            .with_context(|| format!("run `{}`", run.id))?;
-        if run.config.train.checkpoint {
-            crate::checkpoint::save(
-                &results.dir.join("checkpoints"),
-                &run.id,
-                &run.config,
-                data.tokenizer(),
-                &trained.vs,
-            )?;
-        }
-        let outcome = trained.outcome;
+        let outcome = if run.config.vision.is_some() {
+            let trained =
+                train_classifier(&run.config, &image_sets[&data_key], opts.device, &mut progress, Some(&state))
+                    .with_context(|| format!("run `{}`", run.id))?;
+            if run.config.train.checkpoint {
+                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
+            }
+            trained.outcome
+        } else {
+            let data = &datasets[&data_key];
+            let trained = train_resumable(&run.config, data, opts.device, &mut progress, Some(&state))
+                .with_context(|| format!("run `{}`", run.id))?;
+            if run.config.train.checkpoint {
+                crate::checkpoint::save(
+                    &results.dir.join("checkpoints"),
+                    &run.id,
+                    &run.config,
+                    data.tokenizer(),
+                    &trained.vs,
+                )?;
+            }
+            trained.outcome
+        };
         results.append(run, &outcome)?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.

@@ -96,9 +96,20 @@ pub fn train_step(
     scaler: &mut LossScaler,
 ) -> (f64, StepReport) {
     let (_, loss) = model.loss(x, y, true);
+    backward_and_step(&loss, opt, lr, clip, scaler)
+}
+
+/// Backward from `loss` (times the loss scale) and one optimiser step; returns the loss and the report.
+pub fn backward_and_step(
+    loss: &Tensor,
+    opt: &mut AdamW,
+    lr: f64,
+    clip: Option<f64>,
+    scaler: &mut LossScaler,
+) -> (f64, StepReport) {
     opt.zero_grad();
     if scaler.enabled {
-        (&loss * scaler.scale).backward();
+        (loss * scaler.scale).backward();
     } else {
         loss.backward();
     }
@@ -193,48 +204,49 @@ pub fn train(cfg: &Config, data: &Dataset, device: Device, progress: Progress) -
     train_resumable(cfg, data, device, progress, None)
 }
 
-/// Trains one run; with `state`, saves the training state every `train.checkpoint_every` steps and starts
-/// from the saved state when one exists for this config.
-pub fn train_resumable(
-    cfg: &Config,
-    data: &Dataset,
+/// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, and an
+/// evaluation on held-out data (with any extra curves, such as attention probes).
+pub trait Objective {
+    /// The loss of one training batch, drawn with libtorch's generator (seeded per step by the loop).
+    fn training_loss(&self) -> Tensor;
+    /// Held-out evaluation at `step`; may push extra curve points.
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation;
+}
+
+/// What the optimisation loop did.
+pub struct Optimised {
+    pub params: i64,
+    pub last_loss: f64,
+    pub final_eval: Evaluation,
+    pub diverged_at: Option<i64>,
+    /// Seconds spent in optimisation steps (evaluation excluded), and the steps taken.
+    pub train_time: f64,
+    pub steps_done: i64,
+    pub resumed_from: i64,
+    pub curves: Vec<CurvePoint>,
+}
+
+/// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
+/// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
+/// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
+pub fn optimise(
+    t: &crate::config::TrainConfig,
+    objective: &dyn Objective,
+    vs: &mut nn::VarStore,
     device: Device,
     progress: Progress,
     state: Option<&StateFile>,
-) -> Result<TrainedRun> {
-    let t = &cfg.train;
-    let block = cfg.model.block_size;
-    data.check_block_size(cfg.longest_window())?;
-    tch::manual_seed(t.seed as i64);
-    let (mut vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
+) -> Result<Optimised> {
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
-    let val = data.val_batches(t.eval_batches, t.batch_size, block, device);
     let _autocast = precision::autocast(t.precision, device);
-    let started = Instant::now();
     let mut curves = Vec::new();
     let mut train_time = 0.0;
     let mut last_loss = f64::NAN;
     let mut scaler = LossScaler::for_precision(t.precision);
     let mut first_step = 0;
     let resumed = match state {
-        Some(s) => s.load(&mut vs, &mut opt)?,
+        Some(s) => s.load(vs, &mut opt)?,
         None => None,
-    };
-    let record_eval = |step: i64, curves: &mut Vec<CurvePoint>| {
-        let e = evaluate(&model, &val);
-        curves.push(CurvePoint::new(step, "val", "loss", e.loss));
-        curves.push(CurvePoint::new(step, "val", "accuracy", e.accuracy));
-        if t.probe_attention {
-            let _guard = tch::no_grad_guard();
-            let (_, weights) = model.forward_with_weights(&val[0].0, false, true);
-            let stats: Vec<(f64, f64)> = weights.iter().map(|w| weight_statistics(&w.to_kind(Kind::Float))).collect();
-            let n = stats.len() as f64;
-            let entropy = stats.iter().map(|s| s.0).sum::<f64>() / n;
-            let max_weight = stats.iter().map(|s| s.1).sum::<f64>() / n;
-            curves.push(CurvePoint::new(step, "val", "attn_entropy", entropy));
-            curves.push(CurvePoint::new(step, "val", "attn_max_weight", max_weight));
-        }
-        e
     };
     match resumed {
         Some(p) => {
@@ -246,7 +258,7 @@ pub fn train_resumable(
             progress(first_step, last_loss);
         }
         None => {
-            record_eval(0, &mut curves);
+            objective.evaluate(0, &mut curves);
         }
     }
     let mut diverged_at = None;
@@ -254,8 +266,8 @@ pub fn train_resumable(
         let tick = Instant::now();
         tch::manual_seed(step_seed(t.seed, step));
         let lr = warmup_cosine(step, t.warmup_steps, t.steps, t.lr, t.min_lr);
-        let (x, y) = data.train_batch(t.batch_size, block, device);
-        let (loss, report) = train_step(&model, &mut opt, &x, &y, lr, t.grad_clip, &mut scaler);
+        let loss = objective.training_loss();
+        let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
         last_loss = loss;
         train_time += tick.elapsed().as_secs_f64();
         let done = step + 1;
@@ -275,7 +287,7 @@ pub fn train_resumable(
             }
         }
         if done % t.eval_interval == 0 && done != t.steps {
-            record_eval(done, &mut curves);
+            objective.evaluate(done, &mut curves);
         }
         if let (Some(s), Some(every)) = (state, t.checkpoint_every) {
             // Every k steps and at the end: the final state lets a run be continued or inspected later.
@@ -289,15 +301,89 @@ pub fn train_resumable(
                     scaler: scaler.clone(),
                     curves: curves.clone(),
                 };
-                s.save(&vs, &opt, &progressed)?;
+                s.save(vs, &opt, &progressed)?;
             }
         }
         progress(done, last_loss);
     }
     let final_eval = match diverged_at {
-        None => record_eval(t.steps, &mut curves),
+        None => objective.evaluate(t.steps, &mut curves),
         Some(_) => Evaluation { loss: f64::NAN, accuracy: f64::NAN },
     };
+    Ok(Optimised {
+        params: opt.num_params(),
+        last_loss,
+        final_eval,
+        diverged_at,
+        train_time,
+        steps_done: diverged_at.unwrap_or(t.steps),
+        resumed_from: first_step,
+        curves,
+    })
+}
+
+/// Next-token prediction with a GPT: batches from the corpus (or the copy task), evaluation on fixed
+/// held-out batches, attention probes when asked.
+struct LanguageModelling<'a> {
+    model: &'a Gpt,
+    data: &'a Dataset,
+    val: Vec<(Tensor, Tensor)>,
+    batch: i64,
+    block: i64,
+    device: Device,
+    probe_attention: bool,
+}
+
+impl Objective for LanguageModelling<'_> {
+    fn training_loss(&self) -> Tensor {
+        let (x, y) = self.data.train_batch(self.batch, self.block, self.device);
+        self.model.loss(&x, &y, true).1
+    }
+
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
+        let e = evaluate(self.model, &self.val);
+        curves.push(CurvePoint::new(step, "val", "loss", e.loss));
+        curves.push(CurvePoint::new(step, "val", "accuracy", e.accuracy));
+        if self.probe_attention {
+            let _guard = tch::no_grad_guard();
+            let (_, weights) = self.model.forward_with_weights(&self.val[0].0, false, true);
+            let stats: Vec<(f64, f64)> = weights.iter().map(|w| weight_statistics(&w.to_kind(Kind::Float))).collect();
+            let n = stats.len() as f64;
+            let entropy = stats.iter().map(|s| s.0).sum::<f64>() / n;
+            let max_weight = stats.iter().map(|s| s.1).sum::<f64>() / n;
+            curves.push(CurvePoint::new(step, "val", "attn_entropy", entropy));
+            curves.push(CurvePoint::new(step, "val", "attn_max_weight", max_weight));
+        }
+        e
+    }
+}
+
+/// Trains one run; with `state`, saves the training state every `train.checkpoint_every` steps and starts
+/// from the saved state when one exists for this config.
+pub fn train_resumable(
+    cfg: &Config,
+    data: &Dataset,
+    device: Device,
+    progress: Progress,
+    state: Option<&StateFile>,
+) -> Result<TrainedRun> {
+    let t = &cfg.train;
+    let block = cfg.model.block_size;
+    data.check_block_size(cfg.longest_window())?;
+    tch::manual_seed(t.seed as i64);
+    let started = Instant::now();
+    let (mut vs, model) = build_model(cfg, data.tokenizer().vocab_size(), device);
+    let objective = LanguageModelling {
+        model: &model,
+        data,
+        val: data.val_batches(t.eval_batches, t.batch_size, block, device),
+        batch: t.batch_size,
+        block,
+        device,
+        probe_attention: t.probe_attention,
+    };
+    let run = optimise(t, &objective, &mut vs, device, progress, state)?;
+    let _autocast = precision::autocast(t.precision, device);
     // Length generalisation: the same number of held-out tokens, in windows k times longer.
     let length_evals = t
         .eval_lengths
@@ -310,33 +396,31 @@ pub fn train_resumable(
             (k, e)
         })
         .collect();
-    let steps_done = diverged_at.unwrap_or(t.steps);
-    let tokens_per_s = (steps_done * t.batch_size * block) as f64 / train_time.max(1e-9);
-    let params = opt.num_params();
-    let model_flops = tokens_per_s * precision::train_flops_per_token(cfg, params, data.tokenizer().vocab_size());
+    let tokens_per_s = (run.steps_done * t.batch_size * block) as f64 / run.train_time.max(1e-9);
+    let model_flops = tokens_per_s * precision::train_flops_per_token(cfg, run.params, data.tokenizer().vocab_size());
     tch::manual_seed(t.seed as i64);
     let (prompt, new_tokens) = data.sample_prompt();
     let decoding = match data {
         Dataset::Text(_) => Decoding::Sample { temperature: 0.8, top_k: Some(10) },
         Dataset::Copy(_) => Decoding::Greedy,
     };
-    let sample = match diverged_at {
+    let sample = match run.diverged_at {
         None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding)),
         Some(step) => format!("(no sample: training diverged at step {step})"),
     };
     drop(_autocast);
     let outcome = RunOutcome {
-        params,
-        final_train_loss: last_loss,
-        final_eval,
+        params: run.params,
+        final_train_loss: run.last_loss,
+        final_eval: run.final_eval,
         length_evals,
-        diverged_at,
+        diverged_at: run.diverged_at,
         wall_s: started.elapsed().as_secs_f64(),
         tokens_per_s,
         model_flops,
         mfu: model_flops / precision::matmul_peak(device, t.precision),
-        resumed_from: first_step,
-        curves,
+        resumed_from: run.resumed_from,
+        curves: run.curves,
         sample,
     };
     Ok(TrainedRun { outcome, model, vs })

@@ -115,6 +115,7 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
             eval_batches: 2,
             ..Default::default()
         },
+        vision: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let accuracy = run.outcome.final_eval.accuracy;
@@ -206,6 +207,7 @@ fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
         model: ModelConfig { d_model: 32, layers: 2, heads: 4, block_size: 24, ..Default::default() },
         data: DataConfig::default(),
         train: TrainConfig::default(),
+        vision: None,
     };
     let tokenizer = ablate::data::CharTokenizer::fit("abcdefghijk");
     let dir = std::env::temp_dir().join(format!("ablate-ckpt-{}", std::process::id()));
@@ -256,6 +258,7 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
             eval_batches: 4,
             ..Default::default()
         },
+        vision: None,
     };
     cfg.validate().unwrap();
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
@@ -280,6 +283,7 @@ fn length_generalisation_is_scored_where_the_encoding_allows_it() {
                 eval_lengths: vec![2, 4],
                 ..Default::default()
             },
+            vision: None,
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         let evals = &run.outcome.length_evals;
@@ -327,6 +331,7 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
             eval_batches: 2,
             ..Default::default()
         },
+        vision: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let step = run.outcome.diverged_at.expect("this configuration diverges");

@@ -1,4 +1,4 @@
-//! DaViT (Ding et al. 2022): each layer pairs a *spatial* block (window attention over tokens) with a
+//! DaViT (Ding et al. 2022): each stage alternates a *spatial* block (window attention over tokens) with a
 //! *channel* block (group attention over channels, where every token takes part in C_g × C_g weights, so
 //! each output channel sees the whole image), both pre-LN with an FFN, each preceded by a convolutional
 //! position encoding (a depthwise 3×3 convolution added to the tokens) instead of a position table.
@@ -118,17 +118,9 @@ impl Davit {
                     ),
                 });
                 let blocks = (0..cfg.depths[i])
-                    .flat_map(|j| cfg.attention_types.iter().enumerate().map(move |(k, kind)| (j, k, *kind)))
-                    .map(|(j, k, kind)| {
-                        Block::new(
-                            &stage / "blocks" / j / k,
-                            kind,
-                            dim,
-                            cfg.heads[i],
-                            grid,
-                            window,
-                            cfg.ffn_hidden(dim),
-                        )
+                    .map(|j| {
+                        let kind = cfg.attention_types[j as usize % cfg.attention_types.len()];
+                        Block::new(&stage / "blocks" / j, kind, dim, cfg.heads[i], grid, window, cfg.ffn_hidden(dim))
                     })
                     .collect();
                 (down, blocks)

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Invalid, PositionEncoding};
 
+pub mod classify;
 pub mod davit;
 pub mod swin;
 pub mod vit;
@@ -54,7 +55,8 @@ pub struct VisionConfig {
     pub patch_size: i64,
     /// Token width of the first stage.
     pub dim: i64,
-    /// Blocks per stage (DaViT: spatial + channel pairs per stage).
+    /// Blocks per stage (DaViT: block j of a stage is of kind `attention_types[j mod len]`, so DaViT-T's
+    /// "1, 1, 3, 1" spatial + channel pairs are depths 2, 2, 6, 2).
     pub depths: Vec<i64>,
     /// Attention heads per stage.
     pub heads: Vec<i64>,
@@ -66,7 +68,7 @@ pub struct VisionConfig {
     pub pool: Pool,
     /// ViT: position encoding of the patch sequence (any of the attention core's; `learned` as in the paper).
     pub pe: PositionEncoding,
-    /// DaViT: the block kinds of each layer, in order.
+    /// DaViT: the block kinds, cycled through each stage's blocks.
     pub attention_types: Vec<BlockKind>,
     /// FFN hidden size as a multiple of the token width.
     pub mlp_ratio: f64,
@@ -122,12 +124,12 @@ pub fn preset(name: &str) -> Option<VisionConfig> {
         "vit_small_patch16_224" => imagenet(Arch::Vit, 16, 384, &[12], &[6]),
         "vit_base_patch16_224" => imagenet(Arch::Vit, 16, 768, &[12], &[12]),
         "swin_tiny_patch4_window7_224" => imagenet(Arch::Swin, 4, 96, &[2, 2, 6, 2], &[3, 6, 12, 24]),
-        "davit_tiny" => imagenet(Arch::Davit, 4, 96, &[1, 1, 3, 1], &[3, 6, 12, 24]),
+        "davit_tiny" => imagenet(Arch::Davit, 4, 96, &[2, 2, 6, 2], &[3, 6, 12, 24]),
         // 28×28 → 7×7 patches of 4×4: 49 tokens.
         "vit_fmnist" => small(Arch::Vit, 4, 64, &[4], &[4], 7),
         // 28×28 → 14×14 tokens of 2×2, windows of 7, merged once to 7×7.
         "swin_fmnist" => small(Arch::Swin, 2, 32, &[2, 2], &[2, 4], 7),
-        "davit_fmnist" => small(Arch::Davit, 2, 32, &[1, 1], &[2, 4], 7),
+        "davit_fmnist" => small(Arch::Davit, 2, 32, &[2, 2], &[2, 4], 7),
         _ => return None,
     })
 }
@@ -288,14 +290,13 @@ impl VisionConfig {
                     if i > 0 {
                         macs += f(n) * f(4 * (d / 2) * d);
                     }
-                    for kind in &self.attention_types {
+                    for j in 0..self.depths[i] as usize {
                         let cpe = 2.0 * f(n) * f(9 * d);
-                        macs += f(self.depths[i])
-                            * match kind {
-                                BlockKind::Spatial => cpe + block(n, d, w * w),
-                                // Channel attention: C_g × C_g weights per head over N tokens, twice (kᵀv, then ·qᵀ).
-                                BlockKind::Channel => cpe + block(n, d, d / self.heads[i]),
-                            };
+                        macs += match self.attention_types[j % self.attention_types.len()] {
+                            BlockKind::Spatial => cpe + block(n, d, w * w),
+                            // Channel attention: C_g × C_g weights per head over N tokens, twice (kᵀv, then ·qᵀ).
+                            BlockKind::Channel => cpe + block(n, d, d / self.heads[i]),
+                        };
                     }
                 }
                 macs += f(self.stage_dim(self.stages() - 1) * self.classes);
