@@ -136,12 +136,15 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                     0 => String::new(),
                     k => format!(", resumed from step {k}"),
                 };
+                let e = &outcome.final_eval;
+                // Perplexity means something for a language model only.
+                let metrics = match run.config.vision {
+                    Some(_) => format!("test loss {:.4}, accuracy {:.4}", e.loss, e.accuracy),
+                    None => format!("val loss {:.4} (ppl {:.2}, acc {:.3})", e.loss, e.loss.exp(), e.accuracy),
+                };
                 format!(
-                    "  {}: val loss {:.4} (ppl {:.2}, acc {:.3}), {:.0} tokens/s, MFU {:.1}%, {:.1}s{resumed}",
+                    "  {}: {metrics}, {:.0} tokens/s, MFU {:.1}%, {:.1}s{resumed}",
                     run.id,
-                    outcome.final_eval.loss,
-                    outcome.final_eval.loss.exp(),
-                    outcome.final_eval.accuracy,
                     outcome.tokens_per_s,
                     outcome.mfu * 100.0,
                     outcome.wall_s

@@ -57,6 +57,18 @@ const CASES: &[(&str, usize, &str)] = &[
     ("model: {\"hea\\nds\": 4}\n", 1, "unknown field `hea\\nds`"),
     // Also found by cargo fuzz: YAML ends a line at a lone carriage return, and so do the line numbers.
     ("train:\r  lr: fast\r", 2, "train.lr"),
+    // Vision: a Swin token grid the window does not tile, a patch that does not divide the image, image data
+    // without a model, a model that does not fit the images.
+    (
+        "vision:\n  arch: swin\n  patch_size: 2\n  dim: 32\n  depths: [2, 2]\n  heads: [2, 4]\n  window: 5\n",
+        7,
+        "windows that do: 1, 2, 7, 14",
+    ),
+    ("vision:\n  patch_size: 5\n", 2, "vision.patch_size: 5 does not divide image_size 28"),
+    ("data:\n  images:\n    dataset: fashion_mnist\n", 2, "needs a `vision` model section"),
+    ("vision:\n  channels: 3\n", 2, "vision.channels: FashionMnist images need 1"),
+    ("vision:\n  arch: vit\n  depths: [2, 2]\n  heads: [2, 2]\n", 3, "a ViT has one stage"),
+    ("data:\n  images:\n    train_fraction: 0\nvision:\n  arch: vit\n", 3, "must be in (0, 1]"),
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),
