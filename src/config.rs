@@ -425,6 +425,28 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// The divisors of `n` in increasing order, found up to √n (the error messages list them; a naive scan of
+/// an absurd value would hang the loader, as cargo fuzz found).
+pub fn divisors(n: i64) -> Vec<i64> {
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
+/// Largest accepted model width: far beyond anything trainable here, small enough that every check on it
+/// is instant.
+pub const MAX_D_MODEL: i64 = 1 << 20;
+
 fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
     Invalid { key, message: message.into() }
 }
@@ -501,8 +523,11 @@ impl Config {
                 return Err(invalid(key, format!("must be at least 1, got {value}")));
             }
         }
+        if m.d_model > MAX_D_MODEL {
+            return Err(invalid("model.d_model", format!("must be at most {MAX_D_MODEL}, got {}", m.d_model)));
+        }
         if m.d_model % m.heads != 0 {
-            let divisors: Vec<String> = (1..=m.d_model).filter(|h| m.d_model % h == 0).map(|h| h.to_string()).collect();
+            let divisors: Vec<String> = divisors(m.d_model).iter().map(|h| h.to_string()).collect();
             return Err(invalid(
                 "model.heads",
                 format!(

@@ -169,6 +169,17 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         smoke_overrides.push((key, v.clone()));
     }
 
+    // A typo such as a long list under several keys can multiply into more runs than any sweep means to
+    // have (and than memory holds); refuse before expanding.
+    let count = axes.iter().try_fold(seeds.len() as u128, |n, a| n.checked_mul(a.1.len() as u128)).unwrap_or(u128::MAX);
+    if count > MAX_RUNS {
+        return Err(err(
+            lines.line("sweep"),
+            format!(
+                "sweep: the grid times the seeds is {count} runs; at most {MAX_RUNS} (split the recipe, or shard it)"
+            ),
+        ));
+    }
     let mut runs = Vec::new();
     for point in grid(&axes) {
         for &seed in &seeds {
@@ -236,6 +247,9 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
 }
 
 /// The cartesian product of the axes' value indices, first axis slowest.
+/// The most runs one recipe may expand to.
+const MAX_RUNS: u128 = 100_000;
+
 fn grid(axes: &[(String, Vec<Value>)]) -> Vec<Vec<usize>> {
     let mut points = vec![Vec::new()];
     for (_, values) in axes {

@@ -69,6 +69,10 @@ const CASES: &[(&str, usize, &str)] = &[
     ("vision:\n  channels: 3\n", 2, "vision.channels: FashionMnist images need 1"),
     ("vision:\n  arch: vit\n  depths: [2, 2]\n  heads: [2, 2]\n", 3, "a ViT has one stage"),
     ("data:\n  images:\n    train_fraction: 0\nvision:\n  arch: vit\n", 3, "must be in (0, 1]"),
+    // Found by cargo fuzz: listing the divisors of an absurd width used to take forever.
+    ("model:\n  d_model: 1999999999999999\n", 2, "model.d_model: must be at most 1048576"),
+    ("vision:\n  image_size: 999999999999\n", 2, "vision.image_size: must be at most 65536"),
+    ("sweep:\n  train.seed: [0,1,2,3,4,5,6,7,8,9]\n  train.lr: [1,2,3,4,5,6,7,8,9,10]\n  model.layers: [1,2,3,4,5,6,7,8,9,10]\n  train.steps: [1,2,3,4,5,6,7,8,9,10]\n  train.batch_size: [1,2,3,4,5,6,7,8,9,10]\n  train.warmup_steps: [1,2,3,4,5,6,7,8,9,10]\n", 1, "1000000 runs; at most 100000"),
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),

@@ -4,7 +4,7 @@
 //! machine's 28×28 grey images.
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Invalid, PositionEncoding};
+use crate::config::{divisors, Invalid, PositionEncoding};
 
 pub mod classify;
 pub mod davit;
@@ -184,6 +184,14 @@ impl VisionConfig {
                 return Err(invalid(key, format!("must be at least 1, got {v}")));
             }
         }
+        for (key, v, max) in [("vision.image_size", self.image_size, 1 << 16), ("vision.dim", self.dim, 1 << 16)] {
+            if v > max {
+                return Err(invalid(key, format!("must be at most {max}, got {v}")));
+            }
+        }
+        if self.depths.len() > 16 {
+            return Err(invalid("vision.depths", format!("at most 16 stages, got {}", self.depths.len())));
+        }
         if self.depths.is_empty() || self.depths.iter().any(|&d| d < 1) {
             return Err(invalid("vision.depths", format!("one positive block count per stage, got {:?}", self.depths)));
         }
@@ -201,8 +209,7 @@ impl VisionConfig {
             return Err(invalid("vision.depths", "a ViT has one stage: give one depth, e.g. [12]"));
         }
         if self.arch != Arch::Davit && self.image_size % self.patch_size != 0 {
-            let sizes: Vec<String> =
-                (1..=self.image_size).filter(|p| self.image_size % p == 0).map(|p| p.to_string()).collect();
+            let sizes: Vec<String> = divisors(self.image_size).iter().map(|p| p.to_string()).collect();
             return Err(invalid(
                 "vision.patch_size",
                 format!(
@@ -222,7 +229,7 @@ impl VisionConfig {
             if self.arch == Arch::Swin {
                 let w = self.stage_window(i);
                 if grid % w != 0 {
-                    let windows: Vec<String> = (1..=grid).filter(|d| grid % d == 0).map(|d| d.to_string()).collect();
+                    let windows: Vec<String> = divisors(grid).iter().map(|d| d.to_string()).collect();
                     return Err(invalid(
                         "vision.window",
                         format!(
