@@ -29,27 +29,25 @@ pub fn save(
     tokenizer: &CharTokenizer,
     vs: &nn::VarStore,
 ) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let stem = file_stem(run_id);
-    let weights = dir.join(format!("{stem}.safetensors"));
-    let tmp = dir.join(format!("{stem}.tmp.safetensors"));
-    vs.save(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &weights)?;
     let meta = Meta { run_id: run_id.to_string(), config: config.clone(), vocabulary: tokenizer.vocabulary() };
-    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&meta)?)?;
-    Ok(weights)
+    write(dir, run_id, vs, &serde_json::to_string_pretty(&meta)?)
 }
 
 /// A vision run's weights and config (no vocabulary): `<dir>/<run>.safetensors` and `<dir>/<run>.json`.
 pub fn save_weights(dir: &Path, run_id: &str, config: &Config, vs: &nn::VarStore) -> Result<PathBuf> {
+    let meta = serde_json::json!({ "run_id": run_id, "config": config });
+    write(dir, run_id, vs, &serde_json::to_string_pretty(&meta)?)
+}
+
+/// The weights (through a temporary file and a rename) and their JSON description.
+fn write(dir: &Path, run_id: &str, vs: &nn::VarStore, description: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let stem = file_stem(run_id);
     let weights = dir.join(format!("{stem}.safetensors"));
     let tmp = dir.join(format!("{stem}.tmp.safetensors"));
     vs.save(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &weights)?;
-    let meta = serde_json::json!({ "run_id": run_id, "config": config });
-    std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&meta)?)?;
+    std::fs::write(dir.join(format!("{stem}.json")), description)?;
     Ok(weights)
 }
 
