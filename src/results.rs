@@ -218,6 +218,15 @@ impl ResultsDir {
     }
 }
 
+/// Replaces `path` with `bytes` through a temporary file and a rename: a reader (or a kill) sees the old
+/// file or the new one, never half of one.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 /// Appends rows to a CSV file, writing the header if the file is new; refuses if the existing header differs.
 fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<()> {
     let exists = path.exists() && std::fs::metadata(path)?.len() > 0;

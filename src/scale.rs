@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::str::FromStr;
 
 use crate::recipe::Recipe;
-use crate::results::ResultsDir;
+use crate::results::{write_atomically, ResultsDir};
 use crate::sweep::{plot_results, write_resolved};
 
 /// Shard `index` of `count` (0-based, as Slurm's `SLURM_ARRAY_TASK_ID`).
@@ -137,13 +137,6 @@ pub fn shard_dirs(out: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     dirs.sort();
     Ok(dirs)
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("merge.tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }
 
 /// Combines the shards of `<out>` (and the runs already merged there) into `<out>/runs.csv`, `curves.csv`

@@ -11,7 +11,7 @@ use crate::data::Dataset;
 use crate::images::ImageTask;
 use crate::plot::{line_chart, mean_std, variant_curves, Axes, Series};
 use crate::recipe::Recipe;
-use crate::results::{read_curves, read_runs, ResultsDir};
+use crate::results::{read_curves, read_runs, write_atomically, ResultsDir};
 use crate::scale::Shard;
 use crate::train::{train_resumable, StateFile};
 use crate::vision::classify::train_classifier;
@@ -208,10 +208,7 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         base: &recipe.base,
         runs,
     };
-    let tmp = path.with_extension("yaml.tmp");
-    std::fs::write(&tmp, serde_yaml::to_string(&resolved)?)?;
-    std::fs::rename(tmp, path)?;
-    Ok(())
+    write_atomically(path, serde_yaml::to_string(&resolved)?.as_bytes())
 }
 
 /// The variants of `runs.csv` in first-seen order, each with its run ids, labelled for legends. Diverged
