@@ -159,12 +159,7 @@ impl AdamW {
         }
         // Removing the loss scale and clipping are one multiply (as torch.nn.utils.clip_grad_norm_'s
         // max / (norm + 1e-6)).
-        let mut coef = 1.0 / loss_scale;
-        if let Some(max) = clip {
-            if norm > max {
-                coef *= max / (norm + 1e-6);
-            }
-        }
+        let coef = clip.map_or(1.0, |max| clip_factor(norm, max)) / loss_scale;
         if coef != 1.0 {
             for g in grads.iter_mut() {
                 let _ = g.g_mul_scalar_(coef);
@@ -224,10 +219,21 @@ impl AdamW {
 /// returns the norm before clipping.
 pub fn clip_by_global_norm(grad: &mut Tensor, max: f64) -> f64 {
     let norm = grad.norm().double_value(&[]);
-    if norm > max {
-        let _ = grad.g_mul_scalar_(max / (norm + 1e-6));
+    let factor = clip_factor(norm, max);
+    if factor != 1.0 {
+        let _ = grad.g_mul_scalar_(factor);
     }
     norm
+}
+
+/// What clipping a gradient of norm `norm` to `max` multiplies it by: `max / (norm + 1e-6)` above the
+/// limit, 1 below it.
+pub fn clip_factor(norm: f64, max: f64) -> f64 {
+    if norm > max {
+        max / (norm + 1e-6)
+    } else {
+        1.0
+    }
 }
 
 /// Linear warm-up to `lr` over `warmup` steps, then cosine decay to `min_lr` at `total` steps.

@@ -29,7 +29,7 @@ pub struct CurvePoint {
 }
 
 impl CurvePoint {
-    fn new(step: i64, split: &str, metric: &str, value: f64) -> Self {
+    pub fn new(step: i64, split: &str, metric: &str, value: f64) -> Self {
         Self { step, split: split.into(), metric: metric.into(), value }
     }
 }
@@ -38,6 +38,14 @@ impl CurvePoint {
 pub struct Evaluation {
     pub loss: f64,
     pub accuracy: f64,
+}
+
+impl Evaluation {
+    /// Adds this held-out evaluation at `step` to the learning curves.
+    pub fn record(&self, step: i64, curves: &mut Vec<CurvePoint>) {
+        curves.push(CurvePoint::new(step, "val", "loss", self.loss));
+        curves.push(CurvePoint::new(step, "val", "accuracy", self.accuracy));
+    }
 }
 
 #[derive(Debug)]
@@ -342,8 +350,7 @@ impl Objective for LanguageModelling<'_> {
 
     fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
         let e = evaluate(self.model, &self.val);
-        curves.push(CurvePoint::new(step, "val", "loss", e.loss));
-        curves.push(CurvePoint::new(step, "val", "accuracy", e.accuracy));
+        e.record(step, curves);
         if self.probe_attention {
             let _guard = tch::no_grad_guard();
             let (_, weights) = self.model.forward_with_weights(&self.val[0].0, false, true);

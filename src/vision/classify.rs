@@ -37,8 +37,7 @@ impl Objective for Classification<'_> {
             count += n;
         }
         let e = Evaluation { loss: loss / count, accuracy: correct / count };
-        curves.push(CurvePoint { step, split: "val".into(), metric: "loss".into(), value: e.loss });
-        curves.push(CurvePoint { step, split: "val".into(), metric: "accuracy".into(), value: e.accuracy });
+        e.record(step, curves);
         e
     }
 }
