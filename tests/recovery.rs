@@ -1,20 +1,16 @@
 //! Checkpoints, recovery, reproducibility and mixed precision: a killed run resumes and finishes exactly as
 //! an uninterrupted one; the same recipe and seed give identical metrics; autocast really lowers precision.
+mod common;
+
 use ablate::config::{Config, DataConfig, ModelConfig, Precision, TrainConfig};
 use ablate::data::{Dataset, TextData};
 use ablate::optim::AdamW;
-use ablate::results::{read_curves, read_runs};
+use ablate::results::read_curves;
+use common::{runs_without_timings, scratch};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A recipe of two runs on a small text file, long enough to kill mid-way.
 fn write_recipe(dir: &Path, steps: i64) -> PathBuf {
@@ -38,16 +34,6 @@ fn ablate(recipe: &Path, out: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ablate"));
     cmd.arg(recipe).arg("--out").arg(out).arg("--device").arg("cpu");
     cmd
-}
-
-/// The columns that must agree between two runs of the same config (timings may not).
-fn metrics(out: &Path) -> Vec<Vec<(String, String)>> {
-    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
-    read_runs(&out.join("runs.csv"))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
-        .collect()
 }
 
 #[test]
@@ -76,7 +62,7 @@ fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
     let log = String::from_utf8_lossy(&resumed.stderr);
     assert!(log.contains("resumed from step"), "{log}");
     // Bit-identical metrics and curves: weights, optimiser moments, schedule and randomness all restored.
-    assert_eq!(metrics(&out), metrics(&reference));
+    assert_eq!(runs_without_timings(&out), runs_without_timings(&reference));
     assert_eq!(read_curves(&out.join("curves.csv")).unwrap(), read_curves(&reference.join("curves.csv")).unwrap());
     // The final state stays (for continuing or inspecting the run); a re-run trains nothing.
     assert!(state.exists());
@@ -86,7 +72,7 @@ fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
     let forced = ablate(&recipe, &out).arg("--force").output().unwrap();
     let log = String::from_utf8_lossy(&forced.stderr);
     assert!(log.contains("0 already finished, 2 to train") && !log.contains("resumed"), "{log}");
-    assert_eq!(metrics(&out), metrics(&reference));
+    assert_eq!(runs_without_timings(&out), runs_without_timings(&reference));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -97,7 +83,7 @@ fn the_same_recipe_and_seed_give_identical_metrics_twice() {
     for out in ["first", "second"] {
         assert!(ablate(&recipe, &dir.join(out)).arg("--quiet").status().unwrap().success());
     }
-    let (a, b) = (metrics(&dir.join("first")), metrics(&dir.join("second")));
+    let (a, b) = (runs_without_timings(&dir.join("first")), runs_without_timings(&dir.join("second")));
     assert_eq!(a.len(), 2);
     assert_eq!(a, b);
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,17 +1,13 @@
 //! Scaling out: shards, the local worker pool and the Slurm scripts give the results of one process.
+mod common;
+
 use ablate::recipe::parse;
 use ablate::scale::{merge, write_slurm_scripts, Shard, SlurmPlan};
 use ablate::sweep::{run_recipe, SweepOptions};
-use std::path::{Path, PathBuf};
+use common::{runs_without_timings, scratch};
+use std::path::Path;
 use std::process::Command;
 use tch::Device;
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn recipe_text(dir: &Path) -> String {
     let data = dir.join("corpus.txt");
@@ -21,15 +17,6 @@ fn recipe_text(dir: &Path) -> String {
          eval_interval: 4\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  model.heads: [1, 2, 4]\nseeds: [0, 1]\n",
         data.display()
     )
-}
-
-fn without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
-    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
-    ablate::results::read_runs(&out.join("runs.csv"))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
-        .collect()
 }
 
 #[test]
@@ -48,7 +35,7 @@ fn shards_merged_in_any_order_equal_a_single_run() {
         run_recipe(&recipe, &opts(&sharded, Some(Shard { index, count: 3 }))).unwrap();
     }
     assert_eq!(merge(&recipe, &sharded, true).unwrap(), (6, 0));
-    assert_eq!(without_timings(&sharded), without_timings(&single));
+    assert_eq!(runs_without_timings(&sharded), runs_without_timings(&single));
     for f in ["curves.csv", "samples.txt"] {
         assert_eq!(std::fs::read_to_string(sharded.join(f)).unwrap(), std::fs::read_to_string(single.join(f)).unwrap());
     }
@@ -78,7 +65,7 @@ fn a_pool_of_cpu_workers_writes_what_one_process_writes() {
     };
     run("one", &["--threads", "1"]);
     run("pool", &["--devices", "cpu,cpu", "--threads", "1"]);
-    assert_eq!(without_timings(&dir.join("pool")), without_timings(&dir.join("one")));
+    assert_eq!(runs_without_timings(&dir.join("pool")), runs_without_timings(&dir.join("one")));
     assert!(dir.join("pool/shards/1-of-2/runs.csv").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
