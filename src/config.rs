@@ -425,9 +425,10 @@ pub struct Invalid {
     pub message: String,
 }
 
-/// The divisors of `n` in increasing order, found up to √n (the error messages list them; a naive scan of
-/// an absurd value would hang the loader, as cargo fuzz found).
-pub fn divisors(n: i64) -> Vec<i64> {
+/// The divisors of `n` in increasing order, comma-separated: the allowed values an error message lists when
+/// something must divide `n`. Found up to √n (a naive scan of an absurd value hung the loader, as cargo
+/// fuzz found).
+pub fn divisors(n: i64) -> String {
     let (mut low, mut high) = (Vec::new(), Vec::new());
     let mut d = 1;
     while d * d <= n {
@@ -440,7 +441,7 @@ pub fn divisors(n: i64) -> Vec<i64> {
         d += 1;
     }
     low.extend(high.into_iter().rev());
-    low
+    low.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// Largest accepted model width: far beyond anything trainable here, small enough that every check on it
@@ -527,14 +528,13 @@ impl Config {
             return Err(invalid("model.d_model", format!("must be at most {MAX_D_MODEL}, got {}", m.d_model)));
         }
         if m.d_model % m.heads != 0 {
-            let divisors: Vec<String> = divisors(m.d_model).iter().map(|h| h.to_string()).collect();
             return Err(invalid(
                 "model.heads",
                 format!(
                     "{} heads do not divide d_model {} (each head works in d_model/heads dimensions); allowed: {}",
                     m.heads,
                     m.d_model,
-                    divisors.join(", ")
+                    divisors(m.d_model)
                 ),
             ));
         }

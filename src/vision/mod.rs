@@ -209,14 +209,13 @@ impl VisionConfig {
             return Err(invalid("vision.depths", "a ViT has one stage: give one depth, e.g. [12]"));
         }
         if self.arch != Arch::Davit && self.image_size % self.patch_size != 0 {
-            let sizes: Vec<String> = divisors(self.image_size).iter().map(|p| p.to_string()).collect();
             return Err(invalid(
                 "vision.patch_size",
                 format!(
                     "{} does not divide image_size {}; allowed: {}",
                     self.patch_size,
                     self.image_size,
-                    sizes.join(", ")
+                    divisors(self.image_size)
                 ),
             ));
         }
@@ -229,12 +228,11 @@ impl VisionConfig {
             if self.arch == Arch::Swin {
                 let w = self.stage_window(i);
                 if grid % w != 0 {
-                    let windows: Vec<String> = divisors(grid).iter().map(|d| d.to_string()).collect();
                     return Err(invalid(
                         "vision.window",
                         format!(
                             "stage {i}'s token grid is {grid}×{grid}, which windows of {w} do not tile; windows that do: {}",
-                            windows.join(", ")
+                            divisors(grid)
                         ),
                     ));
                 }
