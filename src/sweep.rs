@@ -15,6 +15,7 @@ use crate::results::{read_curves, read_runs, write_atomically, ResultsDir};
 use crate::scale::Shard;
 use crate::train::{train_resumable, StateFile};
 use crate::vision::classify::train_classifier;
+use crate::vision::imagegpt::train_image_gpt;
 
 pub struct SweepOptions<'a> {
     pub out: &'a Path,
@@ -100,7 +101,23 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             path: results.dir.join("checkpoints").join(format!("{}.state.safetensors", file_stem(&run.id))),
             config_hash: run.config_hash.clone(),
         };
-        let outcome = if run.config.vision.is_some() {
+        let image_gpt = run.config.vision.as_ref().is_some_and(|v| v.arch == crate::vision::Arch::ImageGpt);
+        let outcome = if image_gpt {
+            let png = results.dir.join("completions").join(format!("{}.png", file_stem(&run.id)));
+            let trained = train_image_gpt(
+                &run.config,
+                &image_sets[&data_key],
+                opts.device,
+                &mut progress,
+                Some(&state),
+                Some(&png),
+            )
+            .with_context(|| format!("run `{}`", run.id))?;
+            if run.config.train.checkpoint {
+                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
+            }
+            trained.outcome
+        } else if run.config.vision.is_some() {
             let trained =
                 train_classifier(&run.config, &image_sets[&data_key], opts.device, &mut progress, Some(&state))
                     .with_context(|| format!("run `{}`", run.id))?;
@@ -139,6 +156,10 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 let e = &outcome.final_eval;
                 // Perplexity means something for a language model only.
                 let metrics = match run.config.vision {
+                    Some(_) if image_gpt => format!(
+                        "test {:.4} bits/dim, next-pixel accuracy {:.4}, linear probe accuracy {:.4}",
+                        outcome.extra_metrics[0], e.accuracy, outcome.extra_metrics[1]
+                    ),
                     Some(_) => format!("test loss {:.4}, accuracy {:.4}", e.loss, e.accuracy),
                     None => format!("val loss {:.4} (ppl {:.2}, acc {:.3})", e.loss, e.loss.exp(), e.accuracy),
                 };
@@ -252,6 +273,7 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
         ("train/grad_norm", "grad_norm.png", "gradient norm (before clipping)"),
         ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)"),
         ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight"),
+        ("val/bits_per_dim", "bits_per_dim.png", "test bits per dimension"),
     ];
     for (metric, file, y_label) in charts {
         let series = variant_curves(&curves, &variants, metric);
@@ -270,7 +292,12 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
         for (column, file, y_label) in [
             ("val_loss", "final_val_loss.png", "final held-out loss"),
             ("val_accuracy", "final_val_accuracy.png", "final held-out accuracy"),
+            ("bits_per_dim", "final_bits_per_dim.png", "final test bits per dimension"),
+            ("probe_accuracy", "final_probe_accuracy.png", "linear-probe test accuracy"),
         ] {
+            if runs.first().is_none_or(|r| !r.contains_key(column)) {
+                continue;
+            }
             let series = final_metric_series(&runs, x_key, &sweep_keys[1..], column);
             let categories = x_categories(&runs, x_key);
             let title = format!("{name}: {y_label} against {x_key}{band}");

@@ -67,6 +67,8 @@ pub struct RunOutcome {
     pub resumed_from: i64,
     pub curves: Vec<CurvePoint>,
     pub sample: String,
+    /// Values of the config's extra result columns (`results::extra_columns`), in that order.
+    pub extra_metrics: Vec<f64>,
 }
 
 /// Called after every optimisation step with (step, training loss).
@@ -429,6 +431,7 @@ pub fn train_resumable(
         resumed_from: run.resumed_from,
         curves: run.curves,
         sample,
+        extra_metrics: Vec::new(),
     };
     Ok(TrainedRun { outcome, model, vs })
 }

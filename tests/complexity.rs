@@ -24,6 +24,7 @@ fn point(n: i64, implementation: Implementation, window: Option<i64>) -> PointSp
         pass: Pass::Forward,
         repeats: 1,
         warmup: 0,
+        vision: None,
     }
 }
 
@@ -76,4 +77,59 @@ fn a_point_past_the_memory_limit_is_recorded_and_the_sweep_goes_on() {
     assert!(points.contains("out_of_memory"), "{points}");
     assert!(points.contains("skipped after a shorter length failed"), "{points}");
     let _ = std::fs::remove_dir_all(out);
+}
+
+fn vision_spec(yaml: &str) -> ablate::complexity::ComplexitySpec {
+    serde_yaml::from_str::<ComplexityRecipe>(yaml).unwrap().complexity
+}
+
+#[test]
+fn vision_variants_cost_grows_with_the_fourth_power_of_the_side_for_vit_and_the_square_for_windows() {
+    let spec = vision_spec(
+        "complexity:\n  lengths: [1120, 2240]\n  passes: [forward]\n  variants:\n    - {label: vit, preset: vit_tiny_patch16_224}\n    - {label: swin, preset: swin_tiny_patch4_window7_224}\n",
+    );
+    spec.validate().unwrap();
+    let growth = |i: usize| {
+        let v = &spec.variants[i];
+        analytic_flops(&spec.point(v, Pass::Forward, 2240)) / analytic_flops(&spec.point(v, Pass::Forward, 1120))
+    };
+    // Doubling the side quadruples the tokens: global attention's N² term takes ViT towards 16×...
+    assert!(growth(0) > 9.0, "ViT {}", growth(0));
+    // ...while windows keep the work per token fixed: Swin stays at 4× (the head is all that does not grow).
+    assert!((growth(1) - 4.0).abs() < 0.01, "Swin {}", growth(1));
+    // A point measures the preset at that resolution.
+    let p = spec.point(&spec.variants[1], Pass::ForwardBackward, 448);
+    assert_eq!(p.vision.as_ref().unwrap().image_size, 448);
+    assert!(
+        (analytic_flops(&p) / analytic_flops(&spec.point(&spec.variants[1], Pass::Forward, 448)) - 3.0).abs() < 1e-9
+    );
+}
+
+#[test]
+fn vision_variants_are_checked_at_every_resolution_and_not_mixed_with_attention_units() {
+    let e = vision_spec("complexity:\n  lengths: [224, 112]\n  passes: [forward]\n  variants:\n    - {label: swin, preset: swin_tiny_patch4_window7_224}\n")
+        .validate()
+        .unwrap_err();
+    assert!(e.contains("`swin` at image side 112") && e.contains("vision.depths"), "{e}");
+    let e = vision_spec(
+        "complexity:\n  lengths: [224]\n  passes: [forward]\n  variants:\n    - {label: x, preset: nope}\n",
+    )
+    .validate()
+    .unwrap_err();
+    assert!(e.contains("no preset `nope`") && e.contains("vit_tiny_patch16_224"), "{e}");
+    let e = vision_spec("complexity:\n  lengths: [224]\n  passes: [forward]\n  variants:\n    - {label: a, preset: vit_tiny_patch16_224}\n    - {label: b, implementation: fused}\n")
+        .validate()
+        .unwrap_err();
+    assert!(e.contains("separate recipes"), "{e}");
+}
+
+#[test]
+fn a_vision_point_is_measured_on_the_model_itself() {
+    let spec = vision_spec(
+        "complexity:\n  lengths: [28, 56]\n  passes: [forward_backward]\n  repeats: 1\n  warmup: 0\n  variants:\n    - {label: vit, preset: vit_fmnist}\n",
+    );
+    spec.validate().unwrap();
+    let r =
+        ablate::complexity::measure_point(&spec.point(&spec.variants[0], Pass::ForwardBackward, 56), tch::Device::Cpu);
+    assert!(r.median_ms > 0.0 && r.median_ms.is_finite() && r.peak_mb > 10.0, "{r:?}");
 }

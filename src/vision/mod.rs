@@ -8,6 +8,7 @@ use crate::config::{divisors, Invalid, PositionEncoding};
 
 pub mod classify;
 pub mod davit;
+pub mod imagegpt;
 pub mod swin;
 pub mod vit;
 
@@ -21,6 +22,46 @@ pub enum Arch {
     Swin,
     /// Window attention alternating with channel group attention (Ding et al. 2022).
     Davit,
+    /// A causal decoder over the pixels of a quantised, downsampled image, trained to predict the next
+    /// pixel (Chen et al. 2020); classification by a linear probe on its features.
+    ImageGpt,
+}
+
+/// ImageGPT's colour quantiser.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantiser {
+    /// k-means clusters of the training pixels' colours (iGPT's palette).
+    Kmeans,
+    /// Equal-width intensity bins over [0, 255] (grey images only).
+    Bins,
+}
+
+/// ImageGPT's palette, probe and sample grid.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageGptConfig {
+    /// Number of palette colours: the pixel vocabulary (the model also has one start-of-image token).
+    pub palette: i64,
+    pub quantiser: Quantiser,
+    /// Training images whose mean final embeddings fit the linear probe (evaluated on the test images).
+    pub probe_images: i64,
+    /// Test images whose lower halves are sampled for the completion grid (the first of each class, then
+    /// the next ones), and samples drawn per image.
+    pub completions: i64,
+    pub samples_per_completion: i64,
+}
+
+impl Default for ImageGptConfig {
+    fn default() -> Self {
+        Self {
+            palette: 16,
+            quantiser: Quantiser::Kmeans,
+            probe_images: 10_000,
+            completions: 10,
+            samples_per_completion: 4,
+        }
+    }
 }
 
 /// How a ViT turns its tokens into one vector for the head.
@@ -73,6 +114,10 @@ pub struct VisionConfig {
     /// FFN hidden size as a multiple of the token width.
     pub mlp_ratio: f64,
     pub dropout: f64,
+    /// ImageGPT only (and then required): `patch_size` is the downsampling factor (each p×p block's mean
+    /// colour becomes one pixel token), and this section sets the palette.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_gpt: Option<ImageGptConfig>,
 }
 
 impl Default for VisionConfig {
@@ -92,6 +137,7 @@ pub const PRESETS: &[&str] = &[
     "vit_fmnist",
     "swin_fmnist",
     "davit_fmnist",
+    "image_gpt_fmnist",
 ];
 
 pub fn preset(name: &str) -> Option<VisionConfig> {
@@ -111,6 +157,7 @@ pub fn preset(name: &str) -> Option<VisionConfig> {
         attention_types: vec![BlockKind::Spatial, BlockKind::Channel],
         mlp_ratio: 4.0,
         dropout: 0.0,
+        image_gpt: None,
     };
     let small = |arch, patch_size, dim, depths: &[i64], heads: &[i64], window| VisionConfig {
         image_size: 28,
@@ -130,12 +177,43 @@ pub fn preset(name: &str) -> Option<VisionConfig> {
         // 28×28 → 14×14 tokens of 2×2, windows of 7, merged once to 7×7.
         "swin_fmnist" => small(Arch::Swin, 2, 32, &[2, 2], &[2, 4], 7),
         "davit_fmnist" => small(Arch::Davit, 2, 32, &[2, 2], &[2, 4], 7),
+        // 28×28 averaged over 2×2 blocks → 14×14 pixels: 196 tokens of a 16-colour palette.
+        "image_gpt_fmnist" => {
+            VisionConfig { image_gpt: Some(ImageGptConfig::default()), ..small(Arch::ImageGpt, 2, 64, &[4], &[4], 7) }
+        }
         _ => return None,
     })
 }
 
 fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
     Invalid { key, message: message.into() }
+}
+
+impl ImageGptConfig {
+    fn validate(&self, channels: i64) -> Result<(), Invalid> {
+        if !(2..=4096).contains(&self.palette) {
+            return Err(invalid(
+                "vision.image_gpt.palette",
+                format!("must be in 2..=4096 colours, got {}", self.palette),
+            ));
+        }
+        if self.quantiser == Quantiser::Bins && channels != 1 {
+            return Err(invalid(
+                "vision.image_gpt.quantiser",
+                format!("bins quantise grey intensities; {channels}-channel images need kmeans"),
+            ));
+        }
+        for (key, v, min) in [
+            ("vision.image_gpt.probe_images", self.probe_images, 10),
+            ("vision.image_gpt.completions", self.completions, 0),
+            ("vision.image_gpt.samples_per_completion", self.samples_per_completion, 1),
+        ] {
+            if v < min || v > 1_000_000 {
+                return Err(invalid(key, format!("must be in {min}..=1000000, got {v}")));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl VisionConfig {
@@ -146,7 +224,7 @@ impl VisionConfig {
     /// Token width of stage `i` (doubling per stage after the first for Swin and DaViT).
     pub fn stage_dim(&self, i: usize) -> i64 {
         match self.arch {
-            Arch::Vit => self.dim,
+            Arch::Vit | Arch::ImageGpt => self.dim,
             Arch::Swin | Arch::Davit => self.dim << i,
         }
     }
@@ -205,8 +283,24 @@ impl VisionConfig {
                 ),
             ));
         }
-        if self.arch == Arch::Vit && self.stages() != 1 {
-            return Err(invalid("vision.depths", "a ViT has one stage: give one depth, e.g. [12]"));
+        if matches!(self.arch, Arch::Vit | Arch::ImageGpt) && self.stages() != 1 {
+            return Err(invalid(
+                "vision.depths",
+                format!("a {:?} model has one stage: give one depth, e.g. [12]", self.arch),
+            ));
+        }
+        match (&self.image_gpt, self.arch) {
+            (None, Arch::ImageGpt) => {
+                return Err(invalid(
+                    "vision.image_gpt",
+                    "arch image_gpt needs its palette section, e.g. image_gpt: {palette: 16}",
+                ))
+            }
+            (Some(_), Arch::Vit | Arch::Swin | Arch::Davit) => {
+                return Err(invalid("vision.image_gpt", format!("only for arch image_gpt, not {:?}", self.arch)))
+            }
+            (Some(g), _) => g.validate(self.channels)?,
+            (None, _) => {}
         }
         if self.arch != Arch::Davit && self.image_size % self.patch_size != 0 {
             return Err(invalid(
@@ -266,6 +360,13 @@ impl VisionConfig {
             f(n) * f(4 * d * d) + 2.0 * f(n) * f(keys) * f(d) + 2.0 * f(n) * f(d) * f(self.ffn_hidden(d))
         };
         match self.arch {
+            Arch::ImageGpt => {
+                let grid = self.stage_grid(0);
+                let n = grid * grid;
+                let vocab = self.image_gpt.as_ref().map_or(0, |g| g.palette) + 1;
+                macs += f(self.depths[0]) * block(n, self.dim, n);
+                macs += f(n) * f(self.dim * vocab);
+            }
             Arch::Vit => {
                 let grid = self.stage_grid(0);
                 let n = grid * grid + i64::from(self.pool == Pool::Cls);
@@ -319,11 +420,13 @@ pub enum VisionModel {
 }
 
 impl VisionModel {
+    /// A classifier for `cfg` (ImageGPT is a generative model: `imagegpt::ImageGpt`).
     pub fn new(vs: &tch::nn::Path, cfg: &VisionConfig) -> Self {
         match cfg.arch {
             Arch::Vit => VisionModel::Vit(vit::Vit::new(vs, cfg)),
             Arch::Swin => VisionModel::Swin(swin::Swin::new(vs, cfg)),
             Arch::Davit => VisionModel::Davit(davit::Davit::new(vs, cfg)),
+            Arch::ImageGpt => unreachable!("ImageGPT runs build imagegpt::ImageGpt"),
         }
     }
 
@@ -340,6 +443,9 @@ impl VisionModel {
 /// Parameter count of a config (builds the model on the CPU).
 pub fn parameter_count(cfg: &VisionConfig) -> i64 {
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let _model = VisionModel::new(&vs.root(), cfg);
+    match cfg.arch {
+        Arch::ImageGpt => drop(imagegpt::ImageGpt::new(&vs.root(), cfg)),
+        _ => drop(VisionModel::new(&vs.root(), cfg)),
+    }
     vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
 }

@@ -1,4 +1,6 @@
 //! Helpers shared by integration tests that run whole sweeps.
+// Each test binary uses some of these helpers, not all.
+#![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
 /// A fresh, empty scratch directory for one test (named after the test and this process).
