@@ -27,8 +27,13 @@ pub struct BenchResult {
 }
 
 pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
-    let mut cfg =
-        Config { model: ModelConfig::default(), data: Default::default(), train: Default::default(), vision: None };
+    let mut cfg = Config {
+        model: ModelConfig::default(),
+        data: Default::default(),
+        train: Default::default(),
+        vision: None,
+        bert: None,
+    };
     cfg.model.layers = b.layers;
     cfg.model.heads = b.heads;
     cfg.model.d_model = b.d_model;

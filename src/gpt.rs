@@ -42,6 +42,7 @@ impl Gpt {
             position: &cfg.position,
             cross_attention: false,
             residual_init_std,
+            norm_eps: 1e-5,
         };
         let layers = (0..cfg.layers).map(|i| TransformerLayer::new(vs / "layers" / i, &layer_cfg)).collect();
         let lm_head = (!cfg.tie_embeddings).then(|| {

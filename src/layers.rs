@@ -22,6 +22,8 @@ pub struct LayerConfig<'a> {
     pub cross_attention: bool,
     /// Initial standard deviation of the projections that write into the residual stream.
     pub residual_init_std: f64,
+    /// LayerNorm's ε (PyTorch's default 1e-5; BERT checkpoints use 1e-12).
+    pub norm_eps: f64,
 }
 
 #[derive(Debug)]
@@ -75,7 +77,8 @@ pub struct LayerOutput {
 
 impl TransformerLayer {
     pub fn new(vs: nn::Path, cfg: &LayerConfig) -> Self {
-        let ln = |name: &str| nn::layer_norm(&vs / name, vec![cfg.d_model], Default::default());
+        let norm = nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() };
+        let ln = |name: &str| nn::layer_norm(&vs / name, vec![cfg.d_model], norm);
         let self_attention = MultiHeadAttention::new(
             &vs / "attn",
             cfg.d_model,

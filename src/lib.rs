@@ -1,6 +1,8 @@
 //! ablate: train Transformer variants from YAML recipes and measure what each mechanism buys.
 pub mod attention;
 pub mod bench;
+pub mod bert;
+pub mod bert_tasks;
 pub mod checkpoint;
 pub mod complexity;
 pub mod config;
@@ -8,6 +10,7 @@ pub mod data;
 pub mod generate;
 pub mod gpt;
 pub mod images;
+pub mod labelled;
 pub mod layers;
 pub mod native;
 pub mod optim;
@@ -19,6 +22,7 @@ pub mod results;
 pub mod scale;
 pub mod sweep;
 pub mod sword;
+pub mod tokenize;
 pub mod train;
 pub mod vision;
 

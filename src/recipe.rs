@@ -47,6 +47,8 @@ struct RecipeFile {
     train: TrainConfig,
     /// An image classifier instead of a language model.
     vision: Option<crate::vision::VisionConfig>,
+    /// A BERT encoder run (masked-LM pre-training, fine-tuning).
+    bert: Option<crate::config::BertRunConfig>,
     /// Dotted config key -> list of values; several keys form a grid.
     #[serde(default)]
     sweep: Mapping,
@@ -125,7 +127,13 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
-    let base = Config { model: parsed.model, data: parsed.data, train: parsed.train, vision: parsed.vision };
+    let base = Config {
+        model: parsed.model,
+        data: parsed.data,
+        train: parsed.train,
+        vision: parsed.vision,
+        bert: parsed.bert,
+    };
     let seeds = match parsed.seeds {
         Some(s) if s.is_empty() => {
             return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))
@@ -280,6 +288,12 @@ fn shrink_for_smoke(value: &mut Value, axes: &[(String, Vec<Value>)]) {
     cap("model.layers", 2);
     cap("model.block_size", 32);
     cap("data.max_chars", 50_000);
+    // Pre-training length is capped even when swept: the smoke run keeps "none" (0) apart from "some".
+    if let Some(steps) = get_path(value, "bert.pretrain_steps").and_then(Value::as_i64) {
+        if steps > 4 {
+            set_path(value, "bert.pretrain_steps", Value::from(4));
+        }
+    }
 }
 
 /// A swept value as it appears in run ids, labels and CSV cells: scalars as written, sections and lists as

@@ -57,10 +57,12 @@ const RUN_METRIC_COLUMNS: [&str; 10] = [
 ];
 
 /// Result columns only some runs have, after the common metrics: ImageGPT's bits per dimension (its test
-/// loss in base 2) and linear-probe test accuracy.
+/// loss in base 2) and linear-probe test accuracy; BERT's masked-LM held-out loss and accuracy (after
+/// pre-training) and the fine-tuned task's F1.
 pub fn extra_columns(config: &Config) -> &'static [&'static str] {
-    match &config.vision {
-        Some(v) if v.arch == crate::vision::Arch::ImageGpt => &["bits_per_dim", "probe_accuracy"],
+    match (&config.vision, &config.bert) {
+        (Some(v), _) if v.arch == crate::vision::Arch::ImageGpt => &["bits_per_dim", "probe_accuracy"],
+        (_, Some(_)) => &["mlm_loss", "mlm_accuracy", "f1"],
         _ => &[],
     }
 }

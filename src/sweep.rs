@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use tch::Device;
 
+use crate::bert_tasks::train_bert;
 use crate::checkpoint::file_stem;
 use crate::data::Dataset;
 use crate::images::ImageTask;
@@ -31,6 +32,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Everything that can fail on input fails here, before the first step: data, block sizes, output dir.
     let mut datasets: HashMap<String, Dataset> = HashMap::new();
     let mut image_sets: HashMap<String, ImageTask> = HashMap::new();
+    let mut emails: Option<Vec<crate::labelled::Email>> = None;
     for run in &recipe.runs {
         let key = serde_yaml::to_string(&run.config.data)?;
         let located = || format!("{}: run `{}`", recipe.file, run.id);
@@ -43,7 +45,10 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             continue;
         }
         if !datasets.contains_key(&key) {
-            datasets.insert(key.clone(), Dataset::load(&run.config.data)?);
+            datasets.insert(key.clone(), Dataset::load(&run.config.data).with_context(located)?);
+        }
+        if run.config.bert.as_ref().is_some_and(|b| b.task == crate::config::BertTask::Spam) && emails.is_none() {
+            emails = Some(crate::labelled::spam_assassin().with_context(located)?);
         }
         datasets[&key].check_block_size(run.config.longest_window()).with_context(located)?;
     }
@@ -102,7 +107,21 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             config_hash: run.config_hash.clone(),
         };
         let image_gpt = run.config.vision.as_ref().is_some_and(|v| v.arch == crate::vision::Arch::ImageGpt);
-        let outcome = if image_gpt {
+        let outcome = if run.config.bert.is_some() {
+            let Dataset::Text(text) = &datasets[&data_key] else { unreachable!("validated: BERT reads text") };
+            let trained = train_bert(&run.config, text, emails.as_deref(), opts.device, &mut progress, Some(&state))
+                .with_context(|| format!("run `{}`", run.id))?;
+            if run.config.train.checkpoint {
+                crate::checkpoint::save(
+                    &results.dir.join("checkpoints"),
+                    &run.id,
+                    &run.config,
+                    &text.tokenizer,
+                    &trained.vs,
+                )?;
+            }
+            trained.outcome
+        } else if image_gpt {
             let png = results.dir.join("completions").join(format!("{}.png", file_stem(&run.id)));
             let trained = train_image_gpt(
                 &run.config,
@@ -156,6 +175,14 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 let e = &outcome.final_eval;
                 // Perplexity means something for a language model only.
                 let metrics = match run.config.vision {
+                    None if run.config.bert.is_some() => format!(
+                        "masked-LM loss {:.4} (acc {:.3}), task loss {:.4}, accuracy {:.4}, F1 {:.4}",
+                        outcome.extra_metrics[0],
+                        outcome.extra_metrics[1],
+                        e.loss,
+                        e.accuracy,
+                        outcome.extra_metrics[2]
+                    ),
                     Some(_) if image_gpt => format!(
                         "test {:.4} bits/dim, next-pixel accuracy {:.4}, linear probe accuracy {:.4}",
                         outcome.extra_metrics[0], e.accuracy, outcome.extra_metrics[1]
@@ -274,6 +301,9 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
         ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)"),
         ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight"),
         ("val/bits_per_dim", "bits_per_dim.png", "test bits per dimension"),
+        ("val/f1", "f1.png", "test F1 of the positive class"),
+        ("val/mlm_loss", "mlm_loss.png", "masked-LM held-out loss (nats/masked token)"),
+        ("pretrain_val/mlm_loss", "pretrain_mlm_loss.png", "masked-LM held-out loss during pre-training"),
     ];
     for (metric, file, y_label) in charts {
         let series = variant_curves(&curves, &variants, metric);
@@ -294,6 +324,8 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             ("val_accuracy", "final_val_accuracy.png", "final held-out accuracy"),
             ("bits_per_dim", "final_bits_per_dim.png", "final test bits per dimension"),
             ("probe_accuracy", "final_probe_accuracy.png", "linear-probe test accuracy"),
+            ("f1", "final_f1.png", "final test F1"),
+            ("mlm_loss", "final_mlm_loss.png", "masked-LM held-out loss after pre-training"),
         ] {
             if runs.first().is_none_or(|r| !r.contains_key(column)) {
                 continue;

@@ -216,6 +216,7 @@ fn post_ln_and_pre_ln_layers_normalise_where_the_seed_says() {
             position: &Default::default(),
             cross_attention: false,
             residual_init_std: 0.02,
+            norm_eps: 1e-5,
         };
         let l = ablate::layers::TransformerLayer::new(vs.root(), &cfg);
         (vs, l)

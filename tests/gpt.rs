@@ -116,6 +116,7 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
             ..Default::default()
         },
         vision: None,
+        bert: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let accuracy = run.outcome.final_eval.accuracy;
@@ -208,14 +209,15 @@ fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
         data: DataConfig::default(),
         train: TrainConfig::default(),
         vision: None,
+        bert: None,
     };
-    let tokenizer = ablate::data::CharTokenizer::fit("abcdefghijk");
+    let tokenizer = ablate::tokenize::TextTokenizer::Char(ablate::data::CharTokenizer::fit("abcdefghijk"));
     let dir = std::env::temp_dir().join(format!("ablate-ckpt-{}", std::process::id()));
     let path = ablate::checkpoint::save(&dir, "model.heads=4 seed=0", &cfg, &tokenizer, &vs).unwrap();
     assert!(path.ends_with("model.heads=4_seed=0.safetensors"));
     let (loaded_cfg, loaded_tok, _vs2, loaded) = ablate::checkpoint::load(&path, Device::Cpu).unwrap();
     assert_eq!(loaded_cfg, cfg);
-    assert_eq!(loaded_tok.vocabulary(), "abcdefghijk");
+    assert_eq!(loaded_tok.to_saved().unwrap(), ("char", "abcdefghijk".to_string()));
     let idx = Tensor::from_slice(&[1i64, 5, 2, 9]).unsqueeze(0);
     let diff = (model.forward(&idx, false) - loaded.forward(&idx, false)).abs().max().double_value(&[]);
     assert_eq!(diff, 0.0);
@@ -259,6 +261,7 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
             ..Default::default()
         },
         vision: None,
+        bert: None,
     };
     cfg.validate().unwrap();
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
@@ -284,6 +287,7 @@ fn length_generalisation_is_scored_where_the_encoding_allows_it() {
                 ..Default::default()
             },
             vision: None,
+            bert: None,
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         let evals = &run.outcome.length_evals;
@@ -332,6 +336,7 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
             ..Default::default()
         },
         vision: None,
+        bert: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let step = run.outcome.diverged_at.expect("this configuration diverges");

@@ -144,6 +144,7 @@ impl Encoder {
             position: &position,
             cross_attention: false,
             residual_init_std: 0.02,
+            norm_eps: 1e-5,
         };
         let embedding = nn::embedding(vs.root() / "emb", 10, 16, Default::default());
         let positions = AbsolutePositions::new(vs.root() / "pos", pe, 8, 16);

@@ -123,6 +123,7 @@ fn bf16_training_follows_fp32_training_closely() {
                 ..Default::default()
             },
             vision: None,
+            bert: None,
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         // Master weights stay float32 whatever the arithmetic.

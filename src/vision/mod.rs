@@ -284,10 +284,8 @@ impl VisionConfig {
             ));
         }
         if matches!(self.arch, Arch::Vit | Arch::ImageGpt) && self.stages() != 1 {
-            return Err(invalid(
-                "vision.depths",
-                format!("a {:?} model has one stage: give one depth, e.g. [12]", self.arch),
-            ));
+            let model = if self.arch == Arch::Vit { "a ViT" } else { "an ImageGPT" };
+            return Err(invalid("vision.depths", format!("{model} has one stage: give one depth, e.g. [12]")));
         }
         match (&self.image_gpt, self.arch) {
             (None, Arch::ImageGpt) => {

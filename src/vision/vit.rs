@@ -51,6 +51,7 @@ impl Vit {
             position: &position,
             cross_attention: false,
             residual_init_std: 0.02,
+            norm_eps: 1e-5,
         };
         let layers = (0..cfg.depths[0]).map(|i| TransformerLayer::new(vs / "blocks" / i, &layer)).collect();
         Self {

@@ -1,0 +1,500 @@
+//! Training BERT (the seed's 12.6): masked-LM pre-training on the corpus (12.6.1), then fine-tuning a head
+//! on a labelled task (12.6.2), each phase through the shared optimisation loop.
+//!
+//! Masked LM: windows of the corpus become `<cls> tokens <sep>`; `mask_fraction` of the ordinary tokens are
+//! chosen, and (with the 80/10/10 rule) 80% of those become `<mask>`, 10% a random token, 10% stay. The
+//! loss is cross-entropy at the chosen positions only. The MLM head is BERT's: dense + GELU + LayerNorm,
+//! then the word embedding matrix (shared) plus a bias.
+//!
+//! Sequence classification: `<cls> text <sep>` padded to the block; the head reads BERT's pooled `<cls>`
+//! state. Two classes use one logit with sigmoid / binary cross-entropy, more use softmax / cross-entropy.
+//! Metrics: accuracy and F1 of the positive class.
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::time::Instant;
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use crate::bert::{Bert, BertConfig};
+use crate::config::{BertRunConfig, BertTask, Config};
+use crate::data::{TextData, IGNORE};
+use crate::labelled::Email;
+use crate::tokenize::{Special, TextTokenizer};
+use crate::train::{optimise, CurvePoint, Evaluation, Objective, Progress, RunOutcome, StateFile};
+
+/// The special-token ids the tasks need.
+#[derive(Debug, Clone, Copy)]
+pub struct Specials {
+    pub cls: i64,
+    pub sep: i64,
+    pub pad: i64,
+    pub mask: i64,
+    /// Ids below this are special tokens (a trained vocabulary puts them first); never chosen or drawn.
+    pub first_ordinary: i64,
+}
+
+impl Specials {
+    pub fn of(t: &TextTokenizer) -> Result<Self> {
+        let get = |s: Special| t.special(s).with_context(|| format!("the tokenizer has no {}", s.token()));
+        let ids = [get(Special::Cls)?, get(Special::Sep)?, get(Special::Pad)?, get(Special::Mask)?];
+        Ok(Self { cls: ids[0], sep: ids[1], pad: ids[2], mask: ids[3], first_ordinary: Special::ALL.len() as i64 })
+    }
+}
+
+/// Masked-LM inputs and targets for token ids (B, N): `chosen` positions (B, N) bool — a `fraction` of the
+/// positions where `eligible` — are predicted; the 80/10/10 rule (or all `<mask>`) decides their inputs.
+/// Targets are the original ids at chosen positions and `IGNORE` elsewhere. Uses libtorch's generator.
+pub fn mask_tokens(
+    ids: &Tensor,
+    eligible: &Tensor,
+    fraction: f64,
+    replace_rule: bool,
+    specials: Specials,
+    vocab: i64,
+) -> (Tensor, Tensor) {
+    let device = ids.device();
+    let shape = ids.size();
+    let u = Tensor::rand(shape.as_slice(), (Kind::Float, device));
+    let chosen = u.lt(fraction).logical_and(eligible);
+    let targets = ids.where_self(&chosen, &ids.full_like(IGNORE));
+    let mask = ids.full_like(specials.mask);
+    let inputs = if replace_rule {
+        let r = Tensor::rand(shape.as_slice(), (Kind::Float, device));
+        let random = Tensor::randint_low(specials.first_ordinary, vocab, shape.as_slice(), (Kind::Int64, device));
+        // r < 0.8: <mask>; 0.8 ≤ r < 0.9: a random ordinary token; r ≥ 0.9: unchanged.
+        let replaced = mask.where_self(&r.lt(0.8), &random.where_self(&r.lt(0.9), ids));
+        replaced.where_self(&chosen, ids)
+    } else {
+        mask.where_self(&chosen, ids)
+    };
+    (inputs, targets)
+}
+
+/// BERT's MLM head: dense + GELU + LayerNorm, then logits against the (shared) word embeddings + a bias.
+struct MlmHead {
+    dense: nn::Linear,
+    norm: nn::LayerNorm,
+    bias: Tensor,
+}
+
+impl MlmHead {
+    fn new(vs: &nn::Path, cfg: &BertConfig) -> Self {
+        Self {
+            dense: nn::linear(vs / "dense", cfg.hidden, cfg.hidden, Default::default()),
+            norm: nn::layer_norm(
+                vs / "norm",
+                vec![cfg.hidden],
+                nn::LayerNormConfig { eps: cfg.norm_eps, ..Default::default() },
+            ),
+            bias: vs.zeros("bias", &[cfg.vocab_size]),
+        }
+    }
+
+    fn logits(&self, hidden: &Tensor, words: &Tensor) -> Tensor {
+        self.norm.forward(&self.dense.forward(hidden).gelu("none")).matmul(&words.tr()) + &self.bias
+    }
+}
+
+/// The encoder with its MLM head.
+pub struct MaskedLm {
+    pub bert: Bert,
+    head: MlmHead,
+}
+
+impl MaskedLm {
+    pub fn new(vs: &nn::Path, cfg: &BertConfig) -> Self {
+        Self { bert: Bert::new(&(vs / "bert"), cfg), head: MlmHead::new(&(vs / "mlm"), cfg) }
+    }
+
+    /// Mean cross-entropy over the predicted positions and the logits (B, N, V).
+    pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor) {
+        let hidden = self.bert.forward(inputs, None, None, train);
+        let logits = self.head.logits(&hidden, self.bert.word_embeddings()).to_kind(Kind::Float);
+        let v = logits.size()[2];
+        let loss = logits.view([-1, v]).cross_entropy_loss::<Tensor>(
+            &targets.reshape([-1]),
+            None,
+            tch::Reduction::Mean,
+            IGNORE,
+            0.0,
+        );
+        (loss, logits)
+    }
+}
+
+/// Windows of `block − 2` corpus tokens, framed as `<cls> … <sep>`.
+fn framed_windows(ids: &Tensor, starts: &Tensor, block: i64, s: Specials) -> Tensor {
+    let inner = block - 2;
+    let offsets = Tensor::arange(inner, (Kind::Int64, Device::Cpu));
+    let idx = starts.unsqueeze(1) + offsets.unsqueeze(0);
+    let rows = ids.index_select(0, &idx.view([-1])).view([starts.size()[0], inner]);
+    let b = starts.size()[0];
+    let cls = Tensor::full([b, 1], s.cls, (Kind::Int64, Device::Cpu));
+    let sep = Tensor::full([b, 1], s.sep, (Kind::Int64, Device::Cpu));
+    Tensor::cat(&[cls, rows, sep], 1)
+}
+
+struct MaskedLmObjective<'a> {
+    model: &'a MaskedLm,
+    data: &'a TextData,
+    /// Fixed held-out (inputs, targets): the masking is drawn once, so every evaluation scores the same.
+    val: Vec<(Tensor, Tensor)>,
+    cfg: &'a BertRunConfig,
+    specials: Specials,
+    vocab: i64,
+    batch: i64,
+    block: i64,
+    device: Device,
+}
+
+impl MaskedLmObjective<'_> {
+    fn masked(&self, windows: &Tensor) -> (Tensor, Tensor) {
+        let eligible = windows.ge(self.specials.first_ordinary);
+        let (x, y) =
+            mask_tokens(windows, &eligible, self.cfg.mask_fraction, self.cfg.replace_rule, self.specials, self.vocab);
+        (x.to_device(self.device), y.to_device(self.device))
+    }
+}
+
+impl Objective for MaskedLmObjective<'_> {
+    fn training_loss(&self) -> Tensor {
+        let n = self.data.train.numel() as i64;
+        let starts = Tensor::randint(n - self.block, [self.batch], (Kind::Int64, Device::Cpu));
+        let (x, y) = self.masked(&framed_windows(&self.data.train, &starts, self.block, self.specials));
+        self.model.loss(&x, &y, true).0
+    }
+
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
+        for (x, y) in &self.val {
+            let (l, logits) = self.model.loss(x, y, false);
+            let scored = y.ne(IGNORE);
+            let n = scored.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+            loss += l.double_value(&[]) * n;
+            let right = logits.argmax(-1, false).eq_tensor(y).logical_and(&scored);
+            correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+            count += n;
+        }
+        let e = Evaluation { loss: loss / count, accuracy: correct / count };
+        curves.push(CurvePoint::new(step, "val", "mlm_loss", e.loss));
+        curves.push(CurvePoint::new(step, "val", "mlm_accuracy", e.accuracy));
+        e
+    }
+}
+
+/// Labelled sequences as model inputs: ids (N, block), padding (N, block) and labels (N).
+pub struct Labelled {
+    pub ids: Tensor,
+    pub padding: Tensor,
+    pub labels: Tensor,
+}
+
+/// `<cls> text <sep>` rows padded (or cut) to `block`.
+pub fn encode_labelled(tokenizer: &TextTokenizer, texts: &[&str], labels: &[i64], block: i64) -> Result<Labelled> {
+    let s = Specials::of(tokenizer)?;
+    let encoded = tokenizer.encode_lines(texts)?;
+    let mut ids = Vec::with_capacity(texts.len() * block as usize);
+    let mut real = Vec::with_capacity(ids.capacity());
+    for tokens in encoded {
+        let n = tokens.len().min(block as usize - 2);
+        let row: Vec<i64> =
+            std::iter::once(s.cls).chain(tokens[..n].iter().copied()).chain(std::iter::once(s.sep)).collect();
+        real.extend((0..block as usize).map(|j| j < row.len()));
+        ids.extend(row.iter().copied().chain(std::iter::repeat(s.pad)).take(block as usize));
+    }
+    let n = texts.len() as i64;
+    Ok(Labelled {
+        ids: Tensor::from_slice(&ids).view([n, block]),
+        padding: Tensor::from_slice(&real).view([n, block]),
+        labels: Tensor::from_slice(labels),
+    })
+}
+
+/// The SpamAssassin split as (train, test) inputs; label 1 is spam.
+pub fn spam_inputs(emails: &[Email], tokenizer: &TextTokenizer, block: i64) -> Result<(Labelled, Labelled)> {
+    let split = |test: bool| {
+        let chosen: Vec<&Email> = emails.iter().filter(|e| e.test == test).collect();
+        let texts: Vec<&str> = chosen.iter().map(|e| e.text.as_str()).collect();
+        let labels: Vec<i64> = chosen.iter().map(|e| i64::from(e.spam)).collect();
+        encode_labelled(tokenizer, &texts, &labels, block)
+    };
+    Ok((split(false)?, split(true)?))
+}
+
+/// A sequence classifier: BERT's pooled `<cls>` state, dropout, a linear layer (one logit for two classes).
+pub struct SequenceClassifier {
+    head: nn::Linear,
+    classes: i64,
+    dropout: f64,
+}
+
+impl SequenceClassifier {
+    pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
+        let outputs = if classes == 2 { 1 } else { classes };
+        Self { head: nn::linear(vs / "classifier", hidden, outputs, Default::default()), classes, dropout }
+    }
+
+    /// Logits: (B) for two classes, (B, C) otherwise.
+    pub fn logits(&self, bert: &Bert, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
+        let hidden = bert.forward(ids, None, Some(padding), train);
+        let logits = self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train)).to_kind(Kind::Float);
+        if self.classes == 2 {
+            logits.squeeze_dim(-1)
+        } else {
+            logits
+        }
+    }
+
+    /// Sigmoid + binary cross-entropy for two classes, softmax + cross-entropy for more.
+    pub fn loss(&self, logits: &Tensor, labels: &Tensor) -> Tensor {
+        if self.classes == 2 {
+            logits.binary_cross_entropy_with_logits::<Tensor>(
+                &labels.to_kind(Kind::Float),
+                None,
+                None,
+                tch::Reduction::Mean,
+            )
+        } else {
+            logits.cross_entropy_for_logits(labels)
+        }
+    }
+
+    pub fn predict(&self, logits: &Tensor) -> Tensor {
+        if self.classes == 2 {
+            logits.gt(0.0).to_kind(Kind::Int64)
+        } else {
+            logits.argmax(-1, false)
+        }
+    }
+}
+
+/// F1 of class 1 from predictions and labels (0 when nothing is predicted or present as class 1).
+pub fn f1_score(predicted: &Tensor, labels: &Tensor) -> f64 {
+    let p = predicted.eq(1);
+    let l = labels.eq(1);
+    let count = |t: Tensor| t.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+    let tp = count(p.logical_and(&l));
+    let (fp, fn_) = (count(p.logical_and(&l.logical_not())), count(p.logical_not().logical_and(&l)));
+    if tp == 0.0 {
+        0.0
+    } else {
+        2.0 * tp / (2.0 * tp + fp + fn_)
+    }
+}
+
+/// Test images per evaluation batch.
+const EVAL_BATCH: i64 = 128;
+
+struct Classification<'a> {
+    bert: &'a Bert,
+    classifier: &'a SequenceClassifier,
+    train: &'a Labelled,
+    test: &'a Labelled,
+    batch: i64,
+    device: Device,
+    f1: std::cell::Cell<f64>,
+}
+
+impl Objective for Classification<'_> {
+    fn training_loss(&self) -> Tensor {
+        let idx = Tensor::randint(self.train.labels.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
+        let pick = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
+        let logits = self.classifier.logits(self.bert, &pick(&self.train.ids), &pick(&self.train.padding), true);
+        self.classifier.loss(&logits, &pick(&self.train.labels))
+    }
+
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let n = self.test.labels.size()[0];
+        let (mut loss, mut predictions) = (0.0, Vec::new());
+        for start in (0..n).step_by(EVAL_BATCH as usize) {
+            let m = EVAL_BATCH.min(n - start);
+            let part = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
+            let logits = self.classifier.logits(self.bert, &part(&self.test.ids), &part(&self.test.padding), false);
+            loss += self.classifier.loss(&logits, &part(&self.test.labels)).double_value(&[]) * m as f64;
+            predictions.push(self.classifier.predict(&logits).to_device(Device::Cpu));
+        }
+        let predicted = Tensor::cat(&predictions, 0);
+        let accuracy = predicted.eq_tensor(&self.test.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let f1 = f1_score(&predicted, &self.test.labels);
+        self.f1.set(f1);
+        let e = Evaluation { loss: loss / n as f64, accuracy };
+        e.record(step, curves);
+        curves.push(CurvePoint::new(step, "val", "f1", f1));
+        e
+    }
+}
+
+/// A finished BERT run.
+pub struct TrainedBert {
+    pub outcome: RunOutcome,
+    pub vs: nn::VarStore,
+}
+
+/// The state file of a run's pre-training phase, next to the run's own.
+fn pretrain_state(state: Option<&StateFile>) -> Option<StateFile> {
+    state.map(|s| StateFile {
+        path: s.path.with_file_name(
+            s.path.file_name().map(|n| n.to_string_lossy().replace(".state.", ".pretrain.state.")).unwrap_or_default(),
+        ),
+        config_hash: s.config_hash.clone(),
+    })
+}
+
+/// Copies a checkpoint's encoder weights (`bert.*`, and the MLM head when present) into `vs`.
+fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
+    let stored: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)
+        .with_context(|| format!("bert.init_from: reading {}", path.display()))?
+        .into_iter()
+        .collect();
+    tch::no_grad(|| -> Result<()> {
+        for (name, mut var) in vs.variables() {
+            if !(name.starts_with("bert.") || name.starts_with("mlm.")) {
+                continue;
+            }
+            let saved = stored.get(&name).with_context(|| {
+                format!(
+                    "bert.init_from: {} has no {name}: was it saved by a BERT run of the same model?",
+                    path.display()
+                )
+            })?;
+            if saved.size() != var.size() {
+                bail!(
+                    "bert.init_from: {name} is {:?} in {}, this run's model needs {:?}",
+                    saved.size(),
+                    path.display(),
+                    var.size()
+                );
+            }
+            var.copy_(saved);
+        }
+        Ok(())
+    })
+}
+
+/// Trains a BERT run: masked-LM on `data` (the whole run for `task: mlm`, else `pretrain_steps` first), then
+/// the task. `emails` are needed for `task: spam`.
+pub fn train_bert(
+    cfg: &Config,
+    data: &TextData,
+    emails: Option<&[Email]>,
+    device: Device,
+    progress: Progress,
+    state: Option<&StateFile>,
+) -> Result<TrainedBert> {
+    let b = cfg.bert.as_ref().expect("a BERT run");
+    let t = &cfg.train;
+    let started = Instant::now();
+    let specials = Specials::of(&data.tokenizer)?;
+    let vocab = data.tokenizer.vocab_size();
+    let block = cfg.model.block_size;
+    if data.train.numel() as i64 <= block || data.val.numel() as i64 <= block {
+        bail!("the corpus splits need more than model.block_size = {block} tokens");
+    }
+    tch::manual_seed(t.seed as i64);
+    let mut vs = nn::VarStore::new(device);
+    let bert_cfg = BertConfig::from_model(&cfg.model, vocab);
+    let mlm = MaskedLm::new(&vs.root(), &bert_cfg);
+    let classifier = match b.task {
+        BertTask::Spam => Some(SequenceClassifier::new(&(vs.root() / "task"), bert_cfg.hidden, 2, cfg.model.dropout)),
+        BertTask::Mlm => None,
+    };
+    if let Some(path) = &b.init_from {
+        init_from(&vs, Path::new(path))?;
+    }
+    // Held-out masked windows, evenly spaced, masked once with a fixed seed.
+    tch::manual_seed(0x3a5c);
+    let count = t.eval_batches * t.batch_size;
+    let span = data.val.numel() as i64 - block;
+    let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
+    let val_windows = framed_windows(&data.val, &Tensor::from_slice(&starts), block, specials);
+    let mut objective = MaskedLmObjective {
+        model: &mlm,
+        data,
+        val: Vec::new(),
+        cfg: b,
+        specials,
+        vocab,
+        batch: t.batch_size,
+        block,
+        device,
+    };
+    objective.val = val_windows.split(t.batch_size, 0).iter().map(|w| objective.masked(w)).collect();
+    tch::manual_seed(t.seed as i64);
+
+    let (mut tokens_seen, mut train_time, mut steps_done) = (0i64, 0.0, 0i64);
+    let mut curves = Vec::new();
+    let mut pretrained_eval: Option<Evaluation> = None;
+    let phase_tokens = t.batch_size * block;
+    let run = match (&classifier, b.task) {
+        (None, _) | (_, BertTask::Mlm) => optimise(t, &objective, &mut vs, device, progress, state)?,
+        (Some(classifier), BertTask::Spam) => {
+            if b.pretrain_steps > 0 {
+                let pre = crate::config::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
+                let mut quiet = |_: i64, _: f64| {};
+                let run = optimise(&pre, &objective, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+                tokens_seen += run.steps_done * phase_tokens;
+                train_time += run.train_time;
+                steps_done += run.steps_done;
+                curves.extend(run.curves.into_iter().map(|mut c| {
+                    c.split = format!("pretrain_{}", c.split);
+                    c
+                }));
+                if run.diverged_at.is_some() {
+                    bail!("masked-LM pre-training diverged at step {}", run.diverged_at.unwrap_or(0));
+                }
+                pretrained_eval = Some(run.final_eval);
+            }
+            let emails = emails.context("task spam needs the SpamAssassin emails")?;
+            let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
+            let task = Classification {
+                bert: &mlm.bert,
+                classifier,
+                train: &train,
+                test: &test,
+                batch: t.batch_size,
+                device,
+                f1: std::cell::Cell::new(f64::NAN),
+            };
+            let mut run = optimise(t, &task, &mut vs, device, progress, state)?;
+            // The final evaluation ran last: its F1 is the run's.
+            let f1 = task.f1.get();
+            run.curves.push(CurvePoint::new(t.steps, "val", "final_f1", f1));
+            run
+        }
+    };
+    tokens_seen += run.steps_done * phase_tokens;
+    train_time += run.train_time;
+    steps_done += run.steps_done;
+    curves.extend(run.curves);
+    let f1 = curves.iter().rev().find(|c| c.metric == "final_f1").map_or(f64::NAN, |c| c.value);
+    curves.retain(|c| c.metric != "final_f1");
+    let mlm_eval = match b.task {
+        BertTask::Mlm => Some(run.final_eval.clone()),
+        BertTask::Spam => pretrained_eval,
+    };
+    let tokens_per_s = tokens_seen as f64 / train_time.max(1e-9);
+    let model_flops = tokens_per_s * crate::precision::train_flops_per_token(cfg, run.params, vocab);
+    let _ = steps_done;
+    let outcome = RunOutcome {
+        params: run.params,
+        final_train_loss: run.last_loss,
+        final_eval: run.final_eval,
+        length_evals: Vec::new(),
+        diverged_at: run.diverged_at,
+        wall_s: started.elapsed().as_secs_f64(),
+        tokens_per_s,
+        model_flops,
+        mfu: model_flops / crate::precision::matmul_peak(device, t.precision),
+        resumed_from: run.resumed_from,
+        curves,
+        sample: String::new(),
+        extra_metrics: vec![
+            mlm_eval.as_ref().map_or(f64::NAN, |e| e.loss),
+            mlm_eval.as_ref().map_or(f64::NAN, |e| e.accuracy),
+            f1,
+        ],
+    };
+    Ok(TrainedBert { outcome, vs })
+}
