@@ -106,19 +106,18 @@ impl MaskedLm {
         Self { bert: Bert::new(&(vs / "bert"), cfg), head: MlmHead::new(&(vs / "mlm"), cfg) }
     }
 
-    /// Mean cross-entropy over the predicted positions and the logits (B, N, V).
-    pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor) {
+    /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M). The head
+    /// runs on the chosen positions only (15% of them): the others have no loss, so their logits would be
+    /// wasted work — the vocabulary projection is the head's largest matmul.
+    pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
         let hidden = self.bert.forward(inputs, None, None, train);
-        let logits = self.head.logits(&hidden, self.bert.word_embeddings()).to_kind(Kind::Float);
-        let v = logits.size()[2];
-        let loss = logits.view([-1, v]).cross_entropy_loss::<Tensor>(
-            &targets.reshape([-1]),
-            None,
-            tch::Reduction::Mean,
-            IGNORE,
-            0.0,
-        );
-        (loss, logits)
+        let d = hidden.size()[2];
+        let flat_targets = targets.reshape([-1]);
+        let chosen = flat_targets.ne(IGNORE).nonzero().squeeze_dim(1);
+        let picked = hidden.reshape([-1, d]).index_select(0, &chosen);
+        let targets = flat_targets.index_select(0, &chosen);
+        let logits = self.head.logits(&picked, self.bert.word_embeddings()).to_kind(Kind::Float);
+        (logits.cross_entropy_for_logits(&targets), logits, targets)
     }
 }
 
@@ -168,11 +167,10 @@ impl Objective for MaskedLmObjective<'_> {
         let _guard = tch::no_grad_guard();
         let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
         for (x, y) in &self.val {
-            let (l, logits) = self.model.loss(x, y, false);
-            let scored = y.ne(IGNORE);
-            let n = scored.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+            let (l, logits, targets) = self.model.loss(x, y, false);
+            let n = targets.size()[0] as f64;
             loss += l.double_value(&[]) * n;
-            let right = logits.argmax(-1, false).eq_tensor(y).logical_and(&scored);
+            let right = logits.argmax(-1, false).eq_tensor(&targets);
             correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
             count += n;
         }
@@ -475,7 +473,18 @@ pub fn train_bert(
         BertTask::Spam => pretrained_eval,
     };
     let tokens_per_s = tokens_seen as f64 / train_time.max(1e-9);
-    let model_flops = tokens_per_s * crate::precision::train_flops_per_token(cfg, run.params, vocab);
+    // Training FLOPs per token as for the decoder (6 per matmul weight, 12·L·T·d for attention), with the
+    // embedding tables as lookups and the vocabulary projection paid only at the masked positions.
+    let m = &cfg.model;
+    let tables = vocab * m.d_model + block * m.d_model + 2 * m.d_model + vocab;
+    let encoder = 6.0 * (run.params - tables) as f64 + 12.0 * (m.layers * block * m.d_model) as f64;
+    let head = 6.0 * b.mask_fraction * (vocab * m.d_model) as f64;
+    let pretraining_tokens = match b.task {
+        BertTask::Mlm => tokens_seen,
+        BertTask::Spam => tokens_seen - run.steps_done * phase_tokens,
+    };
+    let flops = tokens_seen as f64 * encoder + pretraining_tokens as f64 * head;
+    let model_flops = flops / train_time.max(1e-9);
     let _ = steps_done;
     let outcome = RunOutcome {
         params: run.params,
