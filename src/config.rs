@@ -807,7 +807,10 @@ impl Config {
             )),
             (Tokenizer::Bpe | Tokenizer::Wordpiece, None, None) => Err(invalid(
                 "data.vocab_size",
-                format!("{:?} is trained on the corpus to a target size: set data.vocab_size (e.g. 2000)", d.tokenizer),
+                format!(
+                    "{} is trained on the corpus to a target size: set data.vocab_size (e.g. 2000)",
+                    if d.tokenizer == Tokenizer::Bpe { "bpe" } else { "wordpiece" }
+                ),
             )),
             // BPE starts from the 256 bytes plus the 7 special tokens.
             (Tokenizer::Bpe, Some(n), _) if !(263..=1_000_000).contains(&n) => Err(invalid(

@@ -104,6 +104,11 @@ impl TransformerLayer {
         }
     }
 
+    /// Whether this layer cross-attends to an encoder's output.
+    pub fn has_cross_attention(&self) -> bool {
+        self.cross.is_some()
+    }
+
     /// One residual unit: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`.
     fn residual(&self, x: &Tensor, norm: &nn::LayerNorm, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
         if self.pre_ln {

@@ -175,14 +175,19 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 let e = &outcome.final_eval;
                 // Perplexity means something for a language model only.
                 let metrics = match run.config.vision {
-                    None if run.config.bert.is_some() => format!(
-                        "masked-LM loss {:.4} (acc {:.3}), task loss {:.4}, accuracy {:.4}, F1 {:.4}",
-                        outcome.extra_metrics[0],
-                        outcome.extra_metrics[1],
-                        e.loss,
-                        e.accuracy,
-                        outcome.extra_metrics[2]
-                    ),
+                    None if run.config.bert.is_some() => {
+                        let (mlm, f1) = (&outcome.extra_metrics[..2], outcome.extra_metrics[2]);
+                        let pretrained = if mlm[0].is_finite() {
+                            format!("masked-LM loss {:.4} (acc {:.3})", mlm[0], mlm[1])
+                        } else {
+                            "no pre-training".to_string()
+                        };
+                        if f1.is_finite() {
+                            format!("{pretrained}; task loss {:.4}, accuracy {:.4}, F1 {f1:.4}", e.loss, e.accuracy)
+                        } else {
+                            pretrained
+                        }
+                    }
                     Some(_) if image_gpt => format!(
                         "test {:.4} bits/dim, next-pixel accuracy {:.4}, linear probe accuracy {:.4}",
                         outcome.extra_metrics[0], e.accuracy, outcome.extra_metrics[1]

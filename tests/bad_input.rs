@@ -76,6 +76,23 @@ const CASES: &[(&str, usize, &str)] = &[
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),
+    // Tokenizers.
+    ("data:\n  vocab_size: 500\n", 2, "data.vocab_size: a character vocabulary"),
+    ("data:\n  tokenizer: bpe\n", 1, "bpe is trained on the corpus to a target size: set data.vocab_size"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 100\n", 3, "263..=1000000"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\n  tokenizer_path: v.txt\n", 4, "set data.tokenizer: wordpiece"),
+    ("data:\n  tokenizer: wordpiece\n  tokenizer_path: /nonexistent/vocab.txt\n", 3, "no such file"),
+    ("data:\n  tokenizer: sentencepiece\n", 2, "`char`, `bpe`, `wordpiece`"),
+    // BERT.
+    ("bert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
+    ("bert:\n  task: qa\n", 2, "expected `mlm` or `spam`"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 5, "bert.mask_fraction"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 5, "only with a fine-tuning task"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  init_from: /nonexistent.safetensors\n", 5, "no such checkpoint"),
+    // ImageGPT.
+    ("vision:\n  arch: image_gpt\n  patch_size: 2\n", 1, "needs its palette section"),
+    ("vision:\n  arch: image_gpt\n  patch_size: 2\n  image_gpt:\n    palette: 1\n", 5, "must be in 2..=4096"),
+    ("vision:\n  arch: vit\n  image_gpt:\n    palette: 8\n", 3, "only for arch image_gpt"),
 ];
 
 #[test]
