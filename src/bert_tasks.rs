@@ -281,7 +281,7 @@ pub fn f1_score(predicted: &Tensor, labels: &Tensor) -> f64 {
     }
 }
 
-/// Test images per evaluation batch.
+/// Test emails per evaluation batch.
 const EVAL_BATCH: i64 = 128;
 
 struct Classification<'a> {
@@ -421,27 +421,28 @@ pub fn train_bert(
     objective.val = val_windows.split(t.batch_size, 0).iter().map(|w| objective.masked(w)).collect();
     tch::manual_seed(t.seed as i64);
 
-    let (mut tokens_seen, mut train_time, mut steps_done) = (0i64, 0.0, 0i64);
+    let (mut tokens_seen, mut train_time) = (0i64, 0.0);
     let mut curves = Vec::new();
     let mut pretrained_eval: Option<Evaluation> = None;
     let phase_tokens = t.batch_size * block;
-    let run = match (&classifier, b.task) {
-        (None, _) | (_, BertTask::Mlm) => optimise(t, &objective, &mut vs, device, progress, state)?,
-        (Some(classifier), BertTask::Spam) => {
+    let (run, f1) = match (&classifier, b.task) {
+        (None, _) | (_, BertTask::Mlm) => (optimise(t, &objective, &mut vs, device, progress, state)?, f64::NAN),
+        (Some(classifier), BertTask::Spam) => 'phases: {
             if b.pretrain_steps > 0 {
                 let pre = crate::config::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
                 let mut quiet = |_: i64, _: f64| {};
-                let run = optimise(&pre, &objective, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+                let mut run = optimise(&pre, &objective, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+                for c in run.curves.iter_mut() {
+                    c.split = format!("pretrain_{}", c.split);
+                }
+                if run.diverged_at.is_some() {
+                    // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
+                    progress(t.steps, run.last_loss);
+                    break 'phases (run, f64::NAN);
+                }
                 tokens_seen += run.steps_done * phase_tokens;
                 train_time += run.train_time;
-                steps_done += run.steps_done;
-                curves.extend(run.curves.into_iter().map(|mut c| {
-                    c.split = format!("pretrain_{}", c.split);
-                    c
-                }));
-                if run.diverged_at.is_some() {
-                    bail!("masked-LM pre-training diverged at step {}", run.diverged_at.unwrap_or(0));
-                }
+                curves.append(&mut run.curves);
                 pretrained_eval = Some(run.final_eval);
             }
             let emails = emails.context("task spam needs the SpamAssassin emails")?;
@@ -455,19 +456,16 @@ pub fn train_bert(
                 device,
                 f1: std::cell::Cell::new(f64::NAN),
             };
-            let mut run = optimise(t, &task, &mut vs, device, progress, state)?;
+            let run = optimise(t, &task, &mut vs, device, progress, state)?;
             // The final evaluation ran last: its F1 is the run's.
             let f1 = task.f1.get();
-            run.curves.push(CurvePoint::new(t.steps, "val", "final_f1", f1));
-            run
+            (run, f1)
         }
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
-    steps_done += run.steps_done;
     curves.extend(run.curves);
-    let f1 = curves.iter().rev().find(|c| c.metric == "final_f1").map_or(f64::NAN, |c| c.value);
-    curves.retain(|c| c.metric != "final_f1");
+    let pretrained = pretrained_eval.is_some();
     let mlm_eval = match b.task {
         BertTask::Mlm => Some(run.final_eval.clone()),
         BertTask::Spam => pretrained_eval,
@@ -481,11 +479,11 @@ pub fn train_bert(
     let head = 6.0 * b.mask_fraction * (vocab * m.d_model) as f64;
     let pretraining_tokens = match b.task {
         BertTask::Mlm => tokens_seen,
-        BertTask::Spam => tokens_seen - run.steps_done * phase_tokens,
+        BertTask::Spam if pretrained => b.pretrain_steps * phase_tokens,
+        BertTask::Spam => 0,
     };
     let flops = tokens_seen as f64 * encoder + pretraining_tokens as f64 * head;
     let model_flops = flops / train_time.max(1e-9);
-    let _ = steps_done;
     let outcome = RunOutcome {
         params: run.params,
         final_train_loss: run.last_loss,

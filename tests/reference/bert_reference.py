@@ -9,9 +9,12 @@ import json
 import math
 import struct
 import sys
+import warnings
 
-import torch
-import torch.nn.functional as F
+# The torch wheel warns on import when NumPy is absent; nothing here needs NumPy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def read_safetensors(path):
