@@ -33,6 +33,7 @@ pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
         train: Default::default(),
         vision: None,
         bert: None,
+        translate: None,
     };
     cfg.model.layers = b.layers;
     cfg.model.heads = b.heads;

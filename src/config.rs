@@ -20,6 +20,53 @@ pub struct Config {
     /// optionally fine-tuned on a task; absent for decoder runs (and then absent from their CSV columns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bert: Option<BertRunConfig>,
+    /// An encoder–decoder translator (the `model` section's width, heads and position encoding) trained on
+    /// sentence pairs; absent for other runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub translate: Option<TranslateConfig>,
+}
+
+/// What a translation run does (the seed's 12.8).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TranslateConfig {
+    /// `bible_en_es`: World English Bible → Reina-Valera 1909, aligned by verse.
+    pub pairs: PairSet,
+    pub encoder_layers: i64,
+    pub decoder_layers: i64,
+    /// How many of the decoder's layers (the last ones) cross-attend to the encoder (null: all).
+    pub cross_attention_layers: Option<i64>,
+    /// One embedding matrix for source, target and output (the vocabulary is shared either way).
+    pub shared_embeddings: bool,
+    /// Label smoothing ε of the training loss.
+    pub label_smoothing: f64,
+    /// Held-out pairs translated after training for BLEU and exact match.
+    pub eval_sentences: i64,
+    /// Beam width of that translation (1: greedy) and GNMT's length-penalty α.
+    pub beam_width: i64,
+    pub length_penalty: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PairSet {
+    BibleEnEs,
+}
+
+impl Default for TranslateConfig {
+    fn default() -> Self {
+        Self {
+            pairs: PairSet::BibleEnEs,
+            encoder_layers: 2,
+            decoder_layers: 2,
+            cross_attention_layers: None,
+            shared_embeddings: true,
+            label_smoothing: 0.1,
+            eval_sentences: 200,
+            beam_width: 1,
+            length_penalty: 0.6,
+        }
+    }
 }
 
 /// What a BERT run does (the seed's 12.6).
@@ -445,6 +492,38 @@ pub struct TrainConfig {
     /// After training, also evaluate on held-out windows this many times longer than `block_size`
     /// (length generalisation); a learned position table cannot, and leaves those metrics empty.
     pub eval_lengths: Vec<i64>,
+    /// Learning-rate schedule after the linear warm-up: `cosine` decay to `min_lr`, or `noam` (Vaswani et
+    /// al.): lr · min(step / warmup, √(warmup / step)), the peak `lr` at the end of warm-up, then the inverse
+    /// square root. Absent from the columns of cosine runs.
+    #[serde(skip_serializing_if = "Schedule::is_cosine")]
+    pub schedule: Schedule,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    #[default]
+    Cosine,
+    Noam,
+}
+
+impl Schedule {
+    fn is_cosine(&self) -> bool {
+        *self == Schedule::Cosine
+    }
+}
+
+impl TrainConfig {
+    /// The learning rate of optimisation step `step` (0-based).
+    pub fn lr_at(&self, step: i64) -> f64 {
+        match self.schedule {
+            Schedule::Cosine => crate::optim::warmup_cosine(step, self.warmup_steps, self.steps, self.lr, self.min_lr),
+            Schedule::Noam => {
+                let (s, w) = ((step + 1) as f64, self.warmup_steps.max(1) as f64);
+                self.lr * (s / w).min((w / s).sqrt())
+            }
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -468,6 +547,7 @@ impl Default for TrainConfig {
             checkpoint_every: None,
             precision: Precision::Fp32,
             eval_lengths: Vec::new(),
+            schedule: Schedule::Cosine,
         }
     }
 }
@@ -569,6 +649,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), Invalid> {
         self.validate_vision()?;
         self.validate_bert()?;
+        self.validate_translate()?;
         let m = &self.model;
         let positive = [
             ("model.d_model", m.d_model),
@@ -751,6 +832,56 @@ impl Config {
         self.validate_tokenizer()
     }
 
+    fn validate_translate(&self) -> Result<(), Invalid> {
+        let Some(tr) = &self.translate else { return Ok(()) };
+        if self.vision.is_some() || self.bert.is_some() {
+            return Err(invalid("translate", "a run is one of translate, bert or vision"));
+        }
+        if self.data.task != Task::Text || self.data.tokenizer == Tokenizer::Char {
+            return Err(invalid(
+                "data.tokenizer",
+                "translation needs <bos>, <eos> and <pad> in one vocabulary for both languages: use bpe or wordpiece",
+            ));
+        }
+        for (key, v) in
+            [("translate.encoder_layers", tr.encoder_layers), ("translate.decoder_layers", tr.decoder_layers)]
+        {
+            if !(1..=64).contains(&v) {
+                return Err(invalid(key, format!("must be in 1..=64, got {v}")));
+            }
+        }
+        if let Some(c) = tr.cross_attention_layers {
+            if !(0..=tr.decoder_layers).contains(&c) {
+                return Err(invalid(
+                    "translate.cross_attention_layers",
+                    format!("0..={} (the decoder's layers), got {c}", tr.decoder_layers),
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&tr.label_smoothing) {
+            return Err(invalid("translate.label_smoothing", format!("must be in [0, 1), got {}", tr.label_smoothing)));
+        }
+        if !(1..=100_000).contains(&tr.eval_sentences) {
+            return Err(invalid(
+                "translate.eval_sentences",
+                format!("must be in 1..=100000, got {}", tr.eval_sentences),
+            ));
+        }
+        if !(1..=64).contains(&tr.beam_width) {
+            return Err(invalid(
+                "translate.beam_width",
+                format!("must be in 1..=64 (1: greedy), got {}", tr.beam_width),
+            ));
+        }
+        if !(0.0..=5.0).contains(&tr.length_penalty) {
+            return Err(invalid("translate.length_penalty", format!("α must be in [0, 5], got {}", tr.length_penalty)));
+        }
+        if self.model.block_size < 4 {
+            return Err(invalid("model.block_size", "the longest sentence in tokens: at least 4"));
+        }
+        Ok(())
+    }
+
     fn validate_bert(&self) -> Result<(), Invalid> {
         let Some(b) = &self.bert else { return Ok(()) };
         if self.vision.is_some() {
@@ -837,6 +968,7 @@ mod tests {
             train: TrainConfig::default(),
             vision: None,
             bert: None,
+            translate: None,
         };
         c.model.d_model = 12;
         c.model.heads = 5;

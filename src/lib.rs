@@ -26,6 +26,7 @@ pub mod sweep;
 pub mod sword;
 pub mod tokenize;
 pub mod train;
+pub mod translate;
 pub mod vision;
 
 /// `auto` (CUDA when available), `cpu`, `cuda` or `cuda:N`.

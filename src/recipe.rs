@@ -49,6 +49,8 @@ struct RecipeFile {
     vision: Option<crate::vision::VisionConfig>,
     /// A BERT encoder run (masked-LM pre-training, fine-tuning).
     bert: Option<crate::config::BertRunConfig>,
+    /// An encoder-decoder translation run.
+    translate: Option<crate::config::TranslateConfig>,
     /// Dotted config key -> list of values; several keys form a grid.
     #[serde(default)]
     sweep: Mapping,
@@ -133,6 +135,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         train: parsed.train,
         vision: parsed.vision,
         bert: parsed.bert,
+        translate: parsed.translate,
     };
     let seeds = match parsed.seeds {
         Some(s) if s.is_empty() => {

@@ -58,11 +58,12 @@ const RUN_METRIC_COLUMNS: [&str; 10] = [
 
 /// Result columns only some runs have, after the common metrics: ImageGPT's bits per dimension (its test
 /// loss in base 2) and linear-probe test accuracy; BERT's masked-LM held-out loss and accuracy (after
-/// pre-training) and the fine-tuned task's F1.
+/// pre-training) and the fine-tuned task's F1; a translator's BLEU and exact-match rate on held-out pairs.
 pub fn extra_columns(config: &Config) -> &'static [&'static str] {
     match (&config.vision, &config.bert) {
         (Some(v), _) if v.arch == crate::vision::Arch::ImageGpt => &["bits_per_dim", "probe_accuracy"],
         (_, Some(_)) => &["mlm_loss", "mlm_accuracy", "f1"],
+        _ if config.translate.is_some() => &["bleu", "exact_match"],
         _ => &[],
     }
 }

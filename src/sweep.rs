@@ -15,6 +15,7 @@ use crate::recipe::Recipe;
 use crate::results::{read_curves, read_runs, write_atomically, ResultsDir};
 use crate::scale::Shard;
 use crate::train::{train_resumable, StateFile};
+use crate::translate::{train_translator, TranslationData};
 use crate::vision::classify::train_classifier;
 use crate::vision::imagegpt::train_image_gpt;
 
@@ -33,6 +34,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     let mut datasets: HashMap<String, Dataset> = HashMap::new();
     let mut image_sets: HashMap<String, ImageTask> = HashMap::new();
     let mut emails: Option<Vec<crate::labelled::Email>> = None;
+    let mut translations: HashMap<String, TranslationData> = HashMap::new();
     for run in &recipe.runs {
         let key = serde_yaml::to_string(&run.config.data)?;
         let located = || format!("{}: run `{}`", recipe.file, run.id);
@@ -42,6 +44,25 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 image_sets.insert(key.clone(), ImageTask::load(&images).with_context(located)?);
             }
             image_sets[&key].check_model(vision).with_context(located)?;
+            continue;
+        }
+        if let Some(tr) = &run.config.translate {
+            let key = format!("{key}{:?}{}", tr.pairs, run.config.model.block_size);
+            if let std::collections::hash_map::Entry::Vacant(slot) = translations.entry(key) {
+                let data = TranslationData::load(&run.config.data, tr.pairs, run.config.model.block_size)
+                    .with_context(located)?;
+                if !opts.quiet {
+                    eprintln!(
+                        "ablate: {} training and {} held-out pairs, vocabulary {} ({} pairs longer than {} tokens dropped)",
+                        data.train.len(),
+                        data.test.len(),
+                        data.tokenizer.vocab_size(),
+                        data.dropped,
+                        run.config.model.block_size
+                    );
+                }
+                slot.insert(data);
+            }
             continue;
         }
         if !datasets.contains_key(&key) {
@@ -107,7 +128,15 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             config_hash: run.config_hash.clone(),
         };
         let image_gpt = run.config.vision.as_ref().is_some_and(|v| v.arch == crate::vision::Arch::ImageGpt);
-        let outcome = if run.config.bert.is_some() {
+        let outcome = if let Some(tr) = &run.config.translate {
+            let key = format!("{data_key}{:?}{}", tr.pairs, run.config.model.block_size);
+            let trained = train_translator(&run.config, &translations[&key], opts.device, &mut progress, Some(&state))
+                .with_context(|| format!("run `{}`", run.id))?;
+            if run.config.train.checkpoint {
+                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
+            }
+            trained.outcome
+        } else if run.config.bert.is_some() {
             let Dataset::Text(text) = &datasets[&data_key] else { unreachable!("validated: BERT reads text") };
             let trained = train_bert(&run.config, text, emails.as_deref(), opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
@@ -188,6 +217,10 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                             pretrained
                         }
                     }
+                    None if run.config.translate.is_some() => format!(
+                        "held-out loss {:.4} (token accuracy {:.3}), BLEU {:.2}, exact match {:.3}",
+                        e.loss, e.accuracy, outcome.extra_metrics[0], outcome.extra_metrics[1]
+                    ),
                     Some(_) if image_gpt => format!(
                         "test {:.4} bits/dim, next-pixel accuracy {:.4}, linear probe accuracy {:.4}",
                         outcome.extra_metrics[0], e.accuracy, outcome.extra_metrics[1]
@@ -331,6 +364,7 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             ("probe_accuracy", "final_probe_accuracy.png", "linear-probe test accuracy"),
             ("f1", "final_f1.png", "final test F1"),
             ("mlm_loss", "final_mlm_loss.png", "masked-LM held-out loss after pre-training"),
+            ("bleu", "final_bleu.png", "BLEU on held-out pairs"),
         ] {
             if runs.first().is_none_or(|r| !r.contains_key(column)) {
                 continue;

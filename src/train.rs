@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::data::{Dataset, IGNORE};
 use crate::generate::{generate, Decoding};
 use crate::gpt::Gpt;
-use crate::optim::{warmup_cosine, AdamW, StepReport};
+use crate::optim::{AdamW, StepReport};
 use crate::precision::{self, LossScaler};
 
 /// One point of a learning curve.
@@ -275,7 +275,7 @@ pub fn optimise(
     for step in first_step..t.steps {
         let tick = Instant::now();
         tch::manual_seed(step_seed(t.seed, step));
-        let lr = warmup_cosine(step, t.warmup_steps, t.steps, t.lr, t.min_lr);
+        let lr = t.lr_at(step);
         let loss = objective.training_loss();
         let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
         last_loss = loss;

@@ -93,6 +93,11 @@ const CASES: &[(&str, usize, &str)] = &[
     ("vision:\n  arch: image_gpt\n  patch_size: 2\n", 1, "needs its palette section"),
     ("vision:\n  arch: image_gpt\n  patch_size: 2\n  image_gpt:\n    palette: 1\n", 5, "must be in 2..=4096"),
     ("vision:\n  arch: vit\n  image_gpt:\n    palette: 8\n", 3, "only for arch image_gpt"),
+    // Translation.
+    ("translate:\n  encoder_layers: 2\n", 1, "use bpe or wordpiece"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  cross_attention_layers: 3\n", 5, "0..=2 (the decoder's layers), got 3"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  pairs: klingon\n", 5, "bible_en_es"),
+    ("train:\n  schedule: linear\n", 2, "expected `cosine` or `noam`"),
 ];
 
 #[test]

@@ -117,6 +117,7 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
         },
         vision: None,
         bert: None,
+        translate: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let accuracy = run.outcome.final_eval.accuracy;
@@ -210,6 +211,7 @@ fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
         train: TrainConfig::default(),
         vision: None,
         bert: None,
+        translate: None,
     };
     let tokenizer = ablate::tokenize::TextTokenizer::Char(ablate::data::CharTokenizer::fit("abcdefghijk"));
     let dir = std::env::temp_dir().join(format!("ablate-ckpt-{}", std::process::id()));
@@ -262,6 +264,7 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
         },
         vision: None,
         bert: None,
+        translate: None,
     };
     cfg.validate().unwrap();
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
@@ -288,6 +291,7 @@ fn length_generalisation_is_scored_where_the_encoding_allows_it() {
             },
             vision: None,
             bert: None,
+            translate: None,
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         let evals = &run.outcome.length_evals;
@@ -337,6 +341,7 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
         },
         vision: None,
         bert: None,
+        translate: None,
     };
     let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
     let step = run.outcome.diverged_at.expect("this configuration diverges");

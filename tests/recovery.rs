@@ -124,6 +124,7 @@ fn bf16_training_follows_fp32_training_closely() {
             },
             vision: None,
             bert: None,
+            translate: None,
         };
         let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
         // Master weights stay float32 whatever the arithmetic.

@@ -150,3 +150,42 @@ fn english_spanish_bible_pairs_align_by_verse() {
     assert!(es.to_lowercase().contains("principio") && es.contains("Dios"), "{es}");
     assert!(pairs.iter().all(|(e, s)| !e.contains('\t') && !s.contains('\t') && !s.contains('\u{FFFD}')));
 }
+
+#[test]
+fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
+    let pairs: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen")))
+        .chain(std::iter::once(("a very long sentence ".repeat(20), "una frase".to_string())))
+        .collect();
+    let data_cfg = ablate::config::DataConfig {
+        tokenizer: ablate::config::Tokenizer::Bpe,
+        vocab_size: Some(300),
+        ..Default::default()
+    };
+    let data = ablate::translate::TranslationData::from_pairs(&pairs, &data_cfg, 16).unwrap();
+    // Every 20th pair is held out; the over-long one is dropped.
+    assert_eq!(data.test.len(), 10);
+    assert_eq!(data.train.len() + data.test.len() + data.dropped, 201);
+    assert_eq!(data.dropped, 1);
+    let b = data.batch(&[&data.train[0], &data.train[1]], Device::Cpu);
+    let (s0, t0) = &data.train[0];
+    let row = |t: &Tensor, i: i64| Vec::<i64>::try_from(t.get(i)).unwrap();
+    assert_eq!(row(&b.tgt_in, 0)[0], data.bos);
+    assert_eq!(&row(&b.tgt_in, 0)[1..=t0.len()], &t0[..]);
+    assert_eq!(&row(&b.tgt_out, 0)[..t0.len()], &t0[..]);
+    assert_eq!(row(&b.tgt_out, 0)[t0.len()], data.eos);
+    assert_eq!(b.src.size()[1] as usize, data.train[0].0.len().max(data.train[1].0.len()));
+    let real = Vec::<bool>::try_from(b.src_real.get(0)).unwrap();
+    assert_eq!(real.iter().filter(|&&r| r).count(), s0.len());
+    assert_eq!(data.test_text[0].1, "los 19 gatos duermen");
+}
+
+#[test]
+fn noam_peaks_at_the_end_of_warm_up_then_falls_as_the_inverse_square_root() {
+    let t = TrainConfig { lr: 1e-3, warmup_steps: 100, schedule: ablate::config::Schedule::Noam, ..Default::default() };
+    // Steps are 0-based: step 99 is the 100th update.
+    assert!((t.lr_at(49) - 0.5e-3).abs() < 1e-15);
+    assert!((t.lr_at(99) - 1e-3).abs() < 1e-15);
+    assert!((t.lr_at(399) - 0.5e-3).abs() < 1e-15);
+    assert!((t.lr_at(9999) - 1e-4).abs() < 1e-15);
+}
