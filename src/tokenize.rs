@@ -215,7 +215,8 @@ impl TextTokenizer {
             TextTokenizer::Char(c) => c.decode(ids),
             TextTokenizer::Subword(t) => {
                 let ids: Vec<u32> = ids.iter().map(|&i| i.max(0) as u32).collect();
-                t.decode(&ids, false).unwrap_or_else(|e| format!("<undecodable: {e}>"))
+                // Special tokens (a model may emit `<bos>` or `<pad>`) are not text.
+                t.decode(&ids, true).unwrap_or_else(|e| format!("<undecodable: {e}>"))
             }
         }
     }
