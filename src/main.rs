@@ -442,6 +442,15 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
     println!("| run | params | forward GFLOPs | per |");
     println!("|---|---|---|---|");
     for run in &recipe.runs {
+        if run.config.translate.is_some() {
+            // The vocabulary is trained with the pairs; its target size stands in for it here.
+            let vocab = run.config.data.vocab_size.unwrap_or(0);
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            drop(ablate::seq2seq::Seq2Seq::new(&vs.root(), &ablate::translate::model_config(&run.config, vocab)));
+            let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
+            println!("| {} | {params} | — | (translation: FLOPs depend on sentence lengths) |", run.id);
+            continue;
+        }
         let (params, flops, per) = match &run.config.vision {
             Some(v) => (ablate::vision::parameter_count(v), 2.0 * v.forward_macs(), "image".to_string()),
             None => {

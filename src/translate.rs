@@ -129,6 +129,27 @@ impl Objective for Translation<'_> {
     }
 }
 
+/// The encoder–decoder a translation run's config describes, over a shared vocabulary of `vocab` tokens.
+pub fn model_config(cfg: &Config, vocab: i64) -> Seq2SeqConfig {
+    let (m, tr) = (&cfg.model, cfg.translate.as_ref().expect("a translation run"));
+    Seq2SeqConfig {
+        src_vocab: vocab,
+        tgt_vocab: vocab,
+        d_model: m.d_model,
+        heads: m.heads,
+        ffn_hidden: m.ffn_hidden(),
+        encoder_layers: tr.encoder_layers,
+        decoder_layers: tr.decoder_layers,
+        cross_attention_layers: tr.cross_attention_layers.unwrap_or(tr.decoder_layers),
+        shared_embeddings: tr.shared_embeddings,
+        dropout: m.dropout,
+        pe: m.pe,
+        max_len: m.block_size + 1,
+        pre_ln: m.pre_ln,
+        attention: m.attention.clone(),
+    }
+}
+
 pub struct TrainedTranslator {
     pub outcome: RunOutcome,
     pub vs: nn::VarStore,
@@ -147,22 +168,7 @@ pub fn train_translator(
     let vocab = data.tokenizer.vocab_size();
     tch::manual_seed(t.seed as i64);
     let mut vs = nn::VarStore::new(device);
-    let model_cfg = Seq2SeqConfig {
-        src_vocab: vocab,
-        tgt_vocab: vocab,
-        d_model: m.d_model,
-        heads: m.heads,
-        ffn_hidden: m.ffn_hidden(),
-        encoder_layers: tr.encoder_layers,
-        decoder_layers: tr.decoder_layers,
-        cross_attention_layers: tr.cross_attention_layers.unwrap_or(tr.decoder_layers),
-        shared_embeddings: tr.shared_embeddings,
-        dropout: m.dropout,
-        pe: m.pe,
-        max_len: m.block_size + 1,
-        pre_ln: m.pre_ln,
-        attention: m.attention.clone(),
-    };
+    let model_cfg = model_config(cfg, vocab);
     let model = Seq2Seq::new(&vs.root(), &model_cfg);
     let val_pairs: Vec<&Pair> = data.test.iter().take((t.eval_batches * t.batch_size) as usize).collect();
     let val = val_pairs.chunks(t.batch_size as usize).map(|c| data.batch(c, device)).collect();
