@@ -425,7 +425,7 @@ pub fn train_bert(
     let mut curves = Vec::new();
     let mut pretrained_eval: Option<Evaluation> = None;
     let phase_tokens = t.batch_size * block;
-    let (run, f1) = match (&classifier, b.task) {
+    let (mut run, f1) = match (&classifier, b.task) {
         (None, _) | (_, BertTask::Mlm) => (optimise(t, &objective, &mut vs, device, progress, state)?, f64::NAN),
         (Some(classifier), BertTask::Spam) => 'phases: {
             if b.pretrain_steps > 0 {
@@ -464,7 +464,7 @@ pub fn train_bert(
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
-    curves.extend(run.curves);
+    curves.extend(std::mem::take(&mut run.curves));
     let pretrained = pretrained_eval.is_some();
     let mlm_eval = match b.task {
         BertTask::Mlm => Some(run.final_eval.clone()),
@@ -485,23 +485,13 @@ pub fn train_bert(
     let flops = tokens_seen as f64 * encoder + pretraining_tokens as f64 * head;
     let model_flops = flops / train_time.max(1e-9);
     let outcome = RunOutcome {
-        params: run.params,
-        final_train_loss: run.last_loss,
-        final_eval: run.final_eval,
-        length_evals: Vec::new(),
-        diverged_at: run.diverged_at,
-        wall_s: started.elapsed().as_secs_f64(),
-        tokens_per_s,
-        model_flops,
-        mfu: model_flops / crate::precision::matmul_peak(device, t.precision),
-        resumed_from: run.resumed_from,
         curves,
-        sample: String::new(),
         extra_metrics: vec![
             mlm_eval.as_ref().map_or(f64::NAN, |e| e.loss),
             mlm_eval.as_ref().map_or(f64::NAN, |e| e.accuracy),
             f1,
         ],
+        ..run.into_outcome(started, tokens_per_s, model_flops, device, t.precision)
     };
     Ok(TrainedBert { outcome, vs })
 }

@@ -128,28 +128,17 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             config_hash: run.config_hash.clone(),
         };
         let image_gpt = run.config.vision.as_ref().is_some_and(|v| v.arch == crate::vision::Arch::ImageGpt);
-        let outcome = if let Some(tr) = &run.config.translate {
+        // Each kind of run trains and hands back its weights, and the tokenizer when it has one.
+        let (outcome, vs, tokenizer) = if let Some(tr) = &run.config.translate {
             let key = format!("{data_key}{:?}{}", tr.pairs, run.config.model.block_size);
             let trained = train_translator(&run.config, &translations[&key], opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
-            if run.config.train.checkpoint {
-                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
-            }
-            trained.outcome
+            (trained.outcome, trained.vs, None)
         } else if run.config.bert.is_some() {
             let Dataset::Text(text) = &datasets[&data_key] else { unreachable!("validated: BERT reads text") };
             let trained = train_bert(&run.config, text, emails.as_deref(), opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
-            if run.config.train.checkpoint {
-                crate::checkpoint::save(
-                    &results.dir.join("checkpoints"),
-                    &run.id,
-                    &run.config,
-                    &text.tokenizer,
-                    &trained.vs,
-                )?;
-            }
-            trained.outcome
+            (trained.outcome, trained.vs, Some(&text.tokenizer))
         } else if image_gpt {
             let png = results.dir.join("completions").join(format!("{}.png", file_stem(&run.id)));
             let trained = train_image_gpt(
@@ -161,33 +150,25 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 Some(&png),
             )
             .with_context(|| format!("run `{}`", run.id))?;
-            if run.config.train.checkpoint {
-                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
-            }
-            trained.outcome
+            (trained.outcome, trained.vs, None)
         } else if run.config.vision.is_some() {
             let trained =
                 train_classifier(&run.config, &image_sets[&data_key], opts.device, &mut progress, Some(&state))
                     .with_context(|| format!("run `{}`", run.id))?;
-            if run.config.train.checkpoint {
-                crate::checkpoint::save_weights(&results.dir.join("checkpoints"), &run.id, &run.config, &trained.vs)?;
-            }
-            trained.outcome
+            (trained.outcome, trained.vs, None)
         } else {
             let data = &datasets[&data_key];
             let trained = train_resumable(&run.config, data, opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
-            if run.config.train.checkpoint {
-                crate::checkpoint::save(
-                    &results.dir.join("checkpoints"),
-                    &run.id,
-                    &run.config,
-                    data.tokenizer(),
-                    &trained.vs,
-                )?;
-            }
-            trained.outcome
+            (trained.outcome, trained.vs, Some(data.tokenizer()))
         };
+        if run.config.train.checkpoint {
+            let dir = results.dir.join("checkpoints");
+            match tokenizer {
+                Some(t) => crate::checkpoint::save(&dir, &run.id, &run.config, t, &vs)?,
+                None => crate::checkpoint::save_weights(&dir, &run.id, &run.config, &vs)?,
+            };
+        }
         results.append(run, &outcome)?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.

@@ -236,6 +236,35 @@ pub struct Optimised {
     pub curves: Vec<CurvePoint>,
 }
 
+impl Optimised {
+    /// The run's measurements, given its throughput: everything a task adds (held-out lengths, a sample,
+    /// extra metrics) starts empty for the task to fill in.
+    pub fn into_outcome(
+        self,
+        started: Instant,
+        tokens_per_s: f64,
+        model_flops: f64,
+        device: Device,
+        precision: crate::config::Precision,
+    ) -> RunOutcome {
+        RunOutcome {
+            params: self.params,
+            final_train_loss: self.last_loss,
+            final_eval: self.final_eval,
+            length_evals: Vec::new(),
+            diverged_at: self.diverged_at,
+            wall_s: started.elapsed().as_secs_f64(),
+            tokens_per_s,
+            model_flops,
+            mfu: model_flops / precision::matmul_peak(device, precision),
+            resumed_from: self.resumed_from,
+            curves: self.curves,
+            sample: String::new(),
+            extra_metrics: Vec::new(),
+        }
+    }
+}
+
 /// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
 /// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
 /// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
@@ -419,19 +448,9 @@ pub fn train_resumable(
     };
     drop(_autocast);
     let outcome = RunOutcome {
-        params: run.params,
-        final_train_loss: run.last_loss,
-        final_eval: run.final_eval,
         length_evals,
-        diverged_at: run.diverged_at,
-        wall_s: started.elapsed().as_secs_f64(),
-        tokens_per_s,
-        model_flops,
-        mfu: model_flops / precision::matmul_peak(device, t.precision),
-        resumed_from: run.resumed_from,
-        curves: run.curves,
         sample,
-        extra_metrics: Vec::new(),
+        ..run.into_outcome(started, tokens_per_s, model_flops, device, t.precision)
     };
     Ok(TrainedRun { outcome, model, vs })
 }

@@ -210,19 +210,9 @@ pub fn train_translator(
         + 12.0 * (attention_layers * m.d_model) as f64 * mean_length;
     let model_flops = tokens_per_s * per_token;
     let outcome = RunOutcome {
-        params,
-        final_train_loss: run.last_loss,
-        final_eval: run.final_eval,
-        length_evals: Vec::new(),
-        diverged_at: run.diverged_at,
-        wall_s: started.elapsed().as_secs_f64(),
-        tokens_per_s,
-        model_flops,
-        mfu: model_flops / crate::precision::matmul_peak(device, t.precision),
-        resumed_from: run.resumed_from,
-        curves: run.curves,
         sample,
         extra_metrics: vec![bleu_score, exact],
+        ..run.into_outcome(started, tokens_per_s, model_flops, device, t.precision)
     };
     Ok(TrainedTranslator { outcome, vs })
 }

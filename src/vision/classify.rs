@@ -75,21 +75,7 @@ pub fn train_classifier(
     let images_per_s = (run.steps_done * t.batch_size) as f64 / run.train_time.max(1e-9);
     let grid = v.stage_grid(0);
     let model_flops = images_per_s * 6.0 * v.forward_macs();
-    let outcome = RunOutcome {
-        params: run.params,
-        final_train_loss: run.last_loss,
-        final_eval: run.final_eval,
-        length_evals: Vec::new(),
-        diverged_at: run.diverged_at,
-        wall_s: started.elapsed().as_secs_f64(),
-        // Tokens are the first stage's patches.
-        tokens_per_s: images_per_s * (grid * grid) as f64,
-        model_flops,
-        mfu: model_flops / crate::precision::matmul_peak(device, t.precision),
-        resumed_from: run.resumed_from,
-        curves: run.curves,
-        sample: String::new(),
-        extra_metrics: Vec::new(),
-    };
+    // Tokens are the first stage's patches.
+    let outcome = run.into_outcome(started, images_per_s * (grid * grid) as f64, model_flops, device, t.precision);
     Ok(TrainedClassifier { outcome, vs })
 }

@@ -419,20 +419,10 @@ pub fn train_image_gpt(
         }
     }
     let model_flops = images_per_s * 6.0 * v.forward_macs();
+    let bits_per_dim = run.final_eval.loss / std::f64::consts::LN_2;
     let outcome = RunOutcome {
-        params: run.params,
-        final_train_loss: run.last_loss,
-        final_eval: run.final_eval.clone(),
-        length_evals: Vec::new(),
-        diverged_at: run.diverged_at,
-        wall_s: started.elapsed().as_secs_f64(),
-        tokens_per_s: images_per_s * tokens as f64,
-        model_flops,
-        mfu: model_flops / crate::precision::matmul_peak(device, t.precision),
-        resumed_from: run.resumed_from,
-        curves: run.curves,
-        sample: String::new(),
-        extra_metrics: vec![run.final_eval.loss / std::f64::consts::LN_2, probe_accuracy],
+        extra_metrics: vec![bits_per_dim, probe_accuracy],
+        ..run.into_outcome(started, images_per_s * tokens as f64, model_flops, device, t.precision)
     };
     Ok(TrainedImageGpt { outcome, model, vs })
 }
