@@ -190,6 +190,19 @@ impl Bert {
     /// Final hidden states (B, N, D) of token ids (B, N), segment ids (B, N) (all sentence A when `None`),
     /// with `padding` (B, N) true at real tokens (no padding when `None`).
     pub fn forward(&self, ids: &Tensor, segments: Option<&Tensor>, padding: Option<&Tensor>, train: bool) -> Tensor {
+        self.forward_with(ids, segments, padding, false, train)
+    }
+
+    /// `forward`, with causal attention when `causal` (each token sees itself and those before it): the
+    /// next-token objective on the same encoder.
+    pub fn forward_with(
+        &self,
+        ids: &Tensor,
+        segments: Option<&Tensor>,
+        padding: Option<&Tensor>,
+        causal: bool,
+        train: bool,
+    ) -> Tensor {
         let n = ids.size()[1];
         let mut x = self.word.forward(ids);
         x = match segments {
@@ -200,7 +213,7 @@ impl Bert {
             x += table;
         }
         let mut x = self.embedding_norm.forward(&x).dropout(self.dropout, train);
-        let mask = Mask { causal: false, key_padding: padding, offset: 0, bias: None };
+        let mask = Mask { causal, key_padding: padding, offset: 0, bias: None };
         for layer in &self.layers {
             x = layer.forward(&x, &mask, None, None, train, false).output;
         }

@@ -16,7 +16,11 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::bert::{Bert, BertConfig};
-use crate::config::{BertRunConfig, BertTask, Config};
+use crate::config::{BertRunConfig, BertTask, Config, PretrainObjective};
+use crate::corpus_tasks::{
+    locate_examples, mark_f1, punctuation_examples, span_scores, word_pieces, Passage, SpanExamples, TokenExamples,
+    PUNCTUATION_CLASSES,
+};
 use crate::data::{TextData, IGNORE};
 use crate::labelled::Email;
 use crate::tokenize::{Special, TextTokenizer};
@@ -95,22 +99,24 @@ impl MlmHead {
     }
 }
 
-/// The encoder with its MLM head.
+/// The encoder with its MLM head. With `causal` set the same model is a next-token predictor: attention
+/// sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens.
 pub struct MaskedLm {
     pub bert: Bert,
     head: MlmHead,
+    pub causal: bool,
 }
 
 impl MaskedLm {
     pub fn new(vs: &nn::Path, cfg: &BertConfig) -> Self {
-        Self { bert: Bert::new(&(vs / "bert"), cfg), head: MlmHead::new(&(vs / "mlm"), cfg) }
+        Self { bert: Bert::new(&(vs / "bert"), cfg), head: MlmHead::new(&(vs / "mlm"), cfg), causal: false }
     }
 
     /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M). The head
     /// runs on the chosen positions only (15% of them): the others have no loss, so their logits would be
     /// wasted work — the vocabulary projection is the head's largest matmul.
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
-        let hidden = self.bert.forward(inputs, None, None, train);
+        let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
         let d = hidden.size()[2];
         let flat_targets = targets.reshape([-1]);
         let chosen = flat_targets.ne(IGNORE).nonzero().squeeze_dim(1);
@@ -133,7 +139,16 @@ fn framed_windows(ids: &Tensor, starts: &Tensor, block: i64, s: Specials) -> Ten
     Tensor::cat(&[cls, rows, sep], 1)
 }
 
-struct MaskedLmObjective<'a> {
+/// Next-token targets of windows (B, N): position i predicts token i + 1; the last position and special
+/// targets (the closing `<sep>`) are `IGNORE`, so both objectives predict ordinary tokens only.
+pub fn next_token_targets(windows: &Tensor, first_ordinary: i64) -> Tensor {
+    let n = windows.size()[1];
+    let next = Tensor::cat(&[windows.narrow(1, 1, n - 1), windows.narrow(1, 0, 1).full_like(IGNORE)], 1);
+    next.where_self(&next.ge(first_ordinary), &next.full_like(IGNORE))
+}
+
+/// Pre-training on the corpus: masked-LM, or next-token prediction with the same encoder and head.
+struct Pretraining<'a> {
     model: &'a MaskedLm,
     data: &'a TextData,
     /// Fixed held-out (inputs, targets): the masking is drawn once, so every evaluation scores the same.
@@ -146,20 +161,37 @@ struct MaskedLmObjective<'a> {
     device: Device,
 }
 
-impl MaskedLmObjective<'_> {
-    fn masked(&self, windows: &Tensor) -> (Tensor, Tensor) {
-        let eligible = windows.ge(self.specials.first_ordinary);
-        let (x, y) =
-            mask_tokens(windows, &eligible, self.cfg.mask_fraction, self.cfg.replace_rule, self.specials, self.vocab);
+impl Pretraining<'_> {
+    /// Inputs and targets of windows, masking `fraction` of the tokens for the masked objective.
+    fn inputs_and_targets(&self, windows: &Tensor, fraction: f64) -> (Tensor, Tensor) {
+        let (x, y) = match self.cfg.objective {
+            PretrainObjective::Masked => {
+                let eligible = windows.ge(self.specials.first_ordinary);
+                mask_tokens(windows, &eligible, fraction, self.cfg.replace_rule, self.specials, self.vocab)
+            }
+            PretrainObjective::NextToken => {
+                (windows.shallow_clone(), next_token_targets(windows, self.specials.first_ordinary))
+            }
+        };
         (x.to_device(self.device), y.to_device(self.device))
+    }
+
+    /// Tokens that carry loss per window: the chosen fraction of the ordinary ones, or all of them.
+    fn predicted_per_window(&self) -> f64 {
+        let ordinary = (self.block - 2) as f64;
+        match self.cfg.objective {
+            PretrainObjective::Masked => ordinary * self.cfg.mask_fraction,
+            PretrainObjective::NextToken => ordinary,
+        }
     }
 }
 
-impl Objective for MaskedLmObjective<'_> {
+impl Objective for Pretraining<'_> {
     fn training_loss(&self) -> Tensor {
         let n = self.data.train.numel() as i64;
         let starts = Tensor::randint(n - self.block, [self.batch], (Kind::Int64, Device::Cpu));
-        let (x, y) = self.masked(&framed_windows(&self.data.train, &starts, self.block, self.specials));
+        let windows = framed_windows(&self.data.train, &starts, self.block, self.specials);
+        let (x, y) = self.inputs_and_targets(&windows, self.cfg.mask_fraction);
         self.model.loss(&x, &y, true).0
     }
 
@@ -175,8 +207,15 @@ impl Objective for MaskedLmObjective<'_> {
             count += n;
         }
         let e = Evaluation { loss: loss / count, accuracy: correct / count };
-        curves.push(CurvePoint::new(step, "val", "mlm_loss", e.loss));
-        curves.push(CurvePoint::new(step, "val", "mlm_accuracy", e.accuracy));
+        e.record(step, curves);
+        if self.cfg.objective == PretrainObjective::Masked {
+            curves.push(CurvePoint::new(step, "val", "mlm_loss", e.loss));
+            curves.push(CurvePoint::new(step, "val", "mlm_accuracy", e.accuracy));
+        }
+        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count).
+        let windows = (step * self.batch) as f64;
+        curves.push(CurvePoint::new(step, "val", "tokens_seen", windows * self.block as f64));
+        curves.push(CurvePoint::new(step, "val", "tokens_predicted", windows * self.predicted_per_window()));
         e
     }
 }
@@ -267,6 +306,83 @@ impl SequenceClassifier {
     }
 }
 
+/// Token classification: a linear layer over every final hidden state (per-token softmax).
+pub struct TokenClassifier {
+    head: nn::Linear,
+    dropout: f64,
+}
+
+impl TokenClassifier {
+    pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
+        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout }
+    }
+
+    /// Logits (B, N, C).
+    pub fn logits(&self, bert: &Bert, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
+        let hidden = bert.forward(ids, None, Some(padding), train);
+        self.head.forward(&hidden.dropout(self.dropout, train)).to_kind(Kind::Float)
+    }
+
+    /// Mean cross-entropy over the scored tokens (labels not `IGNORE`).
+    pub fn loss(logits: &Tensor, labels: &Tensor) -> Tensor {
+        let c = logits.size()[2];
+        logits.view([-1, c]).cross_entropy_loss::<Tensor>(&labels.view([-1]), None, tch::Reduction::Mean, IGNORE, 0.0)
+    }
+}
+
+/// Span prediction (BERT's SQuAD head): one start and one end logit per token, softmax over the passage.
+pub struct SpanPredictor {
+    head: nn::Linear,
+    /// The longest answer considered when decoding, in tokens.
+    pub max_tokens: i64,
+}
+
+impl SpanPredictor {
+    pub fn new(vs: &nn::Path, hidden: i64, max_tokens: i64) -> Self {
+        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens }
+    }
+
+    /// Start and end logits (B, N), −∞ outside the passage (`context`).
+    pub fn logits(&self, bert: &Bert, x: &SpanBatch, train: bool) -> (Tensor, Tensor) {
+        let hidden = bert.forward(&x.ids, Some(&x.segments), Some(&x.padding), train);
+        let both = self.head.forward(&hidden).to_kind(Kind::Float);
+        let outside = x.context.logical_not();
+        let pick = |i: i64| both.select(2, i).masked_fill(&outside, f64::NEG_INFINITY);
+        (pick(0), pick(1))
+    }
+
+    /// The mean of the start and end cross-entropies.
+    pub fn loss(start_logits: &Tensor, end_logits: &Tensor, start: &Tensor, end: &Tensor) -> Tensor {
+        (start_logits.cross_entropy_for_logits(start) + end_logits.cross_entropy_for_logits(end)) / 2.0
+    }
+
+    /// The best span (start ≤ end, at most `max_tokens` long) of each row by start + end logit.
+    pub fn best_spans(&self, start_logits: &Tensor, end_logits: &Tensor) -> Vec<(i64, i64)> {
+        let n = start_logits.size()[1];
+        let scores = start_logits.unsqueeze(2) + end_logits.unsqueeze(1);
+        let i = Tensor::arange(n, (Kind::Int64, scores.device()));
+        let length = i.unsqueeze(0) - i.unsqueeze(1);
+        let allowed = length.ge(0).logical_and(&length.lt(self.max_tokens));
+        let best = scores.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY).view([-1, n * n]).argmax(-1, false);
+        Vec::<i64>::try_from(best.to_device(Device::Cpu)).unwrap_or_default().iter().map(|b| (b / n, b % n)).collect()
+    }
+}
+
+/// A batch of span rows on the device.
+pub struct SpanBatch {
+    pub ids: Tensor,
+    pub segments: Tensor,
+    pub padding: Tensor,
+    pub context: Tensor,
+}
+
+impl SpanBatch {
+    fn rows(x: &SpanExamples, idx: &Tensor, device: Device) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        Self { ids: pick(&x.ids), segments: pick(&x.segments), padding: pick(&x.padding), context: pick(&x.context) }
+    }
+}
+
 /// F1 of class 1 from predictions and labels (0 when nothing is predicted or present as class 1).
 pub fn f1_score(predicted: &Tensor, labels: &Tensor) -> f64 {
     let p = predicted.eq(1);
@@ -291,7 +407,7 @@ struct Classification<'a> {
     test: &'a Labelled,
     batch: i64,
     device: Device,
-    f1: std::cell::Cell<f64>,
+    scores: &'a TaskScores,
 }
 
 impl Objective for Classification<'_> {
@@ -316,10 +432,109 @@ impl Objective for Classification<'_> {
         let predicted = Tensor::cat(&predictions, 0);
         let accuracy = predicted.eq_tensor(&self.test.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         let f1 = f1_score(&predicted, &self.test.labels);
-        self.f1.set(f1);
+        self.scores.f1.set(f1);
         let e = Evaluation { loss: loss / n as f64, accuracy };
         e.record(step, curves);
         curves.push(CurvePoint::new(step, "val", "f1", f1));
+        e
+    }
+}
+
+/// What a fine-tuning evaluation found besides loss and accuracy (read after the last one).
+#[derive(Default)]
+struct TaskScores {
+    f1: std::cell::Cell<f64>,
+    exact_match: std::cell::Cell<f64>,
+}
+
+/// Punctuation restoration: token classification of the corpus's words.
+struct Tagging<'a> {
+    bert: &'a Bert,
+    tagger: &'a TokenClassifier,
+    train: &'a TokenExamples,
+    test: &'a TokenExamples,
+    batch: i64,
+    device: Device,
+    scores: &'a TaskScores,
+}
+
+impl Objective for Tagging<'_> {
+    fn training_loss(&self) -> Tensor {
+        let idx = Tensor::randint(self.train.ids.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
+        let pick = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
+        let logits = self.tagger.logits(self.bert, &pick(&self.train.ids), &pick(&self.train.padding), true);
+        TokenClassifier::loss(&logits, &pick(&self.train.labels))
+    }
+
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let n = self.test.ids.size()[0];
+        let (mut loss, mut scored, mut predictions) = (0.0, 0.0, Vec::new());
+        for start in (0..n).step_by(EVAL_BATCH as usize) {
+            let m = EVAL_BATCH.min(n - start);
+            let part = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
+            let logits = self.tagger.logits(self.bert, &part(&self.test.ids), &part(&self.test.padding), false);
+            let labels = part(&self.test.labels);
+            let count = labels.ne(IGNORE).sum(Kind::Float).double_value(&[]);
+            loss += TokenClassifier::loss(&logits, &labels).double_value(&[]) * count;
+            scored += count;
+            predictions.push(logits.argmax(-1, false).to_device(Device::Cpu));
+        }
+        let predicted = Tensor::cat(&predictions, 0);
+        let labels = &self.test.labels;
+        let mask = labels.ne(IGNORE);
+        let right = predicted.eq_tensor(labels).logical_and(&mask).sum(Kind::Float).double_value(&[]);
+        let f1 = mark_f1(&predicted, labels);
+        self.scores.f1.set(f1);
+        let e = Evaluation { loss: loss / scored.max(1.0), accuracy: right / scored.max(1.0) };
+        e.record(step, curves);
+        curves.push(CurvePoint::new(step, "val", "f1", f1));
+        e
+    }
+}
+
+/// Phrase location: span prediction over a passage.
+struct Locating<'a> {
+    bert: &'a Bert,
+    span: &'a SpanPredictor,
+    train: &'a SpanExamples,
+    test: &'a SpanExamples,
+    batch: i64,
+    device: Device,
+    scores: &'a TaskScores,
+}
+
+impl Objective for Locating<'_> {
+    fn training_loss(&self) -> Tensor {
+        let idx = Tensor::randint(self.train.ids.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
+        let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.train, &idx, self.device), true);
+        let gold = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
+        SpanPredictor::loss(&s, &e, &gold(&self.train.start), &gold(&self.train.end))
+    }
+
+    fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let n = self.test.ids.size()[0];
+        let (mut loss, mut predicted) = (0.0, Vec::new());
+        for start in (0..n).step_by(EVAL_BATCH as usize) {
+            let m = EVAL_BATCH.min(n - start);
+            let idx = Tensor::arange_start(start, start + m, (Kind::Int64, Device::Cpu));
+            let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.test, &idx, self.device), false);
+            let gold = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
+            loss += SpanPredictor::loss(&s, &e, &gold(&self.test.start), &gold(&self.test.end)).double_value(&[])
+                * m as f64;
+            predicted.extend(self.span.best_spans(&s, &e));
+        }
+        let starts = Vec::<i64>::try_from(&self.test.start).unwrap_or_default();
+        let ends = Vec::<i64>::try_from(&self.test.end).unwrap_or_default();
+        let gold: Vec<(i64, i64)> = starts.into_iter().zip(ends).collect();
+        let (exact, f1) = span_scores(&predicted, &gold);
+        self.scores.f1.set(f1);
+        self.scores.exact_match.set(exact);
+        let e = Evaluation { loss: loss / n.max(1) as f64, accuracy: exact };
+        e.record(step, curves);
+        curves.push(CurvePoint::new(step, "val", "f1", f1));
+        curves.push(CurvePoint::new(step, "val", "exact_match", exact));
         e
     }
 }
@@ -341,7 +556,7 @@ fn pretrain_state(state: Option<&StateFile>) -> Option<StateFile> {
 }
 
 /// Copies a checkpoint's encoder weights (`bert.*`, and the MLM head when present) into `vs`.
-fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
+pub fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
     let stored: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)
         .with_context(|| format!("bert.init_from: reading {}", path.display()))?
         .into_iter()
@@ -371,8 +586,53 @@ fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
     })
 }
 
-/// Trains a BERT run: masked-LM on `data` (the whole run for `task: mlm`, else `pretrain_steps` first), then
-/// the task. `emails` are needed for `task: spam`.
+/// The head a BERT run fine-tunes (none for pre-training alone).
+pub enum TaskHead {
+    None,
+    Sequence(SequenceClassifier),
+    Tokens(TokenClassifier),
+    Span(SpanPredictor),
+}
+
+/// The longest answer the location task decodes, in tokens (5 words rarely take more than 12).
+const MAX_ANSWER_TOKENS: i64 = 24;
+
+/// A BERT run's model: the encoder with its pre-training head (causal for `next_token`) and its task head,
+/// under `vs` exactly as training builds it (so `ablate describe` counts the same parameters).
+pub fn build_model(vs: &nn::Path, cfg: &Config, vocab: i64) -> (MaskedLm, TaskHead) {
+    let b = cfg.bert.as_ref().expect("a BERT run");
+    let bert_cfg = BertConfig::from_model(&cfg.model, vocab);
+    let mut mlm = MaskedLm::new(vs, &bert_cfg);
+    mlm.causal = b.objective == PretrainObjective::NextToken;
+    let (task, hidden, dropout) = (vs / "task", bert_cfg.hidden, cfg.model.dropout);
+    let head = match b.task {
+        BertTask::Pretrain => TaskHead::None,
+        BertTask::Spam => TaskHead::Sequence(SequenceClassifier::new(&task, hidden, 2, dropout)),
+        BertTask::Punctuation => {
+            TaskHead::Tokens(TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout))
+        }
+        BertTask::Locate => TaskHead::Span(SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS)),
+    };
+    (mlm, head)
+}
+
+/// Fine-tuning examples of the corpus tasks held out like the corpus: this many test rows, evenly spaced.
+const TASK_TEST_ROWS: usize = 1024;
+
+/// The corpus's word pieces for the generated tasks, split where `TextData` splits the text.
+fn task_pieces(cfg: &Config) -> Result<(Vec<Passage>, Vec<Passage>)> {
+    let text = crate::data::load_text(&cfg.data)?;
+    let (train, test) = crate::data::split_text(&text, cfg.data.val_fraction);
+    let own = |t: &str| -> Vec<Passage> {
+        word_pieces(t).into_iter().map(|w| w.into_iter().map(str::to_string).collect()).collect()
+    };
+    let test = own(test);
+    let step = (test.len() / TASK_TEST_ROWS).max(1);
+    Ok((own(train), test.into_iter().step_by(step).take(TASK_TEST_ROWS).collect()))
+}
+
+/// Trains a BERT run: the pre-training objective on `data` (the whole run for `task: pretrain`, else
+/// `pretrain_steps` first), then the task. `emails` are needed for `task: spam`.
 pub fn train_bert(
     cfg: &Config,
     data: &TextData,
@@ -392,105 +652,116 @@ pub fn train_bert(
     }
     tch::manual_seed(t.seed as i64);
     let mut vs = nn::VarStore::new(device);
-    let bert_cfg = BertConfig::from_model(&cfg.model, vocab);
-    let mlm = MaskedLm::new(&vs.root(), &bert_cfg);
-    let classifier = match b.task {
-        BertTask::Spam => Some(SequenceClassifier::new(&(vs.root() / "task"), bert_cfg.hidden, 2, cfg.model.dropout)),
-        BertTask::Mlm => None,
-    };
+    let (mlm, head) = build_model(&vs.root(), cfg, vocab);
     if let Some(path) = &b.init_from {
         init_from(&vs, Path::new(path))?;
     }
-    // Held-out masked windows, evenly spaced, masked once with a fixed seed.
+    // Held-out windows, evenly spaced, masked once with a fixed seed.
     tch::manual_seed(0x3a5c);
     let count = t.eval_batches * t.batch_size;
     let span = data.val.numel() as i64 - block;
     let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
     let val_windows = framed_windows(&data.val, &Tensor::from_slice(&starts), block, specials);
-    let mut objective = MaskedLmObjective {
-        model: &mlm,
-        data,
-        val: Vec::new(),
-        cfg: b,
-        specials,
-        vocab,
-        batch: t.batch_size,
-        block,
-        device,
-    };
-    objective.val = val_windows.split(t.batch_size, 0).iter().map(|w| objective.masked(w)).collect();
+    let mut pretraining =
+        Pretraining { model: &mlm, data, val: Vec::new(), cfg: b, specials, vocab, batch: t.batch_size, block, device };
+    let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
+    pretraining.val =
+        val_windows.split(t.batch_size, 0).iter().map(|w| pretraining.inputs_and_targets(w, eval_fraction)).collect();
     tch::manual_seed(t.seed as i64);
 
     let (mut tokens_seen, mut train_time) = (0i64, 0.0);
     let mut curves = Vec::new();
     let mut pretrained_eval: Option<Evaluation> = None;
     let phase_tokens = t.batch_size * block;
-    let (mut run, f1) = match (&classifier, b.task) {
-        (None, _) | (_, BertTask::Mlm) => (optimise(t, &objective, &mut vs, device, progress, state)?, f64::NAN),
-        (Some(classifier), BertTask::Spam) => 'phases: {
-            if b.pretrain_steps > 0 {
-                let pre = crate::config::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
-                let mut quiet = |_: i64, _: f64| {};
-                let mut run = optimise(&pre, &objective, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
-                for c in run.curves.iter_mut() {
-                    c.split = format!("pretrain_{}", c.split);
-                }
-                if run.diverged_at.is_some() {
-                    // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
-                    progress(t.steps, run.last_loss);
-                    break 'phases (run, f64::NAN);
-                }
-                tokens_seen += run.steps_done * phase_tokens;
-                train_time += run.train_time;
-                curves.append(&mut run.curves);
-                pretrained_eval = Some(run.final_eval);
+    let scores = TaskScores::default();
+    scores.f1.set(f64::NAN);
+    scores.exact_match.set(f64::NAN);
+    let mut run = 'phases: {
+        if matches!(head, TaskHead::None) {
+            break 'phases optimise(t, &pretraining, &mut vs, device, progress, state)?;
+        }
+        if b.pretrain_steps > 0 {
+            let pre = crate::config::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
+            let mut quiet = |_: i64, _: f64| {};
+            let mut run = optimise(&pre, &pretraining, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+            for c in run.curves.iter_mut() {
+                c.split = format!("pretrain_{}", c.split);
             }
-            let emails = emails.context("task spam needs the SpamAssassin emails")?;
-            let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
-            let task = Classification {
-                bert: &mlm.bert,
-                classifier,
-                train: &train,
-                test: &test,
-                batch: t.batch_size,
-                device,
-                f1: std::cell::Cell::new(f64::NAN),
-            };
-            let run = optimise(t, &task, &mut vs, device, progress, state)?;
-            // The final evaluation ran last: its F1 is the run's.
-            let f1 = task.f1.get();
-            (run, f1)
+            if run.diverged_at.is_some() {
+                // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
+                progress(t.steps, run.last_loss);
+                break 'phases run;
+            }
+            tokens_seen += run.steps_done * phase_tokens;
+            train_time += run.train_time;
+            curves.append(&mut run.curves);
+            pretrained_eval = Some(run.final_eval);
+        }
+        let (bert, batch) = (&mlm.bert, t.batch_size);
+        match &head {
+            TaskHead::None => unreachable!("pre-training runs returned above"),
+            TaskHead::Sequence(classifier) => {
+                let emails = emails.context("task spam needs the SpamAssassin emails")?;
+                let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
+                let task =
+                    Classification { bert, classifier, train: &train, test: &test, batch, device, scores: &scores };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
+            TaskHead::Tokens(tagger) => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
+                let (train, test) = (examples(&train)?, examples(&test)?);
+                let task = Tagging { bert, tagger, train: &train, test: &test, batch, device, scores: &scores };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
+            TaskHead::Span(span) => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
+                let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
+                if train.start.numel() == 0 || test.start.numel() == 0 {
+                    bail!("task locate: no passage of the corpus has a phrase that fits model.block_size = {block}");
+                }
+                let task = Locating { bert, span, train: &train, test: &test, batch, device, scores: &scores };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
         }
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
     curves.extend(std::mem::take(&mut run.curves));
     let pretrained = pretrained_eval.is_some();
-    let mlm_eval = match b.task {
-        BertTask::Mlm => Some(run.final_eval.clone()),
-        BertTask::Spam => pretrained_eval,
+    let pretraining_only = matches!(head, TaskHead::None);
+    // The masked-LM columns: the pre-training's last held-out evaluation (a next-token run's is its val_loss).
+    let mlm_eval = match (b.objective, pretraining_only) {
+        (PretrainObjective::NextToken, _) => None,
+        (PretrainObjective::Masked, true) => Some(run.final_eval.clone()),
+        (PretrainObjective::Masked, false) => pretrained_eval,
     };
     let tokens_per_s = tokens_seen as f64 / train_time.max(1e-9);
     // Training FLOPs per token as for the decoder (6 per matmul weight, 12·L·T·d for attention), with the
-    // embedding tables as lookups and the vocabulary projection paid only at the masked positions.
+    // embedding tables as lookups and the vocabulary projection paid only at the predicted positions.
     let m = &cfg.model;
     let tables = vocab * m.d_model + block * m.d_model + 2 * m.d_model + vocab;
     let encoder = 6.0 * (run.params - tables) as f64 + 12.0 * (m.layers * block * m.d_model) as f64;
-    let head = 6.0 * b.mask_fraction * (vocab * m.d_model) as f64;
-    let pretraining_tokens = match b.task {
-        BertTask::Mlm => tokens_seen,
-        BertTask::Spam if pretrained => b.pretrain_steps * phase_tokens,
-        BertTask::Spam => 0,
+    let head_flops = 6.0 * pretraining.predicted_per_window() / block as f64 * (vocab * m.d_model) as f64;
+    let pretraining_tokens = match (pretraining_only, pretrained) {
+        (true, _) => tokens_seen,
+        (false, true) => b.pretrain_steps * phase_tokens,
+        (false, false) => 0,
     };
-    let flops = tokens_seen as f64 * encoder + pretraining_tokens as f64 * head;
+    let flops = tokens_seen as f64 * encoder + pretraining_tokens as f64 * head_flops;
     let model_flops = flops / train_time.max(1e-9);
+    let mut extra_metrics = vec![
+        mlm_eval.as_ref().map_or(f64::NAN, |e| e.loss),
+        mlm_eval.as_ref().map_or(f64::NAN, |e| e.accuracy),
+        scores.f1.get(),
+    ];
+    if b.task == BertTask::Locate {
+        extra_metrics.push(scores.exact_match.get());
+    }
     let outcome = RunOutcome {
         curves,
-        extra_metrics: vec![
-            mlm_eval.as_ref().map_or(f64::NAN, |e| e.loss),
-            mlm_eval.as_ref().map_or(f64::NAN, |e| e.accuracy),
-            f1,
-        ],
+        extra_metrics,
         ..run.into_outcome(started, tokens_per_s, model_flops, device, t.precision)
     };
     Ok(TrainedBert { outcome, vs })

@@ -73,9 +73,13 @@ impl Default for TranslateConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BertRunConfig {
-    /// `mlm`: masked-LM pre-training only, for `train.steps`. `spam`: sequence classification of the
-    /// SpamAssassin emails for `train.steps`, after `pretrain_steps` of masked-LM on the corpus.
+    /// `pretrain`: the pre-training objective alone, for `train.steps`. A fine-tuning task (`spam`,
+    /// `punctuation`, `locate`) trains its head for `train.steps`, after `pretrain_steps` of masked-LM.
     pub task: BertTask,
+    /// The pre-training objective: `masked` (BERT's masked-LM, bidirectional attention) or `next_token`
+    /// (the same encoder and head with causal attention, predicting every next token: the GPT objective).
+    #[serde(skip_serializing_if = "PretrainObjective::is_masked")]
+    pub objective: PretrainObjective,
     /// Masked-LM steps before fine-tuning (0: fine-tune from random weights — the no-pre-training baseline).
     pub pretrain_steps: i64,
     /// Peak learning rate of pre-training (fine-tuning uses `train.lr`); same warm-up and decay shape.
@@ -85,26 +89,69 @@ pub struct BertRunConfig {
     /// BERT's 80/10/10 rule: of the chosen tokens 80% become `<mask>`, 10% a random token, 10% stay as
     /// they are; false: all become `<mask>`.
     pub replace_rule: bool,
-    /// Start from this checkpoint (the `.safetensors` of a `task: mlm` run saved with `train.checkpoint`)
-    /// instead of random weights; its model and tokenizer settings must match this run's.
+    /// The masking fraction of the held-out masked-LM evaluation (`null`: `mask_fraction`). Fix it to
+    /// compare runs trained with different fractions on one scale.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_mask_fraction: Option<f64>,
+    /// Start from this checkpoint (the `.safetensors` of a `task: pretrain` run saved with
+    /// `train.checkpoint`) instead of random weights; its model and tokenizer settings must match this run's.
+    /// A path starting with `$RESULTS/` is another recipe's output (see [`RESULTS_PREFIX`]).
     pub init_from: Option<String>,
+}
+
+/// `bert.init_from: $RESULTS/<recipe>/checkpoints/<run>.safetensors` names a checkpoint saved by another
+/// recipe, in the directory that holds this recipe's results (`results/` normally, the smoke directory with
+/// `--smoke`), so a recipe can fine-tune from another recipe's pre-training in full and smoke runs alike.
+pub const RESULTS_PREFIX: &str = "$RESULTS/";
+
+impl BertRunConfig {
+    /// The checkpoint to start from, with `$RESULTS/` resolved against `results_root`.
+    pub fn init_from_path(&self, results_root: &std::path::Path) -> Option<std::path::PathBuf> {
+        self.init_from.as_ref().map(|p| match p.strip_prefix(RESULTS_PREFIX) {
+            Some(rest) => results_root.join(rest),
+            None => std::path::PathBuf::from(p),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BertTask {
-    Mlm,
+    /// Pre-training only (`mlm` is accepted for it).
+    #[serde(alias = "mlm")]
+    Pretrain,
+    /// Sequence classification: SpamAssassin emails, spam or not.
     Spam,
+    /// Token classification generated from the corpus: the punctuation mark after each word.
+    Punctuation,
+    /// Span prediction generated from the corpus: where a phrase occurs in a passage.
+    Locate,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PretrainObjective {
+    #[default]
+    Masked,
+    NextToken,
+}
+
+impl PretrainObjective {
+    fn is_masked(&self) -> bool {
+        *self == PretrainObjective::Masked
+    }
 }
 
 impl Default for BertRunConfig {
     fn default() -> Self {
         Self {
-            task: BertTask::Mlm,
+            task: BertTask::Pretrain,
+            objective: PretrainObjective::Masked,
             pretrain_steps: 0,
             pretrain_lr: 1e-3,
             mask_fraction: 0.15,
             replace_rule: true,
+            eval_mask_fraction: None,
             init_from: None,
         }
     }
@@ -896,17 +943,30 @@ impl Config {
         if !(b.mask_fraction > 0.0 && b.mask_fraction < 1.0) {
             return Err(invalid("bert.mask_fraction", format!("must be in (0, 1), got {}", b.mask_fraction)));
         }
-        if b.pretrain_steps < 0 || (b.task == BertTask::Mlm && b.pretrain_steps > 0) {
+        if b.pretrain_steps < 0 || (b.task == BertTask::Pretrain && b.pretrain_steps > 0) {
             return Err(invalid(
                 "bert.pretrain_steps",
-                "0 or more, and only with a fine-tuning task (task: mlm pre-trains for train.steps)",
+                "0 or more, and only with a fine-tuning task (task: pretrain pre-trains for train.steps)",
             ));
+        }
+        if b.objective == PretrainObjective::NextToken && b.task != BertTask::Pretrain {
+            return Err(invalid(
+                "bert.objective",
+                "next_token is for task: pretrain (the fine-tuning heads read both sides of every token, which a causal encoder never learned to)",
+            ));
+        }
+        if let Some(f) = b.eval_mask_fraction {
+            if !(f > 0.0 && f < 1.0) {
+                return Err(invalid("bert.eval_mask_fraction", format!("must be in (0, 1), got {f}")));
+            }
         }
         if b.pretrain_lr.is_nan() || b.pretrain_lr <= 0.0 {
             return Err(invalid("bert.pretrain_lr", format!("must be positive, got {}", b.pretrain_lr)));
         }
         if let Some(path) = &b.init_from {
-            if !std::path::Path::new(path).is_file() {
+            // A `$RESULTS/` checkpoint is another recipe's output: the sweep checks it once it knows where
+            // results go, still before any training.
+            if !path.starts_with(RESULTS_PREFIX) && !std::path::Path::new(path).is_file() {
                 return Err(invalid("bert.init_from", format!("no such checkpoint: {path}")));
             }
         }

@@ -405,6 +405,16 @@ pub fn encode_text(tokenizer: &TextTokenizer, text: &str) -> Result<Vec<i64>> {
     Ok(tokenizer.encode_lines(&lines)?.concat())
 }
 
+/// The text split for subword runs: the first `1 − val_fraction` of it (cut at a line break) and the rest.
+pub fn split_text(text: &str, val_fraction: f64) -> (&str, &str) {
+    let mut cut = ((text.len() as f64) * (1.0 - val_fraction)) as usize;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let cut = text[..cut].rfind('\n').map_or(cut, |i| i + 1);
+    text.split_at(cut)
+}
+
 impl TextData {
     /// Characters as tokens, split by token count (`val_fraction` of them held out).
     pub fn from_text(text: &str, val_fraction: f64) -> Result<Self> {
@@ -426,12 +436,7 @@ impl TextData {
                 val: all.narrow(0, n_train as i64, n_val as i64),
             });
         }
-        let mut cut = ((text.len() as f64) * (1.0 - cfg.val_fraction)) as usize;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let cut = text[..cut].rfind('\n').map_or(cut, |i| i + 1);
-        let (train_text, val_text) = text.split_at(cut);
+        let (train_text, val_text) = split_text(text, cfg.val_fraction);
         let tokenizer = build_tokenizer(cfg, train_text, text)?;
         let train = Tensor::from_slice(&encode_text(&tokenizer, train_text)?);
         let val = Tensor::from_slice(&encode_text(&tokenizer, val_text)?);

@@ -6,6 +6,7 @@ pub mod bert_tasks;
 pub mod checkpoint;
 pub mod complexity;
 pub mod config;
+pub mod corpus_tasks;
 pub mod data;
 pub mod generate;
 pub mod gpt;

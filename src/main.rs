@@ -465,11 +465,8 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
                 };
                 let vs = tch::nn::VarStore::new(tch::Device::Cpu);
                 match &run.config.bert {
-                    // The encoder with its masked-LM head (the classifier adds hidden + 1 more).
-                    Some(_) => drop(ablate::bert_tasks::MaskedLm::new(
-                        &vs.root(),
-                        &ablate::bert::BertConfig::from_model(&run.config.model, vocab),
-                    )),
+                    // The encoder with its pre-training head and the task's head, as training builds them.
+                    Some(_) => drop(ablate::bert_tasks::build_model(&vs.root(), &run.config, vocab)),
                     None => drop(ablate::gpt::Gpt::new(&vs.root(), &run.config.model, vocab)),
                 }
                 let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();

@@ -229,7 +229,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let label = swept
                 .iter()
-                .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), v.replace('"', "")))
+                .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), short_value(v)))
                 .collect::<Vec<_>>()
                 .join(" ");
             id_parts.push(format!("seed={seed}"));
@@ -296,6 +296,17 @@ fn shrink_for_smoke(value: &mut Value, axes: &[(String, Vec<Value>)]) {
         if steps > 4 {
             set_path(value, "bert.pretrain_steps", Value::from(4));
         }
+    }
+}
+
+/// A swept value as legends show it: without quotes, and a path (a checkpoint) by its file name only.
+fn short_value(v: &str) -> String {
+    let v = v.replace('"', "");
+    match v.rsplit_once('/') {
+        Some((_, name)) if !v.starts_with('{') && !v.starts_with('[') => {
+            name.strip_suffix(".safetensors").unwrap_or(name).to_string()
+        }
+        _ => v,
     }
 }
 

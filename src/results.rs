@@ -3,7 +3,7 @@
 //! at a time and flushed, so an interrupted sweep keeps what finished and a re-run skips it.
 use anyhow::{bail, Context, Result};
 use serde_yaml::Value;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -58,16 +58,20 @@ const RUN_METRIC_COLUMNS: [&str; 10] = [
 
 /// Result columns only some runs have, after the common metrics: ImageGPT's bits per dimension (its test
 /// loss in base 2) and linear-probe test accuracy; BERT's masked-LM held-out loss and accuracy (after
-/// pre-training) and the fine-tuned task's F1; a translator's BLEU and exact-match rate on held-out pairs.
+/// pre-training) and the fine-tuned task's F1 (and exact match for span prediction); a translator's BLEU
+/// and exact-match rate on held-out pairs (and, decoding by beam search, the same model's greedy BLEU).
 pub fn extra_columns(config: &Config) -> &'static [&'static str] {
     match (&config.vision, &config.bert) {
         (Some(v), _) if v.arch == crate::vision::Arch::ImageGpt => &["bits_per_dim", "probe_accuracy"],
+        (_, Some(b)) if b.task == crate::config::BertTask::Locate => &["mlm_loss", "mlm_accuracy", "f1", "exact_match"],
         (_, Some(_)) => &["mlm_loss", "mlm_accuracy", "f1"],
+        _ if config.translate.as_ref().is_some_and(|t| t.beam_width > 1) => &["bleu", "exact_match", "bleu_greedy"],
         _ if config.translate.is_some() => &["bleu", "exact_match"],
         _ => &[],
     }
 }
 
+/// The columns of one run's `runs.csv` row, in order.
 pub fn run_header(spec: &RunSpec) -> Vec<String> {
     RUN_FIXED_COLUMNS
         .iter()
@@ -83,6 +87,29 @@ pub fn run_header(spec: &RunSpec) -> Vec<String> {
                 .flat_map(|k| [format!("val_loss_x{k}"), format!("val_accuracy_x{k}")]),
         )
         .collect()
+}
+
+/// The `runs.csv` columns of a whole recipe: every run's columns, in first-seen order. Runs of one sweep
+/// can differ in their columns (a key that is only written when set, a task with an extra metric); each row
+/// leaves the columns it does not have empty. Runs that all have the same columns keep exactly them.
+pub fn recipe_header(specs: &[RunSpec]) -> Vec<String> {
+    let mut header: Vec<String> = Vec::new();
+    for spec in specs {
+        let own = run_header(spec);
+        // Columns new to the header go after the last column they follow in this run, so a key that only
+        // some runs have stays inside its section rather than at the end.
+        let mut at = 0;
+        for column in own {
+            match header.iter().position(|c| *c == column) {
+                Some(i) => at = i + 1,
+                None => {
+                    header.insert(at, column);
+                    at += 1;
+                }
+            }
+        }
+    }
+    header
 }
 
 pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
@@ -119,6 +146,12 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
         .chain(extra)
         .chain(lengths)
         .collect()
+}
+
+/// The row of `run_row` laid out under `header` (a recipe's columns), empty where this run has no value.
+pub fn row_under(header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
+    let values: HashMap<String, String> = run_header(spec).into_iter().zip(run_row(spec, outcome)).collect();
+    header.iter().map(|c| values.get(c).cloned().unwrap_or_default()).collect()
 }
 
 /// The output directory of one recipe.
@@ -212,7 +245,8 @@ impl ResultsDir {
 
     /// Appends one finished run: its curve rows first, then its `runs.csv` row (the commit point), then its
     /// sample.
-    pub fn append(&self, spec: &RunSpec, outcome: &RunOutcome) -> Result<()> {
+    /// Appends one finished run under `header` (the recipe's columns, [`recipe_header`]).
+    pub fn append(&self, header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Result<()> {
         let curve_rows: Vec<Vec<String>> = outcome
             .curves
             .iter()
@@ -229,7 +263,7 @@ impl ResultsDir {
         let curve_header: Vec<String> =
             ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
         append_rows(&self.curves_csv(), &curve_header, &curve_rows)?;
-        append_rows(&self.runs_csv(), &run_header(spec), &[run_row(spec, outcome)])?;
+        append_rows(&self.runs_csv(), header, &[row_under(header, spec, outcome)])?;
         if !outcome.sample.is_empty() {
             let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
             writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;

@@ -35,6 +35,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     let mut image_sets: HashMap<String, ImageTask> = HashMap::new();
     let mut emails: Option<Vec<crate::labelled::Email>> = None;
     let mut translations: HashMap<String, TranslationData> = HashMap::new();
+    // Where `$RESULTS/` checkpoints live: the directory holding this recipe's output directory.
+    let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
     for run in &recipe.runs {
         let key = serde_yaml::to_string(&run.config.data)?;
         let located = || format!("{}: run `{}`", recipe.file, run.id);
@@ -67,6 +69,16 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         }
         if !datasets.contains_key(&key) {
             datasets.insert(key.clone(), Dataset::load(&run.config.data).with_context(located)?);
+        }
+        if let Some(path) = run.config.bert.as_ref().and_then(|b| b.init_from_path(&results_root)) {
+            if !path.is_file() {
+                anyhow::bail!(
+                    "{}: bert.init_from: no such checkpoint: {} (a $RESULTS/ path is under {}: run the recipe that saves it first)",
+                    located(),
+                    path.display(),
+                    results_root.display()
+                );
+            }
         }
         if run.config.bert.as_ref().is_some_and(|b| b.task == crate::config::BertTask::Spam) && emails.is_none() {
             emails = Some(crate::labelled::spam_assassin().with_context(located)?);
@@ -105,6 +117,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             results.dir.display()
         );
     }
+    // Every shard writes the whole recipe's columns, so shards merge.
+    let header = crate::results::recipe_header(&recipe.runs);
     let total_steps: u64 = todo.iter().map(|r| r.config.train.steps as u64).sum();
     let bar = if opts.quiet { ProgressBar::hidden() } else { ProgressBar::new(total_steps) };
     bar.set_style(
@@ -136,7 +150,12 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             (trained.outcome, trained.vs, None)
         } else if run.config.bert.is_some() {
             let Dataset::Text(text) = &datasets[&data_key] else { unreachable!("validated: BERT reads text") };
-            let trained = train_bert(&run.config, text, emails.as_deref(), opts.device, &mut progress, Some(&state))
+            // Training reads the checkpoint at its resolved path; the run's id and hash keep `$RESULTS/`.
+            let mut config = run.config.clone();
+            if let Some(b) = config.bert.as_mut() {
+                b.init_from = b.init_from_path(&results_root).map(|p| p.display().to_string());
+            }
+            let trained = train_bert(&config, text, emails.as_deref(), opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
             (trained.outcome, trained.vs, Some(&text.tokenizer))
         } else if image_gpt {
@@ -169,7 +188,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 None => crate::checkpoint::save_weights(&dir, &run.id, &run.config, &vs)?,
             };
         }
-        results.append(run, &outcome)?;
+        results.append(&header, run, &outcome)?;
         if !opts.quiet {
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
             let line = if let Some(step) = outcome.diverged_at {
@@ -187,21 +206,45 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 let metrics = match run.config.vision {
                     None if run.config.bert.is_some() => {
                         let (mlm, f1) = (&outcome.extra_metrics[..2], outcome.extra_metrics[2]);
-                        let pretrained = if mlm[0].is_finite() {
+                        let next_token = run
+                            .config
+                            .bert
+                            .as_ref()
+                            .is_some_and(|b| b.objective == crate::config::PretrainObjective::NextToken);
+                        let pretrained = if next_token {
+                            format!("next-token loss {:.4} (acc {:.3})", e.loss, e.accuracy)
+                        } else if mlm[0].is_finite() {
                             format!("masked-LM loss {:.4} (acc {:.3})", mlm[0], mlm[1])
+                        } else if let Some(path) = run.config.bert.as_ref().and_then(|b| b.init_from.as_deref()) {
+                            let name = Path::new(path).file_stem().unwrap_or_default().to_string_lossy();
+                            format!("from checkpoint {name}")
                         } else {
                             "no pre-training".to_string()
                         };
+                        let exact = match outcome.extra_metrics.get(3) {
+                            Some(x) => format!(", exact match {x:.4}"),
+                            None => String::new(),
+                        };
                         if f1.is_finite() {
-                            format!("{pretrained}; task loss {:.4}, accuracy {:.4}, F1 {f1:.4}", e.loss, e.accuracy)
+                            format!(
+                                "{pretrained}; task loss {:.4}, accuracy {:.4}, F1 {f1:.4}{exact}",
+                                e.loss, e.accuracy
+                            )
                         } else {
                             pretrained
                         }
                     }
-                    None if run.config.translate.is_some() => format!(
-                        "held-out loss {:.4} (token accuracy {:.3}), BLEU {:.2}, exact match {:.3}",
-                        e.loss, e.accuracy, outcome.extra_metrics[0], outcome.extra_metrics[1]
-                    ),
+                    None if run.config.translate.is_some() => {
+                        let beam = run.config.translate.as_ref().map_or(1, |t| t.beam_width);
+                        let greedy = match beam {
+                            1 => String::new(),
+                            k => format!(" (beam {k}; greedy {:.2})", outcome.extra_metrics[2]),
+                        };
+                        format!(
+                            "held-out loss {:.4} (token accuracy {:.3}), BLEU {:.2}{greedy}, exact match {:.3}",
+                            e.loss, e.accuracy, outcome.extra_metrics[0], outcome.extra_metrics[1]
+                        )
+                    }
                     Some(_) if image_gpt => format!(
                         "test {:.4} bits/dim, next-pixel accuracy {:.4}, linear probe accuracy {:.4}",
                         outcome.extra_metrics[0], e.accuracy, outcome.extra_metrics[1]
@@ -320,7 +363,8 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
         ("val/attn_entropy", "attn_entropy.png", "mean attention entropy (nats)"),
         ("val/attn_max_weight", "attn_max_weight.png", "mean of each row's largest attention weight"),
         ("val/bits_per_dim", "bits_per_dim.png", "test bits per dimension"),
-        ("val/f1", "f1.png", "test F1 of the positive class"),
+        ("val/f1", "f1.png", "test F1 (spam: the positive class; punctuation: the marks; locate: the spans)"),
+        ("val/exact_match", "exact_match.png", "test exact match of the predicted spans"),
         ("val/mlm_loss", "mlm_loss.png", "masked-LM held-out loss (nats/masked token)"),
         ("pretrain_val/mlm_loss", "pretrain_mlm_loss.png", "masked-LM held-out loss during pre-training"),
     ];
@@ -336,6 +380,34 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             &Axes { title: &title, x_label: "step", y_label, x_categories: None, zoom_past_start: true },
         )?;
     }
+    // Data efficiency of pre-training objectives: held-out loss against the tokens read and against the
+    // tokens that carried loss (the x values differ between variants, so steps cannot stand in).
+    let losses = variant_curves(&curves, &variants, "val/loss");
+    for (axis, file, x_label) in [
+        ("val/tokens_seen", "val_loss_by_tokens_seen.png", "tokens seen"),
+        ("val/tokens_predicted", "val_loss_by_tokens_predicted.png", "tokens predicted (carrying loss)"),
+    ] {
+        let xs = variant_curves(&curves, &variants, axis);
+        let series: Vec<Series> = losses
+            .iter()
+            .filter_map(|y| {
+                let x = xs.iter().find(|x| x.label == y.label)?;
+                let tokens: BTreeMap<i64, f64> = x.points.iter().map(|&(s, t, _)| (s as i64, t)).collect();
+                let points = y.points.iter().filter_map(|&(s, m, sd)| Some((tokens.get(&(s as i64)).copied()?, m, sd)));
+                Some(Series { label: y.label.clone(), points: points.collect() })
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let y_label = "held-out loss of the objective (nats/predicted token)";
+        let title = format!("{name}: held-out loss against {x_label}{band}");
+        line_chart(
+            &dir.join(file),
+            &series,
+            &Axes { title: &title, x_label, y_label, x_categories: None, zoom_past_start: true },
+        )?;
+    }
     length_generalisation_chart(dir, name, &runs, &variants, &band)?;
     if let Some(x_key) = sweep_keys.first() {
         for (column, file, y_label) in [
@@ -344,13 +416,19 @@ pub fn plot_results(dir: &Path, sweep_keys: &[String], name: &str) -> Result<()>
             ("bits_per_dim", "final_bits_per_dim.png", "final test bits per dimension"),
             ("probe_accuracy", "final_probe_accuracy.png", "linear-probe test accuracy"),
             ("f1", "final_f1.png", "final test F1"),
+            ("exact_match", "final_exact_match.png", "final test exact match"),
             ("mlm_loss", "final_mlm_loss.png", "masked-LM held-out loss after pre-training"),
             ("bleu", "final_bleu.png", "BLEU on held-out pairs"),
+            ("bleu_greedy", "final_bleu_greedy.png", "BLEU of greedy decoding (same models)"),
         ] {
             if runs.first().is_none_or(|r| !r.contains_key(column)) {
                 continue;
             }
             let series = final_metric_series(&runs, x_key, &sweep_keys[1..], column);
+            if series.is_empty() {
+                // No run has this metric (e.g. no BERT run of the recipe was pre-trained by masked-LM).
+                continue;
+            }
             let categories = x_categories(&runs, x_key);
             let title = format!("{name}: {y_label} against {x_key}{band}");
             line_chart(

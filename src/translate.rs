@@ -179,23 +179,25 @@ pub fn train_translator(
     let tokens_per_pair = tokens as f64 / data.train.len().min(1000) as f64;
     let tokens_per_s = run.steps_done as f64 * t.batch_size as f64 * tokens_per_pair / run.train_time.max(1e-9);
 
-    let (mut bleu_score, mut exact, mut sample) = (f64::NAN, f64::NAN, String::new());
+    let (mut bleu_score, mut exact, mut greedy_bleu, mut sample) = (f64::NAN, f64::NAN, f64::NAN, String::new());
     if run.diverged_at.is_none() {
         let n = (tr.eval_sentences as usize).min(data.test.len());
         let max_len = m.block_size as usize;
-        let (mut hyps, mut refs) = (Vec::new(), Vec::new());
-        for (i, (src, _)) in data.test.iter().take(n).enumerate() {
-            let out = translate(&model, src, data.bos, data.eos, max_len, tr.beam_width as usize, tr.length_penalty);
-            let hyp = data.tokenizer.decode(&out).trim().to_string();
-            if i < 5 {
-                let (en, es) = &data.test_text[i];
-                sample.push_str(&format!("EN:  {en}\nES:  {es}\nOUT: {hyp}\n\n"));
-            }
-            hyps.push(hyp);
-            refs.push(data.test_text[i].1.clone());
+        let refs: Vec<String> = data.test_text.iter().take(n).map(|(_, es)| es.clone()).collect();
+        let decode_all = |width: i64| -> Vec<String> {
+            let decode =
+                |src: &Vec<i64>| translate(&model, src, data.bos, data.eos, max_len, width as usize, tr.length_penalty);
+            data.test.iter().take(n).map(|(src, _)| data.tokenizer.decode(&decode(src)).trim().to_string()).collect()
+        };
+        let hyps = decode_all(tr.beam_width);
+        for (i, hyp) in hyps.iter().enumerate().take(5) {
+            let (en, es) = &data.test_text[i];
+            sample.push_str(&format!("EN:  {en}\nES:  {es}\nOUT: {hyp}\n\n"));
         }
         bleu_score = bleu(&hyps, &refs);
         exact = hyps.iter().zip(&refs).filter(|(h, r)| h == r).count() as f64 / n.max(1) as f64;
+        // Beam runs also score greedy decoding of the same model: the beam's gain, without retraining.
+        greedy_bleu = if tr.beam_width > 1 { bleu(&decode_all(1), &refs) } else { bleu_score };
     }
     let params = run.params;
     // Training FLOPs per token: 6 per matmul weight (embeddings are lookups) plus attention's scores and
@@ -211,7 +213,7 @@ pub fn train_translator(
     let model_flops = tokens_per_s * per_token;
     let outcome = RunOutcome {
         sample,
-        extra_metrics: vec![bleu_score, exact],
+        extra_metrics: vec![bleu_score, exact, greedy_bleu],
         ..run.into_outcome(started, tokens_per_s, model_flops, device, t.precision)
     };
     Ok(TrainedTranslator { outcome, vs })

@@ -85,7 +85,10 @@ const CASES: &[(&str, usize, &str)] = &[
     ("data:\n  tokenizer: sentencepiece\n", 2, "`char`, `bpe`, `wordpiece`"),
     // BERT.
     ("bert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
-    ("bert:\n  task: qa\n", 2, "expected `mlm` or `spam`"),
+    ("bert:\n  task: qa\n", 2, "expected one of `mlm`, `pretrain`, `spam`, `punctuation`, `locate`"),
+    ("bert:\n  objective: electra\n", 2, "expected `masked` or `next_token`"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 6, "next_token is for task: pretrain"),
+    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  eval_mask_fraction: 0\n", 5, "bert.eval_mask_fraction: must be in (0, 1), got 0"),
     ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 5, "bert.mask_fraction"),
     ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 5, "only with a fine-tuning task"),
     ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  init_from: /nonexistent.safetensors\n", 5, "no such checkpoint"),
