@@ -6,9 +6,14 @@
 //! loss is cross-entropy at the chosen positions only. The MLM head is BERT's: dense + GELU + LayerNorm,
 //! then the word embedding matrix (shared) plus a bias.
 //!
+//! Next-token prediction (`objective: next_token`) is the same encoder and head with causal attention, each
+//! position predicting the following token: the GPT objective, for comparing data efficiency.
+//!
 //! Sequence classification: `<cls> text <sep>` padded to the block; the head reads BERT's pooled `<cls>`
 //! state. Two classes use one logit with sigmoid / binary cross-entropy, more use softmax / cross-entropy.
-//! Metrics: accuracy and F1 of the positive class.
+//! Metrics: accuracy and F1 of the positive class. Token classification: a linear layer on every hidden
+//! state, cross-entropy over the scored tokens; token accuracy and F1 over the punctuation marks. Span
+//! prediction: start and end logits over the passage; exact match and F1 (the tasks: `corpus_tasks`).
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::time::Instant;

@@ -243,9 +243,8 @@ impl ResultsDir {
         Ok(())
     }
 
-    /// Appends one finished run: its curve rows first, then its `runs.csv` row (the commit point), then its
-    /// sample.
-    /// Appends one finished run under `header` (the recipe's columns, [`recipe_header`]).
+    /// Appends one finished run: its curve rows first, then its `runs.csv` row (the commit point) under
+    /// `header` (the recipe's columns, [`recipe_header`]), then its sample.
     pub fn append(&self, header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Result<()> {
         let curve_rows: Vec<Vec<String>> = outcome
             .curves
