@@ -74,19 +74,8 @@ fn beam_search(model: &impl NextToken, prompt: &[i64], new_tokens: usize, width:
         let rows: Vec<Tensor> = beams.iter().map(|(s, _)| Tensor::from_slice(s)).collect();
         let idx = Tensor::stack(&rows, 0);
         let log_probs = model.next_token_logits(&idx).log_softmax(-1, Kind::Float);
-        let (top_lp, top_id) = log_probs.topk(width as i64, -1, true, true);
-        let top_lp = Vec::<f64>::try_from(top_lp.to_kind(Kind::Double).view([-1])).unwrap();
-        let top_id = Vec::<i64>::try_from(top_id.view([-1])).unwrap();
-        let mut candidates: Vec<(usize, i64, f64)> = Vec::with_capacity(beams.len() * width);
-        for (b, (_, score)) in beams.iter().enumerate() {
-            for j in 0..width {
-                let flat = b * width + j;
-                candidates.push((b, top_id[flat], score + top_lp[flat]));
-            }
-        }
-        // Highest score first; ties go to the earlier beam and the more likely token, so width 1 is greedy.
-        candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
-        beams = candidates
+        let scores: Vec<f64> = beams.iter().map(|(_, score)| *score).collect();
+        beams = ranked_continuations(&log_probs, &scores, width)
             .into_iter()
             .take(width)
             .map(|(b, id, score)| {
@@ -97,6 +86,25 @@ fn beam_search(model: &impl NextToken, prompt: &[i64], new_tokens: usize, width:
             .collect();
     }
     beams.swap_remove(0).0
+}
+
+/// One beam-search step: each beam's `width` most likely next tokens (of `log_probs` (B, V), one row per
+/// beam), as (beam, token, beam score + token log-probability), best first. Ties go to the earlier beam and
+/// the more likely token, so width 1 is greedy.
+pub fn ranked_continuations(log_probs: &Tensor, scores: &[f64], width: usize) -> Vec<(usize, i64, f64)> {
+    let k = width.min(log_probs.size()[1] as usize);
+    let (top_lp, top_id) = log_probs.topk(k as i64, -1, true, true);
+    let top_lp = Vec::<f64>::try_from(top_lp.to_kind(Kind::Double).view([-1])).expect("log-probabilities");
+    let top_id = Vec::<i64>::try_from(top_id.view([-1])).expect("token ids");
+    let mut candidates: Vec<(usize, i64, f64)> = Vec::with_capacity(scores.len() * k);
+    for (b, score) in scores.iter().enumerate() {
+        for j in 0..k {
+            candidates.push((b, top_id[b * k + j], score + top_lp[b * k + j]));
+        }
+    }
+    // A stable sort keeps the (beam, rank) order among equal scores.
+    candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
+    candidates
 }
 
 /// The total log-probability the model gives to `continuation` after `prompt`.

@@ -228,20 +228,9 @@ pub fn translate(
             .select(1, -1)
             .log_softmax(-1, Kind::Float)
             .to_device(Device::Cpu);
-        let k = width.min(log_probs.size()[1] as usize) as i64;
-        let (top_lp, top_id) = log_probs.topk(k, -1, true, true);
-        let top_lp = Vec::<f64>::try_from(top_lp.to_kind(Kind::Double).view([-1])).expect("floats");
-        let top_id = Vec::<i64>::try_from(top_id.view([-1])).expect("ids");
-        let mut candidates: Vec<(usize, i64, f64)> = Vec::new();
-        for (i, (_, score)) in live.iter().enumerate() {
-            for j in 0..k as usize {
-                let flat = i * k as usize + j;
-                candidates.push((i, top_id[flat], score + top_lp[flat]));
-            }
-        }
-        candidates.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let scores: Vec<f64> = live.iter().map(|(_, score)| *score).collect();
         let mut next = Vec::new();
-        for (i, id, score) in candidates {
+        for (i, id, score) in crate::generate::ranked_continuations(&log_probs, &scores, width) {
             if id == eos {
                 finished.push((live[i].0.clone(), score));
             } else {
