@@ -23,7 +23,7 @@ use tch::{Device, Kind, Tensor};
 use crate::bert::{Bert, BertConfig};
 use crate::config::{BertRunConfig, BertTask, Config, PretrainObjective};
 use crate::corpus_tasks::{
-    locate_examples, mark_f1, punctuation_examples, span_scores, word_pieces, Passage, SpanExamples, TokenExamples,
+    locate_examples, mark_f1, punctuation_examples, span_scores, word_pieces, Passage, SpanExamples,
     PUNCTUATION_CLASSES,
 };
 use crate::data::{TextData, IGNORE};
@@ -225,11 +225,28 @@ impl Objective for Pretraining<'_> {
     }
 }
 
-/// Labelled sequences as model inputs: ids (N, block), padding (N, block) and labels (N).
+/// Labelled rows as model inputs: ids and padding (N, block); labels (N) for a sequence task, or (N, block)
+/// with `IGNORE` at unscored tokens for a token task.
 pub struct Labelled {
     pub ids: Tensor,
     pub padding: Tensor,
     pub labels: Tensor,
+}
+
+impl Labelled {
+    pub fn len(&self) -> i64 {
+        self.ids.size()[0]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows `idx` on `device`.
+    fn rows(&self, idx: &Tensor, device: Device) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        Self { ids: pick(&self.ids), padding: pick(&self.padding), labels: pick(&self.labels) }
+    }
 }
 
 /// `<cls> text <sep>` rows padded (or cut) to `block`.
@@ -402,8 +419,20 @@ pub fn f1_score(predicted: &Tensor, labels: &Tensor) -> f64 {
     }
 }
 
-/// Test emails per evaluation batch.
+/// Test rows per evaluation batch.
 const EVAL_BATCH: i64 = 128;
+
+/// `batch` random row indices out of `n` (libtorch's generator, seeded per step by the loop).
+fn random_rows(n: i64, batch: i64) -> Tensor {
+    Tensor::randint(n, [batch], (Kind::Int64, Device::Cpu))
+}
+
+/// The indices of `n` test rows, in evaluation batches.
+fn eval_batches(n: i64) -> impl Iterator<Item = Tensor> {
+    (0..n)
+        .step_by(EVAL_BATCH as usize)
+        .map(move |start| Tensor::arange_start(start, (start + EVAL_BATCH).min(n), (Kind::Int64, Device::Cpu)))
+}
 
 struct Classification<'a> {
     bert: &'a Bert,
@@ -417,21 +446,19 @@ struct Classification<'a> {
 
 impl Objective for Classification<'_> {
     fn training_loss(&self) -> Tensor {
-        let idx = Tensor::randint(self.train.labels.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
-        let pick = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
-        let logits = self.classifier.logits(self.bert, &pick(&self.train.ids), &pick(&self.train.padding), true);
-        self.classifier.loss(&logits, &pick(&self.train.labels))
+        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+        let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, true);
+        self.classifier.loss(&logits, &b.labels)
     }
 
     fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
         let _guard = tch::no_grad_guard();
-        let n = self.test.labels.size()[0];
+        let n = self.test.len();
         let (mut loss, mut predictions) = (0.0, Vec::new());
-        for start in (0..n).step_by(EVAL_BATCH as usize) {
-            let m = EVAL_BATCH.min(n - start);
-            let part = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
-            let logits = self.classifier.logits(self.bert, &part(&self.test.ids), &part(&self.test.padding), false);
-            loss += self.classifier.loss(&logits, &part(&self.test.labels)).double_value(&[]) * m as f64;
+        for idx in eval_batches(n) {
+            let b = self.test.rows(&idx, self.device);
+            let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, false);
+            loss += self.classifier.loss(&logits, &b.labels).double_value(&[]) * idx.size()[0] as f64;
             predictions.push(self.classifier.predict(&logits).to_device(Device::Cpu));
         }
         let predicted = Tensor::cat(&predictions, 0);
@@ -456,8 +483,8 @@ struct TaskScores {
 struct Tagging<'a> {
     bert: &'a Bert,
     tagger: &'a TokenClassifier,
-    train: &'a TokenExamples,
-    test: &'a TokenExamples,
+    train: &'a Labelled,
+    test: &'a Labelled,
     batch: i64,
     device: Device,
     scores: &'a TaskScores,
@@ -465,23 +492,19 @@ struct Tagging<'a> {
 
 impl Objective for Tagging<'_> {
     fn training_loss(&self) -> Tensor {
-        let idx = Tensor::randint(self.train.ids.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
-        let pick = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
-        let logits = self.tagger.logits(self.bert, &pick(&self.train.ids), &pick(&self.train.padding), true);
-        TokenClassifier::loss(&logits, &pick(&self.train.labels))
+        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+        let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, true);
+        TokenClassifier::loss(&logits, &b.labels)
     }
 
     fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
         let _guard = tch::no_grad_guard();
-        let n = self.test.ids.size()[0];
         let (mut loss, mut scored, mut predictions) = (0.0, 0.0, Vec::new());
-        for start in (0..n).step_by(EVAL_BATCH as usize) {
-            let m = EVAL_BATCH.min(n - start);
-            let part = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
-            let logits = self.tagger.logits(self.bert, &part(&self.test.ids), &part(&self.test.padding), false);
-            let labels = part(&self.test.labels);
-            let count = labels.ne(IGNORE).sum(Kind::Float).double_value(&[]);
-            loss += TokenClassifier::loss(&logits, &labels).double_value(&[]) * count;
+        for idx in eval_batches(self.test.len()) {
+            let b = self.test.rows(&idx, self.device);
+            let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, false);
+            let count = b.labels.ne(IGNORE).sum(Kind::Float).double_value(&[]);
+            loss += TokenClassifier::loss(&logits, &b.labels).double_value(&[]) * count;
             scored += count;
             predictions.push(logits.argmax(-1, false).to_device(Device::Cpu));
         }
@@ -511,7 +534,7 @@ struct Locating<'a> {
 
 impl Objective for Locating<'_> {
     fn training_loss(&self) -> Tensor {
-        let idx = Tensor::randint(self.train.ids.size()[0], [self.batch], (Kind::Int64, Device::Cpu));
+        let idx = random_rows(self.train.ids.size()[0], self.batch);
         let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.train, &idx, self.device), true);
         let gold = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
         SpanPredictor::loss(&s, &e, &gold(&self.train.start), &gold(&self.train.end))
@@ -521,13 +544,11 @@ impl Objective for Locating<'_> {
         let _guard = tch::no_grad_guard();
         let n = self.test.ids.size()[0];
         let (mut loss, mut predicted) = (0.0, Vec::new());
-        for start in (0..n).step_by(EVAL_BATCH as usize) {
-            let m = EVAL_BATCH.min(n - start);
-            let idx = Tensor::arange_start(start, start + m, (Kind::Int64, Device::Cpu));
+        for idx in eval_batches(n) {
             let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.test, &idx, self.device), false);
-            let gold = |t: &Tensor| t.narrow(0, start, m).to_device(self.device);
-            loss += SpanPredictor::loss(&s, &e, &gold(&self.test.start), &gold(&self.test.end)).double_value(&[])
-                * m as f64;
+            let gold = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
+            let l = SpanPredictor::loss(&s, &e, &gold(&self.test.start), &gold(&self.test.end));
+            loss += l.double_value(&[]) * idx.size()[0] as f64;
             predicted.extend(self.span.best_spans(&s, &e));
         }
         let starts = Vec::<i64>::try_from(&self.test.start).unwrap_or_default();

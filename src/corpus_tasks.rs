@@ -16,7 +16,7 @@
 //! held-out part for test examples. Lines longer than [`MAX_WORDS`] words are cut into pieces of that many.
 use anyhow::Result;
 
-use crate::bert_tasks::Specials;
+use crate::bert_tasks::{Labelled, Specials};
 use crate::data::IGNORE;
 use crate::tokenize::TextTokenizer;
 use tch::Tensor;
@@ -83,21 +83,14 @@ pub fn encode_words(tokenizer: &TextTokenizer, sequences: &[Vec<String>]) -> Res
     Ok(sequences.iter().map(|words| encoded.by_ref().take(words.len()).collect()).collect())
 }
 
-/// Token-labelled rows: ids and padding (N, block), labels (N, block) with `IGNORE` where unscored.
-pub struct TokenExamples {
-    pub ids: Tensor,
-    pub padding: Tensor,
-    pub labels: Tensor,
-}
-
-/// Punctuation-restoration rows `<cls> words <sep>` from word pieces; words that do not fit in the block are
-/// dropped whole.
+/// Punctuation-restoration rows `<cls> words <sep>` from word pieces, labelled per token (`IGNORE` where
+/// unscored); words that do not fit in the block are dropped whole.
 pub fn punctuation_examples<S: AsRef<str>>(
     tokenizer: &TextTokenizer,
     pieces: &[Vec<S>],
     block: i64,
     s: Specials,
-) -> Result<TokenExamples> {
+) -> Result<Labelled> {
     let stripped: Vec<(Vec<String>, Vec<i64>)> =
         pieces.iter().map(|words| words.iter().map(|w| strip_mark(w.as_ref())).unzip()).collect();
     let words: Vec<Vec<String>> = stripped.iter().map(|(w, _)| w.clone()).collect();
@@ -122,7 +115,7 @@ pub fn punctuation_examples<S: AsRef<str>>(
         labels.extend(row_labels.iter().copied().chain(std::iter::repeat(IGNORE)).take(width));
     }
     let n = pieces.len() as i64;
-    Ok(TokenExamples {
+    Ok(Labelled {
         ids: Tensor::from_slice(&ids).view([n, block]),
         padding: Tensor::from_slice(&padding).view([n, block]),
         labels: Tensor::from_slice(&labels).view([n, block]),
