@@ -641,6 +641,15 @@ fn invalid(key: &'static str, message: impl Into<String>) -> Invalid {
     Invalid { key, message: message.into() }
 }
 
+/// A fraction strictly between 0 and 1 (NaN is refused too).
+fn open_fraction(key: &'static str, value: f64) -> Result<(), Invalid> {
+    if value > 0.0 && value < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("must be in (0, 1), got {value}")))
+    }
+}
+
 impl Config {
     /// A vision run: the model itself, its data, and that they fit each other.
     fn validate_vision(&self) -> Result<(), Invalid> {
@@ -868,9 +877,7 @@ impl Config {
                 return Err(invalid("train.eval_lengths", "length generalisation applies to the text task only"));
             }
         }
-        if !(d.val_fraction > 0.0 && d.val_fraction < 1.0) {
-            return Err(invalid("data.val_fraction", format!("must be in (0, 1), got {}", d.val_fraction)));
-        }
+        open_fraction("data.val_fraction", d.val_fraction)?;
         if let Some(path) = &d.path {
             if !std::path::Path::new(path).is_file() {
                 return Err(invalid("data.path", format!("no such file: {path}")));
@@ -940,9 +947,7 @@ impl Config {
                 "BERT needs <cls>, <sep>, <mask> and <pad>: use a wordpiece or bpe tokenizer on the text task",
             ));
         }
-        if !(b.mask_fraction > 0.0 && b.mask_fraction < 1.0) {
-            return Err(invalid("bert.mask_fraction", format!("must be in (0, 1), got {}", b.mask_fraction)));
-        }
+        open_fraction("bert.mask_fraction", b.mask_fraction)?;
         if b.pretrain_steps < 0 || (b.task == BertTask::Pretrain && b.pretrain_steps > 0) {
             return Err(invalid(
                 "bert.pretrain_steps",
@@ -956,9 +961,7 @@ impl Config {
             ));
         }
         if let Some(f) = b.eval_mask_fraction {
-            if !(f > 0.0 && f < 1.0) {
-                return Err(invalid("bert.eval_mask_fraction", format!("must be in (0, 1), got {f}")));
-            }
+            open_fraction("bert.eval_mask_fraction", f)?;
         }
         if b.pretrain_lr.is_nan() || b.pretrain_lr <= 0.0 {
             return Err(invalid("bert.pretrain_lr", format!("must be positive, got {}", b.pretrain_lr)));
