@@ -7,17 +7,18 @@
 //! `<mask>`, `<unk>` (ids 0–6); a loaded BERT vocabulary maps them onto `[PAD]`, `[CLS]`, `[SEP]`, `[MASK]`,
 //! `[UNK]` (`<bos>`/`<eos>` are `[CLS]`/`[SEP]` there).
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeSet;
 use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
-use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainerBuilder};
+use tokenizers::models::wordpiece::{WordPiece, WordPieceTrainer, WordPieceTrainerBuilder};
 use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, Tokenizer,
-    TokenizerBuilder,
+    TokenizerBuilder, Trainer,
 };
 
 use crate::data::CharTokenizer;
@@ -63,6 +64,64 @@ impl Special {
     }
 }
 
+/// The `tokenizers` crate's WordPiece trainer made deterministic. Its BPE core gives each `##c`
+/// continuation piece the next free id when it first meets it while walking the word counts, a hash map
+/// seeded at random per process; merges then break count ties by those ids, so two trainings on the same
+/// text disagreed on which tokens exist and on most ids (measured: 387–432 of 500 ids alike). Here every
+/// continuation piece the text can produce is registered up front, in character order, as a trainer
+/// special token (they enter the vocabulary before the alphabet, and nothing is left for the walk to
+/// number), and only the real special tokens are handed back to the tokenizer as special. The vocabulary
+/// holds the same kinds of tokens as the stock trainer's, with ids and tie-breaks fixed.
+pub struct OrderedWordPieceTrainer {
+    inner: WordPieceTrainer,
+}
+
+impl OrderedWordPieceTrainer {
+    pub fn new(vocab_size: usize) -> Self {
+        let inner = WordPieceTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .special_tokens(special_tokens())
+            .show_progress(false)
+            .build();
+        Self { inner }
+    }
+}
+
+impl Trainer for OrderedWordPieceTrainer {
+    type Model = WordPiece;
+
+    fn should_show_progress(&self) -> bool {
+        false
+    }
+
+    fn train(&self, model: &mut WordPiece) -> tokenizers::Result<Vec<AddedToken>> {
+        self.inner.train(model)?;
+        Ok(special_tokens())
+    }
+
+    fn feed<I, S, F>(&mut self, iterator: I, process: F) -> tokenizers::Result<()>
+    where
+        I: Iterator<Item = S> + Send,
+        S: AsRef<str> + Send,
+        F: Fn(&str) -> tokenizers::Result<Vec<String>> + Sync,
+    {
+        let continued = std::sync::Mutex::new(BTreeSet::new());
+        self.inner.feed(iterator, |line| {
+            let words = process(line)?;
+            let after_first: BTreeSet<char> = words.iter().flat_map(|w| w.chars().skip(1)).collect();
+            continued.lock().expect("no panics while holding the set").extend(after_first);
+            Ok(words)
+        })?;
+        let prefix = self.inner.continuing_subword_prefix().clone().unwrap_or_default();
+        let continuations = continued.into_inner().expect("no panics while holding the set");
+        let mut tokens = special_tokens();
+        tokens.extend(continuations.into_iter().map(|c| AddedToken::from(format!("{prefix}{c}"), true)));
+        self.inner.set_special_tokens(tokens);
+        Ok(())
+    }
+}
+
 /// A tokenizer of any kind, with the special-token ids a model needs.
 #[derive(Clone)]
 pub enum TextTokenizer {
@@ -103,14 +162,10 @@ impl TextTokenizer {
     }
 
     /// WordPiece as BERT uses it (lower-casing BERT normaliser, split on whitespace and punctuation, `##`
-    /// continuations) trained on the lines of `text` to `vocab_size` entries.
+    /// continuations) trained on the lines of `text` to `vocab_size` entries. The same text always gives
+    /// the same vocabulary and ids (see [`OrderedWordPieceTrainer`]).
     pub fn train_wordpiece(text: &str, vocab_size: usize) -> Result<Self> {
-        let mut trainer = WordPieceTrainerBuilder::new()
-            .vocab_size(vocab_size)
-            .min_frequency(2)
-            .special_tokens(special_tokens())
-            .show_progress(false)
-            .build();
+        let mut trainer = OrderedWordPieceTrainer::new(vocab_size);
         let model = WordPiece::builder().unk_token(Special::Unk.token().into()).build().map_err(tk("WordPiece"))?;
         let mut tokenizer = TokenizerBuilder::<
             WordPiece,

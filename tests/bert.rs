@@ -47,6 +47,29 @@ fn wordpiece_trains_with_the_special_tokens_and_splits_unseen_words_into_pieces(
 }
 
 #[test]
+fn wordpiece_training_gives_the_same_vocabulary_and_ids_every_time() {
+    // Real text with many count ties among merges: the stock trainer disagreed with itself here (its
+    // continuation pieces were numbered in hash-map order, and ties broken by those numbers).
+    let cfg = ablate::config::DataConfig { max_chars: Some(60_000), ..Default::default() };
+    let text = ablate::data::load_text(&cfg).unwrap();
+    let vocab = |t: &TextTokenizer| (0..t.vocab_size()).flat_map(|i| t.tokens(&[i])).collect::<Vec<_>>();
+    let first = TextTokenizer::train_wordpiece(&text, 800).unwrap();
+    assert_eq!(first.vocab_size(), 800);
+    let ids = first.encode(&text).unwrap();
+    for _ in 0..4 {
+        let again = TextTokenizer::train_wordpiece(&text, 800).unwrap();
+        assert_eq!(vocab(&again), vocab(&first));
+        assert_eq!(again.encode(&text).unwrap(), ids);
+    }
+    // Continuation pieces stay ordinary vocabulary, not special tokens: "##e" typed in the text is split
+    // like any punctuation and word, never matched whole.
+    let tokens = first.tokens(&first.encode("ab ##e").unwrap());
+    assert_eq!(tokens.last().map(String::as_str), Some("e"), "{tokens:?}");
+    assert!(!tokens.contains(&"##e".to_string()), "{tokens:?}");
+    assert!(vocab(&first).iter().filter(|t| t.starts_with("##")).count() > 100);
+}
+
+#[test]
 fn bert_base_has_the_reference_parameter_count() {
     let vs = nn::VarStore::new(Device::Cpu);
     let _bert = Bert::new(&vs.root(), &BertConfig::base());
