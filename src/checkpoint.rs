@@ -59,7 +59,16 @@ fn write(dir: &Path, run_id: &str, vs: &nn::VarStore, description: &str) -> Resu
 
 /// Loads a checkpoint given its `.safetensors` or `.json` path.
 pub fn load(path: &Path, device: Device) -> Result<(Config, TextTokenizer, nn::VarStore, Gpt)> {
+    let (config, tokenizer) = load_description(path)?;
     let weights = path.with_extension("safetensors");
+    let mut vs = nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &config.model, tokenizer.vocab_size());
+    vs.load(&weights).with_context(|| format!("loading weights from {}", weights.display()))?;
+    Ok((config, tokenizer, vs, model))
+}
+
+/// The config and tokenizer a checkpoint was trained with, from the JSON next to its weights.
+pub fn load_description(path: &Path) -> Result<(Config, TextTokenizer)> {
     let meta_path = path.with_extension("json");
     let meta: Meta = serde_json::from_str(
         &std::fs::read_to_string(&meta_path).with_context(|| format!("cannot read {}", meta_path.display()))?,
@@ -69,8 +78,5 @@ pub fn load(path: &Path, device: Device) -> Result<(Config, TextTokenizer, nn::V
         Some(json) => TextTokenizer::from_saved("subword", json)?,
         None => TextTokenizer::from_saved("char", &meta.vocabulary)?,
     };
-    let mut vs = nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &meta.config.model, tokenizer.vocab_size());
-    vs.load(&weights).with_context(|| format!("loading weights from {}", weights.display()))?;
-    Ok((meta.config, tokenizer, vs, model))
+    Ok((meta.config, tokenizer))
 }

@@ -424,8 +424,21 @@ impl TextData {
     /// The text tokenised as `cfg` says. Characters split by token count; subword vocabularies are trained
     /// on the first `1 − val_fraction` of the text (at a line break) and the rest is held out.
     pub fn from_text_with(text: &str, cfg: &DataConfig) -> Result<Self> {
+        Self::split(text, cfg, None)
+    }
+
+    /// The text split as `cfg` says but tokenised by `tokenizer` (a checkpoint's), so a fine-tuning run
+    /// sees the ids its pre-trained embeddings were learnt for.
+    pub fn from_text_with_tokenizer(text: &str, cfg: &DataConfig, tokenizer: TextTokenizer) -> Result<Self> {
+        Self::split(text, cfg, Some(tokenizer))
+    }
+
+    fn split(text: &str, cfg: &DataConfig, given: Option<TextTokenizer>) -> Result<Self> {
         if cfg.tokenizer == Tokenizer::Char {
-            let tokenizer = build_tokenizer(cfg, text, text)?;
+            let tokenizer = match given {
+                Some(t) => t,
+                None => build_tokenizer(cfg, text, text)?,
+            };
             let ids = encode_text(&tokenizer, text)?;
             let n_val = ((ids.len() as f64) * cfg.val_fraction).round() as usize;
             let n_train = ids.len() - n_val;
@@ -437,7 +450,10 @@ impl TextData {
             });
         }
         let (train_text, val_text) = split_text(text, cfg.val_fraction);
-        let tokenizer = build_tokenizer(cfg, train_text, text)?;
+        let tokenizer = match given {
+            Some(t) => t,
+            None => build_tokenizer(cfg, train_text, text)?,
+        };
         let train = Tensor::from_slice(&encode_text(&tokenizer, train_text)?);
         let val = Tensor::from_slice(&encode_text(&tokenizer, val_text)?);
         Ok(Self { tokenizer, train, val })

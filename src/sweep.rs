@@ -29,6 +29,35 @@ pub struct SweepOptions<'a> {
     pub shard: Option<Shard>,
 }
 
+/// Which tokenised text a language run reads: its data config, and the checkpoint it fine-tunes from
+/// (whose vocabulary it must use).
+fn text_key(config: &crate::config::Config, results_root: &Path) -> Result<String> {
+    let checkpoint = config.bert.as_ref().and_then(|b| b.init_from_path(results_root));
+    Ok(format!("{}{checkpoint:?}", serde_yaml::to_string(&config.data)?))
+}
+
+/// The corpus tokenised by the vocabulary a checkpoint was pre-trained with, not a freshly trained one: the
+/// checkpoint's embedding rows belong to its token ids. The run's data config must name the same
+/// vocabulary, so the recipe says what is used.
+fn pretrained_vocabulary_data(data: &crate::config::DataConfig, checkpoint: &Path) -> Result<Dataset> {
+    let (pretrained, tokenizer) = crate::checkpoint::load_description(checkpoint)
+        .with_context(|| format!("bert.init_from: {}", checkpoint.display()))?;
+    let vocabulary = |d: &crate::config::DataConfig| {
+        let size = d.vocab_size.map(|n| format!(", vocab_size {n}")).unwrap_or_default();
+        let path = d.tokenizer_path.as_ref().map(|p| format!(", tokenizer_path {p}")).unwrap_or_default();
+        format!("data.tokenizer {}{size}{path}", serde_yaml::to_string(&d.tokenizer).unwrap_or_default().trim())
+    };
+    let (theirs, ours) = (vocabulary(&pretrained.data), vocabulary(data));
+    if theirs != ours {
+        anyhow::bail!(
+            "bert.init_from: {} was pre-trained with {theirs}, this run has {ours}: fine-tuning reuses the checkpoint's vocabulary, so set the same",
+            checkpoint.display()
+        );
+    }
+    let text = crate::data::load_text(data)?;
+    Ok(Dataset::Text(crate::data::TextData::from_text_with_tokenizer(&text, data, tokenizer)?))
+}
+
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Everything that can fail on input fails here, before the first step: data, block sizes, output dir.
     let mut datasets: HashMap<String, Dataset> = HashMap::new();
@@ -67,10 +96,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             }
             continue;
         }
-        if !datasets.contains_key(&key) {
-            datasets.insert(key.clone(), Dataset::load(&run.config.data).with_context(located)?);
-        }
-        if let Some(path) = run.config.bert.as_ref().and_then(|b| b.init_from_path(&results_root)) {
+        let init_from = run.config.bert.as_ref().and_then(|b| b.init_from_path(&results_root));
+        if let Some(path) = &init_from {
             if !path.is_file() {
                 anyhow::bail!(
                     "{}: bert.init_from: no such checkpoint: {} (a $RESULTS/ path is under {}: run the recipe that saves it first)",
@@ -79,6 +106,14 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                     results_root.display()
                 );
             }
+        }
+        let key = text_key(&run.config, &results_root)?;
+        if !datasets.contains_key(&key) {
+            let data = match &init_from {
+                Some(path) => pretrained_vocabulary_data(&run.config.data, path),
+                None => Dataset::load(&run.config.data),
+            };
+            datasets.insert(key.clone(), data.with_context(located)?);
         }
         if run.config.bert.as_ref().is_some_and(|b| b.task == crate::config::BertTask::Spam) && emails.is_none() {
             emails = Some(crate::labelled::spam_assassin().with_context(located)?);
@@ -128,6 +163,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     );
     for (k, run) in todo.iter().enumerate() {
         let data_key = serde_yaml::to_string(&run.config.data)?;
+        let text_key = text_key(&run.config, &results_root)?;
         bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, mine.len(), run.id));
         let steps = run.config.train.steps;
         let before = bar.position();
@@ -149,7 +185,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 .with_context(|| format!("run `{}`", run.id))?;
             (trained.outcome, trained.vs, None)
         } else if run.config.bert.is_some() {
-            let Dataset::Text(text) = &datasets[&data_key] else { unreachable!("validated: BERT reads text") };
+            let Dataset::Text(text) = &datasets[&text_key] else { unreachable!("validated: BERT reads text") };
             // Training reads the checkpoint at its resolved path; the run's id and hash keep `$RESULTS/`.
             let mut config = run.config.clone();
             if let Some(b) = config.bert.as_mut() {
@@ -176,7 +212,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                     .with_context(|| format!("run `{}`", run.id))?;
             (trained.outcome, trained.vs, None)
         } else {
-            let data = &datasets[&data_key];
+            let data = &datasets[&text_key];
             let trained = train_resumable(&run.config, data, opts.device, &mut progress, Some(&state))
                 .with_context(|| format!("run `{}`", run.id))?;
             (trained.outcome, trained.vs, Some(data.tokenizer()))

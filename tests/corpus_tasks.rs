@@ -275,6 +275,35 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
     ablate::sweep::run_recipe(&chained, &opts).unwrap();
     assert_eq!(ablate::results::read_runs(&out.join("runs.csv")).unwrap()[0]["status"], "ok");
+    // It tokenises with the checkpoint's vocabulary, not one trained afresh: fine-tuning on a longer text
+    // (where training would give another vocabulary) saves exactly the pre-training tokenizer.
+    let longer = from("$RESULTS/p/checkpoints/seed=0.safetensors")
+        .replace("max_chars: 100000", "max_chars: 150000")
+        .replace("eval_batches: 1\n", "eval_batches: 1\n  checkpoint: true\n");
+    let longer = ablate::recipe::parse(&longer, "l.yaml", "l", false).unwrap();
+    let out = dir.join("l");
+    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::sweep::run_recipe(&longer, &opts).unwrap();
+    let tokenizer_of = |run_dir: &std::path::Path| {
+        let json = std::fs::read_to_string(run_dir.join("checkpoints").join("seed=0.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["subword_tokenizer"].as_str().unwrap().to_string()
+    };
+    assert!(tokenizer_of(&out) == tokenizer_of(&dir.join("p")), "fine-tuning used the checkpoint's vocabulary");
+    let retrained = ablate::data::load_text(&longer.runs[0].config.data)
+        .and_then(|text| ablate::data::TextData::from_text_with(&text, &longer.runs[0].config.data))
+        .unwrap();
+    assert!(retrained.tokenizer.to_saved().unwrap().1 != tokenizer_of(&out), "the longer text trains another");
+    // A run that names another vocabulary than the checkpoint's is refused before training, saying both.
+    let other = from("$RESULTS/p/checkpoints/seed=0.safetensors").replace("vocab_size: 300", "vocab_size: 400");
+    let other = ablate::recipe::parse(&other, "o.yaml", "o", false).unwrap();
+    let out = dir.join("o");
+    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    let err = format!("{:#}", ablate::sweep::run_recipe(&other, &opts).unwrap_err());
+    assert!(
+        err.contains("pre-trained with data.tokenizer wordpiece, vocab_size 300, this run has data.tokenizer wordpiece, vocab_size 400"),
+        "{err}"
+    );
+    assert!(!out.join("runs.csv").exists());
     // A checkpoint that is not there stops the sweep before training, naming the resolved path.
     let missing =
         ablate::recipe::parse(&from("$RESULTS/q/checkpoints/seed=0.safetensors"), "g.yaml", "g", false).unwrap();
