@@ -94,7 +94,8 @@ pub struct BertRunConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_mask_fraction: Option<f64>,
     /// Start from this checkpoint (the `.safetensors` of a `task: pretrain` run saved with
-    /// `train.checkpoint`) instead of random weights; its model and tokenizer settings must match this run's.
+    /// `train.checkpoint`) instead of random weights; its model and tokenizer settings must match this run's,
+    /// and the run tokenises with the vocabulary stored in the checkpoint.
     /// A path starting with `$RESULTS/` is another recipe's output (see [`RESULTS_PREFIX`]).
     pub init_from: Option<String>,
 }
