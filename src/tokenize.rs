@@ -67,7 +67,7 @@ impl Special {
 /// The `tokenizers` crate's WordPiece trainer made deterministic. Its BPE core gives each `##c`
 /// continuation piece the next free id when it first meets it while walking the word counts, a hash map
 /// seeded at random per process; merges then break count ties by those ids, so two trainings on the same
-/// text disagreed on which tokens exist and on most ids (measured: 387–432 of 500 ids alike). Here every
+/// text could differ in a few tokens and in up to a fifth of the ids (measured: 387–432 of 500 alike). Here every
 /// continuation piece the text can produce is registered up front, in character order, as a trainer
 /// special token (they enter the vocabulary before the alphabet, and nothing is left for the walk to
 /// number), and only the real special tokens are handed back to the tokenizer as special. The vocabulary
