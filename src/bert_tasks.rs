@@ -390,18 +390,27 @@ impl SpanPredictor {
     }
 }
 
-/// A batch of span rows on the device.
+/// A batch of span rows on the device, with their answers' start and end positions.
 pub struct SpanBatch {
     pub ids: Tensor,
     pub segments: Tensor,
     pub padding: Tensor,
     pub context: Tensor,
+    pub start: Tensor,
+    pub end: Tensor,
 }
 
 impl SpanBatch {
     fn rows(x: &SpanExamples, idx: &Tensor, device: Device) -> Self {
         let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
-        Self { ids: pick(&x.ids), segments: pick(&x.segments), padding: pick(&x.padding), context: pick(&x.context) }
+        Self {
+            ids: pick(&x.ids),
+            segments: pick(&x.segments),
+            padding: pick(&x.padding),
+            context: pick(&x.context),
+            start: pick(&x.start),
+            end: pick(&x.end),
+        }
     }
 }
 
@@ -534,10 +543,9 @@ struct Locating<'a> {
 
 impl Objective for Locating<'_> {
     fn training_loss(&self) -> Tensor {
-        let idx = random_rows(self.train.ids.size()[0], self.batch);
-        let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.train, &idx, self.device), true);
-        let gold = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
-        SpanPredictor::loss(&s, &e, &gold(&self.train.start), &gold(&self.train.end))
+        let b = SpanBatch::rows(self.train, &random_rows(self.train.ids.size()[0], self.batch), self.device);
+        let (s, e) = self.span.logits(self.bert, &b, true);
+        SpanPredictor::loss(&s, &e, &b.start, &b.end)
     }
 
     fn evaluate(&self, step: i64, curves: &mut Vec<CurvePoint>) -> Evaluation {
@@ -545,9 +553,9 @@ impl Objective for Locating<'_> {
         let n = self.test.ids.size()[0];
         let (mut loss, mut predicted) = (0.0, Vec::new());
         for idx in eval_batches(n) {
-            let (s, e) = self.span.logits(self.bert, &SpanBatch::rows(self.test, &idx, self.device), false);
-            let gold = |t: &Tensor| t.index_select(0, &idx).to_device(self.device);
-            let l = SpanPredictor::loss(&s, &e, &gold(&self.test.start), &gold(&self.test.end));
+            let b = SpanBatch::rows(self.test, &idx, self.device);
+            let (s, e) = self.span.logits(self.bert, &b, false);
+            let l = SpanPredictor::loss(&s, &e, &b.start, &b.end);
             loss += l.double_value(&[]) * idx.size()[0] as f64;
             predicted.extend(self.span.best_spans(&s, &e));
         }
