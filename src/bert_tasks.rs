@@ -595,8 +595,10 @@ pub fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
         .with_context(|| format!("bert.init_from: reading {}", path.display()))?
         .into_iter()
         .collect();
+    // In name order, so a mismatch is reported the same way every time (the store's map has no order).
+    let variables: std::collections::BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     tch::no_grad(|| -> Result<()> {
-        for (name, mut var) in vs.variables() {
+        for (name, mut var) in variables {
             if !(name.starts_with("bert.") || name.starts_with("mlm.")) {
                 continue;
             }
