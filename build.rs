@@ -8,6 +8,10 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
+        // The recipe layer alone (`--no-default-features`): nothing links libtorch.
+        return;
+    }
     let Ok(libtorch) = std::env::var("LIBTORCH") else {
         // torch-sys fails with its own message in this case; bin/ablate always sets LIBTORCH.
         return;

@@ -1,36 +1,35 @@
 //! ablate: train Transformer variants from YAML recipes and measure what each mechanism buys.
-pub mod attention;
-pub mod bench;
-pub mod bert;
-pub mod bert_tasks;
-pub mod checkpoint;
-pub mod complexity;
-pub mod config;
-pub mod corpus_tasks;
-pub mod data;
-pub mod generate;
-pub mod gpt;
-pub mod images;
-pub mod labelled;
-pub mod layers;
-pub mod native;
-pub mod optim;
-pub mod parallel;
-pub mod pe;
-pub mod plot;
-pub mod precision;
+//!
+//! The layers, each importing only those below it:
+//! - `transformer` — the core: attention, position encodings, layers, built from the plain settings of
+//!   `transformer::spec`;
+//! - `models` — one file per architecture over the core (GPT, BERT, encoder–decoder, ViT, Swin, DaViT,
+//!   ImageGPT), structural settings in `models::spec`;
+//! - `data` — corpora, image sets, sentence pairs, tokenizers, batches;
+//! - `train` — the optimisation loop every kind shares (AdamW, schedules, precision, resumable state);
+//! - `tasks` — one per kind of run: its data, model, objective, evaluation, FLOPs and named metrics;
+//! - `run` — the sweep, result files, plots, summaries, scale-out and benchmarks;
+//! - `recipe` — the schema (the config structs), validation, which keys each kind reads, expansion; with
+//!   `metrics`, the names every layer above the core reads. These two, and the two `spec` modules, need no
+//!   libtorch: `cargo build --no-default-features` builds just them.
+pub mod metrics;
+pub mod models;
 pub mod recipe;
-pub mod results;
-pub mod scale;
-pub mod seq2seq;
-pub mod sweep;
-pub mod sword;
-pub mod tokenize;
+pub mod transformer;
+
+#[cfg(feature = "torch")]
+pub mod data;
+#[cfg(feature = "torch")]
+pub mod files;
+#[cfg(feature = "torch")]
+pub mod run;
+#[cfg(feature = "torch")]
+pub mod tasks;
+#[cfg(feature = "torch")]
 pub mod train;
-pub mod translate;
-pub mod vision;
 
 /// `auto` (CUDA when available), `cpu`, `cuda` or `cuda:N`.
+#[cfg(feature = "torch")]
 pub fn parse_device(spec: &str) -> Result<tch::Device, String> {
     let cuda = |i: usize| {
         if tch::Cuda::is_available() && i < tch::Cuda::device_count() as usize {

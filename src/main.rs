@@ -1,13 +1,30 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use ablate::bench::{self, BenchConfig};
-use ablate::config::Precision;
-use ablate::generate::Decoding;
-use ablate::recipe::{self, RecipeError};
-use ablate::scale::{Shard, WorkerPlan};
-use ablate::sweep::{plot_results, run_recipe, SweepOptions};
-use clap::{Parser, Subcommand};
+use ablate::models::decode::Decoding;
+use ablate::recipe::{self, Precision, RecipeError};
+use ablate::run::bench::{self, BenchConfig};
+use ablate::run::plot::plot_results;
+use ablate::run::scale::{Shard, WorkerPlan};
+use ablate::run::sweep::{run_recipe, SweepOptions};
+use ablate::tasks::{checkpoint, parameter_count, task, DataCache};
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// How `ablate generate` picks the next token.
+#[derive(Clone, Copy, ValueEnum)]
+enum DecodingArg {
+    Greedy,
+    Sample,
+    Beam,
+}
+
+/// Arithmetic of `ablate bench`, as `train.precision`.
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    Fp32,
+    Bf16,
+    Fp16,
+}
 
 /// Train Transformer variants from a YAML recipe; write tidy CSV metrics and plots.
 #[derive(Parser)]
@@ -122,8 +139,8 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         tokens: usize,
         /// greedy, sample (temperature, optional top-k) or beam (width).
-        #[arg(long, default_value = "sample")]
-        decoding: String,
+        #[arg(long, value_enum, default_value_t = DecodingArg::Sample)]
+        decoding: DecodingArg,
         #[arg(long, default_value_t = 0.8)]
         temperature: f64,
         #[arg(long)]
@@ -196,9 +213,9 @@ enum Command {
         warmup: i64,
         #[arg(long, default_value_t = 50)]
         steps: i64,
-        /// fp32, bf16 or fp16 (autocast, as `train.precision`).
-        #[arg(long, default_value = "fp32")]
-        precision: String,
+        /// Autocast arithmetic, as `train.precision`.
+        #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+        precision: PrecisionArg,
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -227,14 +244,14 @@ fn main() -> ExitCode {
             let path = find_recipe(&recipe)?;
             let recipe = recipe::load(&path, false)?;
             let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
-            print!("{}", ablate::sweep::summary_table(&out)?);
+            print!("{}", ablate::run::summary::summary_table(&out, &recipe)?);
             Ok(())
         })(),
         Some(Command::Merge { recipe, out, smoke }) => (|| {
             let path = find_recipe(&recipe)?;
             let recipe = recipe::load(&path, smoke)?;
             let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
-            ablate::scale::merge(&recipe, &out, false).map(|_| ())
+            ablate::run::scale::merge(&recipe, &out, false).map(|_| ())
         })(),
         Some(Command::Slurm { recipe, shards, out, smoke, device, cpus_per_task, gpus_per_task, partition, time }) => {
             (|| {
@@ -248,7 +265,7 @@ fn main() -> ExitCode {
                 }
                 device_or_exit(&device)?;
                 let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
-                let plan = ablate::scale::SlurmPlan {
+                let plan = ablate::run::scale::SlurmPlan {
                     recipe_path: &path,
                     out: &out,
                     shards,
@@ -259,7 +276,7 @@ fn main() -> ExitCode {
                     partition: partition.as_deref(),
                     time: time.as_deref(),
                 };
-                let submit = ablate::scale::write_slurm_scripts(&recipe, &plan)?;
+                let submit = ablate::run::scale::write_slurm_scripts(&recipe, &plan)?;
                 println!(
                     "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",
                     recipe.runs.len(),
@@ -271,13 +288,12 @@ fn main() -> ExitCode {
             })()
         }
         Some(Command::Generate { checkpoint, prompt, tokens, decoding, temperature, top_k, width, seed, device }) => {
-            let decoding = match decoding.as_str() {
-                "greedy" => Ok(Decoding::Greedy),
-                "sample" if temperature > 0.0 => Ok(Decoding::Sample { temperature, top_k }),
-                "sample" => Err(anyhow::anyhow!("--temperature must be positive, got {temperature}")),
-                "beam" if width >= 1 => Ok(Decoding::Beam { width }),
-                "beam" => Err(anyhow::anyhow!("--width must be at least 1")),
-                other => Err(anyhow::anyhow!("--decoding {other}: allowed values are greedy, sample, beam")),
+            let decoding = match decoding {
+                DecodingArg::Greedy => Ok(Decoding::Greedy),
+                DecodingArg::Sample if temperature > 0.0 => Ok(Decoding::Sample { temperature, top_k }),
+                DecodingArg::Sample => Err(anyhow::anyhow!("--temperature must be positive, got {temperature}")),
+                DecodingArg::Beam if width >= 1 => Ok(Decoding::Beam { width }),
+                DecodingArg::Beam => Err(anyhow::anyhow!("--width must be at least 1")),
             };
             decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device))
         }
@@ -287,9 +303,9 @@ fn main() -> ExitCode {
         Some(Command::Embed { texts, model, normalize, show_tokens, device }) => (|| {
             let dir = match model {
                 Some(dir) => dir,
-                None => ablate::bert::minilm_dir()?,
+                None => ablate::models::bert::minilm_dir()?,
             };
-            let pretrained = ablate::bert::load_pretrained(&dir, device_or_exit(&device)?)?;
+            let pretrained = ablate::models::bert::load_pretrained(&dir, device_or_exit(&device)?)?;
             let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
             if show_tokens {
                 for t in &texts {
@@ -305,19 +321,18 @@ fn main() -> ExitCode {
             Ok(())
         })(),
         Some(Command::ComplexityPoint { spec, device }) => (|| {
-            let spec: ablate::complexity::PointSpec = serde_json::from_str(&spec)?;
-            let result = ablate::complexity::measure_point(&spec, device_or_exit(&device)?);
+            let spec: ablate::run::complexity::PointSpec = serde_json::from_str(&spec)?;
+            let result = ablate::run::complexity::measure_point(&spec, device_or_exit(&device)?);
             println!("{}", serde_json::to_string(&result)?);
             Ok(())
         })(),
         Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, precision, device }) => {
-            let precision = match precision.as_str() {
-                "fp32" => Ok(Precision::Fp32),
-                "bf16" => Ok(Precision::Bf16),
-                "fp16" => Ok(Precision::Fp16),
-                other => Err(anyhow::anyhow!("--precision {other}: allowed values are fp32, bf16, fp16")),
+            let precision = match precision {
+                PrecisionArg::Fp32 => Precision::Fp32,
+                PrecisionArg::Bf16 => Precision::Bf16,
+                PrecisionArg::Fp16 => Precision::Fp16,
             };
-            precision.and_then(|precision| {
+            (|| {
                 let device = device_or_exit(&device)?;
                 let cfg = BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps, precision };
                 let r = bench::run(&cfg, device);
@@ -326,7 +341,7 @@ fn main() -> ExitCode {
                     r.tokens_per_s, r.step_ms, r.params
                 );
                 Ok(())
-            })
+            })()
         }
         None => match &cli.run.recipe {
             Some(recipe) => run(recipe, &cli.run),
@@ -353,13 +368,17 @@ fn generate_text(
     device: &str,
 ) -> anyhow::Result<()> {
     let device = device_or_exit(device)?;
-    let (_, tokenizer, _vs, model) = ablate::checkpoint::load(checkpoint, device)?;
+    let loaded = checkpoint::load(checkpoint, device)?;
+    let kind = loaded.config.kind;
+    let (Some(decoder), Some(tokenizer)) = (loaded.model.decoder(), loaded.tokenizer.as_ref()) else {
+        anyhow::bail!("{}: a kind {kind} model does not generate text (kind lm does)", checkpoint.display());
+    };
     let ids = tokenizer.encode(prompt).map_err(|e| anyhow::anyhow!("--prompt: {e}"))?;
     if ids.is_empty() {
         anyhow::bail!("--prompt is empty: give at least one character");
     }
     tch::manual_seed(seed);
-    let out = ablate::generate::generate(&model, &ids, tokens, decoding);
+    let out = ablate::models::decode::generate(decoder, &ids, tokens, decoding);
     println!("{}", tokenizer.decode(&out));
     Ok(())
 }
@@ -372,60 +391,71 @@ fn attention_map(
     seed: i64,
 ) -> anyhow::Result<()> {
     tch::manual_seed(seed);
-    let (tokenizer, _vs, model, what) = match (checkpoint, recipe) {
+    let (tokenizer, model, config, what) = match (checkpoint, recipe) {
         (Some(c), _) => {
-            let (_, tokenizer, vs, model) = ablate::checkpoint::load(c, tch::Device::Cpu)?;
+            let loaded = checkpoint::load(c, tch::Device::Cpu)?;
+            let tokenizer = loaded
+                .tokenizer
+                .ok_or_else(|| anyhow::anyhow!("{}: a kind {} model reads no text", c.display(), loaded.config.kind))?;
             let stem = c.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-            (tokenizer, vs, model, format!("trained {stem}"))
+            (tokenizer, loaded.model, loaded.config, format!("trained {stem}"))
         }
         (None, Some(r)) => {
             let path = find_recipe(r)?;
             let recipe = recipe::load(&path, false)?;
-            let tokenizer = ablate::tokenize::TextTokenizer::Char(ablate::data::CharTokenizer::fit(text));
-            let (vs, model) = ablate::train::build_model(&recipe.base, tokenizer.vocab_size(), tch::Device::Cpu);
-            (tokenizer, vs, model, format!("untrained model of {}", path.display()))
+            let config = recipe.runs[0].config.clone();
+            // An untrained model whose vocabulary is the text's characters.
+            let tokenizer =
+                ablate::data::tokenize::TextTokenizer::Char(ablate::data::tokenize::CharTokenizer::fit(text));
+            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+            let model = task(config.kind).build(&config, &vs.root(), tokenizer.vocab_size());
+            (tokenizer, model, config, format!("untrained model of {}", path.display()))
         }
         (None, None) => anyhow::bail!("give --checkpoint FILE or --recipe FILE"),
     };
     let ids = tokenizer.encode(text).map_err(|e| anyhow::anyhow!("--text: {e}"))?;
-    if ids.is_empty() || !model.covers(ids.len() as i64) {
-        anyhow::bail!("--text must have 1 to {} characters, got {}", model.block_size, ids.len());
+    let block = config.transformer.block_size;
+    if ids.is_empty() || ids.len() as i64 > block {
+        anyhow::bail!("--text must have 1 to {block} tokens, got {}", ids.len());
     }
-    let (_, weights) =
-        tch::no_grad(|| model.forward_with_weights(&tch::Tensor::from_slice(&ids).unsqueeze(0), false, true));
+    let weights = tch::no_grad(|| model.attention_on_tokens(&tch::Tensor::from_slice(&ids).unsqueeze(0)));
+    let Some(weights) = weights else {
+        anyhow::bail!("a kind {} model reads no text: `ablate attention` draws text models (lm, bert)", config.kind);
+    };
     let maps: Vec<tch::Tensor> = weights.iter().map(|w| w.get(0)).collect();
     let shown: String =
         if text.chars().count() > 40 { text.chars().take(40).chain("…".chars()).collect() } else { text.to_string() };
-    ablate::plot::attention_heatmaps(out, &maps, &format!("{what}, on {shown:?}"))?;
+    ablate::run::plot::attention_heatmaps(out, &maps, &format!("{what}, on {shown:?}"))?;
     println!("wrote {}", out.display());
     Ok(())
 }
 
 fn describe(name: Option<&str>, list: bool) -> anyhow::Result<()> {
-    use ablate::vision::{preset, PRESETS};
+    use ablate::recipe::presets::{preset, PRESETS};
     let names: Vec<&str> = match (name, list) {
         (_, true) | (None, false) => PRESETS.to_vec(),
         (Some(n), false) if preset(n).is_some() => vec![n],
         (Some(n), false) => return describe_recipe(n),
     };
-    println!("| preset | model | image | params | forward GMACs / image | forward GFLOPs / image |");
+    println!("| preset | kind | model | image | params | forward GFLOPs / image |");
     println!("|---|---|---|---|---|---|");
     for n in names {
         let cfg = preset(n).expect("listed");
-        let macs = cfg.forward_macs();
+        let (t, v) = (&cfg.transformer, cfg.vision());
+        let depth =
+            if cfg.kind.is_hierarchical() { format!("depths {:?}", v.depths) } else { format!("{} layers", t.layers) };
+        let params = parameter_count(&cfg, task(cfg.kind).vocab(&cfg, &DataCache::default())?);
+        let (flops, _) = task(cfg.kind).forward_flops(&cfg, params, 0);
         println!(
-            "| {n} | {:?}, patch {}, width {}, depths {:?}, heads {:?} | {}×{}×{} | {} | {:.3} | {:.3} |",
-            cfg.arch,
-            cfg.patch_size,
-            cfg.dim,
-            cfg.depths,
-            cfg.heads,
-            cfg.channels,
-            cfg.image_size,
-            cfg.image_size,
-            ablate::vision::parameter_count(&cfg),
-            macs / 1e9,
-            2.0 * macs / 1e9
+            "| {n} | {} | patch {}, width {}, {depth}, {} heads | {}×{}×{} | {params} | {:.3} |",
+            cfg.kind,
+            v.patch_size,
+            t.d_model,
+            t.heads,
+            v.channels,
+            v.image_size,
+            v.image_size,
+            flops / 1e9
         );
     }
     Ok(())
@@ -435,47 +465,21 @@ fn describe(name: Option<&str>, list: bool) -> anyhow::Result<()> {
 /// sequence of `block_size` tokens for language models (a third of the training FLOPs behind MFU).
 fn describe_recipe(name: &str) -> anyhow::Result<()> {
     let path = find_recipe(Path::new(name)).map_err(|_| {
-        anyhow::anyhow!("`{name}` is neither a preset ({}) nor a recipe", ablate::vision::PRESETS.join(", "))
+        anyhow::anyhow!("`{name}` is neither a preset ({}) nor a recipe", ablate::recipe::presets::PRESETS.join(", "))
     })?;
     let recipe = recipe::load(&path, false)?;
-    let mut vocabularies: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    println!("| run | params | forward GFLOPs | per |");
-    println!("|---|---|---|---|");
+    let results_root = default_out(&recipe.name, false).parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut data = DataCache::new(&results_root, false);
+    println!("| run | kind | params | forward GFLOPs | per |");
+    println!("|---|---|---|---|---|");
     for run in &recipe.runs {
-        if run.config.translate.is_some() {
-            // The vocabulary is trained with the pairs; its target size stands in for it here.
-            let vocab = run.config.data.vocab_size.unwrap_or(0);
-            let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-            drop(ablate::seq2seq::Seq2Seq::new(&vs.root(), &ablate::translate::model_config(&run.config, vocab)));
-            let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
-            println!("| {} | {params} | — | (translation: FLOPs depend on sentence lengths) |", run.id);
-            continue;
-        }
-        let (params, flops, per) = match &run.config.vision {
-            Some(v) => (ablate::vision::parameter_count(v), 2.0 * v.forward_macs(), "image".to_string()),
-            None => {
-                let key = serde_yaml::to_string(&run.config.data)?;
-                let vocab = match vocabularies.get(&key) {
-                    Some(&v) => v,
-                    None => {
-                        let v = ablate::data::Dataset::load(&run.config.data)?.tokenizer().vocab_size();
-                        vocabularies.insert(key, v);
-                        v
-                    }
-                };
-                let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-                match &run.config.bert {
-                    // The encoder with its pre-training head and the task's head, as training builds them.
-                    Some(_) => drop(ablate::bert_tasks::build_model(&vs.root(), &run.config, vocab)),
-                    None => drop(ablate::gpt::Gpt::new(&vs.root(), &run.config.model, vocab)),
-                }
-                let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
-                let per_token = ablate::precision::train_flops_per_token(&run.config, params, vocab) / 3.0;
-                let block = run.config.model.block_size;
-                (params, per_token * block as f64, format!("sequence of {block} tokens"))
-            }
-        };
-        println!("| {} | {params} | {:.4} | {per} |", run.id, flops / 1e9);
+        let kind = task(run.config.kind);
+        kind.prepare(&run.config, &mut data)?;
+        let vocab = kind.vocab(&run.config, &data)?;
+        let params = parameter_count(&run.config, vocab);
+        let (flops, per) = kind.forward_flops(&run.config, params, vocab);
+        let flops = if flops.is_finite() { format!("{:.4}", flops / 1e9) } else { "—".into() };
+        println!("| {} | {} | {params} | {flops} | {per} |", run.id, run.config.kind);
     }
     Ok(())
 }
@@ -510,8 +514,8 @@ fn default_out(name: &str, smoke: bool) -> PathBuf {
 
 fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
-    if ablate::complexity::is_complexity_recipe(&path) {
-        let recipe = ablate::complexity::load(&path, args.smoke)?;
+    if ablate::run::complexity::is_complexity_recipe(&path) {
+        let recipe = ablate::run::complexity::load(&path, args.smoke)?;
         let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
         let out = args.out.clone().unwrap_or_else(|| default_out(&name, args.smoke));
         if args.shard.is_some() || args.workers.is_some() || args.devices.is_some() {
@@ -522,7 +526,7 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         }
         // Validate the device here, once, rather than in every child.
         device_or_exit(&args.device)?;
-        return ablate::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
+        return ablate::run::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
     }
     let recipe = recipe::load(&path, args.smoke)?;
     let device = device_or_exit(&args.device)?;
@@ -542,7 +546,7 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let threads = args.threads.unwrap_or((cores / devices.len()).max(1));
         let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
-        return ablate::scale::run_workers(&recipe, &plan, args.quiet);
+        return ablate::run::scale::run_workers(&recipe, &plan, args.quiet);
     }
     let opts = SweepOptions { out: &out, device, force: args.force, quiet: args.quiet, shard: args.shard };
     run_recipe(&recipe, &opts)
@@ -550,8 +554,8 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
 
 fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
-    if ablate::complexity::is_complexity_recipe(&path) {
-        let r = ablate::complexity::load(&path, smoke)?;
+    if ablate::run::complexity::is_complexity_recipe(&path) {
+        let r = ablate::run::complexity::load(&path, smoke)?;
         let c = &r.complexity;
         println!(
             "{}: ok, complexity benchmark: {} lengths × {} variants × {} passes",
@@ -563,7 +567,8 @@ fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let recipe = recipe::load(&path, smoke)?;
-    println!("{}: ok, {} runs", path.display(), recipe.runs.len());
+    let kinds: Vec<String> = recipe.kinds().iter().map(|k| k.to_string()).collect();
+    println!("{}: ok, {} runs (kind {})", path.display(), recipe.runs.len(), kinds.join(", "));
     for r in &recipe.runs {
         println!("  {} (config {})", r.id, r.config_hash);
     }
@@ -572,7 +577,7 @@ fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
 
 fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
-    if ablate::complexity::is_complexity_recipe(&path) {
+    if ablate::run::complexity::is_complexity_recipe(&path) {
         anyhow::bail!(
             "{}: a complexity benchmark draws its plots as it runs; run `ablate {}` to measure and plot again",
             path.display(),
@@ -581,5 +586,5 @@ fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
     }
     let recipe = recipe::load(&path, false)?;
     let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
-    plot_results(&out, &recipe.sweep_keys, &recipe.name)
+    plot_results(&out, &recipe)
 }

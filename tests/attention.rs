@@ -1,7 +1,10 @@
-//! Properties of the attention core and the Transformer layer (the seed's 12.2–12.4), not snapshots.
-use ablate::attention::{explicit_attention, fused_attention, Mask, MultiHeadAttention};
-use ablate::config::{AttentionConfig, Implementation, ModelConfig, PositionEncoding, Scale};
-use ablate::gpt::Gpt;
+//! Properties of the attention core and the Transformer layer (UDL §12.2–12.4), not snapshots.
+use ablate::models::gpt::Gpt;
+use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention};
+use ablate::transformer::layers::{LayerInit, TransformerLayer};
+use ablate::transformer::spec::{
+    Activation, AttentionSpec, Implementation, PositionEncoding, PositionSpec, Scale, TransformerSpec,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -9,9 +12,12 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 fn mha(d: i64, heads: i64, scale: Scale, implementation: Implementation) -> (nn::VarStore, MultiHeadAttention) {
+    mha_with(d, AttentionSpec { scale, implementation, ..AttentionSpec::standard(d, heads) })
+}
+
+fn mha_with(d: i64, spec: AttentionSpec) -> (nn::VarStore, MultiHeadAttention) {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = AttentionConfig { scale, implementation, ..Default::default() };
-    let m = MultiHeadAttention::plain(vs.root(), d, heads, &cfg, 0.02);
+    let m = MultiHeadAttention::plain(vs.root(), d, &spec, 0.02);
     // Larger weights than the training init, so the softmax is far from uniform and differences show.
     tch::no_grad(|| {
         for mut p in vs.trainable_variables() {
@@ -55,18 +61,12 @@ fn without_position_encoding_permuting_the_input_permutes_the_output() {
 }
 
 fn small_gpt(pe: PositionEncoding, pre_ln: bool, implementation: Implementation) -> (nn::VarStore, Gpt) {
-    let cfg = ModelConfig {
-        d_model: 32,
-        layers: 2,
-        heads: 4,
-        block_size: 16,
-        pe,
-        pre_ln,
-        attention: AttentionConfig { implementation, ..Default::default() },
-        ..Default::default()
-    };
+    let mut spec = TransformerSpec::small(32, 2, 4, 16);
+    spec.position = PositionSpec::of(pe);
+    spec.pre_ln = pre_ln;
+    spec.attention.implementation = implementation;
     let vs = nn::VarStore::new(Device::Cpu);
-    let gpt = Gpt::new(&vs.root(), &cfg, 20);
+    let gpt = Gpt::new(&vs.root(), &spec, 20);
     (vs, gpt)
 }
 
@@ -173,52 +173,95 @@ fn scaling_by_sqrt_dq_matches_the_closed_form() {
 
 #[test]
 fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() {
-    // The seed's MhSa[X] = Ω_c [Sa_1[X]; …; Sa_H[X]], written out head by head with plain matmuls.
+    // UDL's MhSa[X] = Ω_c [Sa_1[X]; …; Sa_H[X]], written out head by head with plain matmuls; heads of
+    // D/H dimensions, and heads whose concatenation is wider than D (transformer.head_dim).
     tch::manual_seed(6);
     let (d, heads) = (12, 3);
-    let (vs, m) = mha(d, heads, Scale::SqrtDk, Implementation::Auto);
-    let vars = vs.variables();
-    let x = Tensor::randn([1, 5, d], (Kind::Float, Device::Cpu));
-    let (w, b) = (&vars["qkv.weight"], &vars["qkv.bias"]);
-    let (wo, bo) = (&vars["out.weight"], &vars["out.bias"]);
-    let hd = d / heads;
-    let mut outs = Vec::new();
-    for h in 0..heads {
-        let proj = |part: i64| {
-            let rows = part * d + h * hd;
-            x.matmul(&w.narrow(0, rows, hd).tr()) + b.narrow(0, rows, hd)
-        };
-        let (qh, kh, vh) = (proj(0), proj(1), proj(2));
-        let a = (qh.matmul(&kh.transpose(-2, -1)) / (hd as f64).sqrt()).softmax(-1, Kind::Float);
-        outs.push(a.matmul(&vh));
+    for hd in [d / heads, 7] {
+        let (vs, m) = mha_with(d, AttentionSpec { head_dim: hd, ..AttentionSpec::standard(d, heads) });
+        let vars = vs.variables();
+        let x = Tensor::randn([1, 5, d], (Kind::Float, Device::Cpu));
+        let (w, b) = (&vars["qkv.weight"], &vars["qkv.bias"]);
+        let (wo, bo) = (&vars["out.weight"], &vars["out.bias"]);
+        assert_eq!(w.size(), vec![3 * heads * hd, d]);
+        assert_eq!(wo.size(), vec![d, heads * hd]);
+        let mut outs = Vec::new();
+        for h in 0..heads {
+            let proj = |part: i64| {
+                let rows = part * heads * hd + h * hd;
+                x.matmul(&w.narrow(0, rows, hd).tr()) + b.narrow(0, rows, hd)
+            };
+            let (qh, kh, vh) = (proj(0), proj(1), proj(2));
+            let a = (qh.matmul(&kh.transpose(-2, -1)) / (hd as f64).sqrt()).softmax(-1, Kind::Float);
+            outs.push(a.matmul(&vh));
+        }
+        let expected = Tensor::cat(&outs, -1).matmul(&wo.tr()) + bo;
+        let got = m.self_attend(&x, &Mask::default(), None, false, false).output;
+        assert!(max_abs_diff(&expected, &got) < 1e-5, "head_dim {hd}");
     }
-    let expected = Tensor::cat(&outs, -1).matmul(&wo.tr()) + bo;
-    let got = m.self_attend(&x, &Mask::default(), None, false, false).output;
-    assert!(max_abs_diff(&expected, &got) < 1e-5);
 }
 
 #[test]
-fn post_ln_and_pre_ln_layers_normalise_where_the_seed_says() {
+fn the_2d_bias_adds_one_learned_scalar_per_head_and_grid_offset_and_none_off_the_grid() {
+    // A 3×3 grid after one leading token (a <cls>): the bias of tokens i, j on the grid is the table row of
+    // their offset (Δrow + 2)·5 + (Δcol + 2); pairs with the leading token get none.
+    tch::manual_seed(9);
+    let (side, lead, heads, d) = (3, 1, 2, 8);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = MultiHeadAttention::new(
+        vs.root(),
+        d,
+        &AttentionSpec { implementation: Implementation::Explicit, ..AttentionSpec::standard(d, heads) },
+        &PositionSpec::of(PositionEncoding::Bias2d),
+        Some(Grid { side, lead }),
+        0.02,
+    );
+    let mut table = vs.variables()["relative_position_bias_table"].shallow_clone();
+    tch::no_grad(|| table.copy_(&Tensor::randn([25, heads], (Kind::Float, Device::Cpu))));
+    // With Q = K = 0 every score is its bias: the weights are softmax(bias) row by row.
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            if name.starts_with("qkv") {
+                let _ = t.zero_();
+            }
+        }
+    });
+    let n = lead + side * side;
+    let x = Tensor::randn([1, n, d], (Kind::Float, Device::Cpu));
+    let w = m.self_attend(&x, &Mask::default(), None, false, true).weights.unwrap();
+    let mut bias = vec![vec![vec![0.0f64; n as usize]; n as usize]; heads as usize];
+    for h in 0..heads {
+        for i in lead..n {
+            for j in lead..n {
+                let (a, b) = (i - lead, j - lead);
+                let row = (a / side - b / side + side - 1) * (2 * side - 1) + (a % side - b % side + side - 1);
+                bias[h as usize][i as usize][j as usize] = table.double_value(&[row, h]);
+            }
+        }
+    }
+    for (h, rows) in bias.iter().enumerate() {
+        for (i, row) in rows.iter().enumerate() {
+            let z: f64 = row.iter().map(|b| b.exp()).sum();
+            for (j, b) in row.iter().enumerate() {
+                let got = w.double_value(&[0, h as i64, i as i64, j as i64]);
+                assert!((b.exp() / z - got).abs() < 1e-5, "head {h} query {i} key {j}: {got} vs {}", b.exp() / z);
+            }
+        }
+    }
+}
+
+#[test]
+fn post_ln_and_pre_ln_layers_normalise_where_udl_says() {
     // Post-LN: the layer's output is a LayerNorm output, so every token has mean 0 and variance 1.
     tch::manual_seed(7);
     let layer_for = |pre_ln: bool| {
         let vs = nn::VarStore::new(Device::Cpu);
-        let att = AttentionConfig::default();
-        let cfg = ablate::layers::LayerConfig {
-            d_model: 16,
-            heads: 4,
-            ffn_hidden: 32,
-            activation: ablate::config::Activation::Relu,
-            pre_ln,
-            dropout: 0.0,
-            attention: &att,
-            pe: PositionEncoding::None,
-            position: &Default::default(),
-            cross_attention: false,
-            residual_init_std: 0.02,
-            norm_eps: 1e-5,
-        };
-        let l = ablate::layers::TransformerLayer::new(vs.root(), &cfg);
+        let mut spec = TransformerSpec::small(16, 1, 4, 16);
+        spec.ffn_hidden = 32;
+        spec.activation = Activation::Relu;
+        spec.pre_ln = pre_ln;
+        spec.position = PositionSpec::of(PositionEncoding::None);
+        let l = TransformerLayer::new(vs.root(), &spec, false, LayerInit::default(), None);
         (vs, l)
     };
     let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)) * 3.0 + 1.0;

@@ -2,27 +2,30 @@
 //! line that names the file, the line and the key.
 use ablate::recipe::parse;
 
-/// (recipe text, expected line, text the message must contain)
+/// (recipe text, expected line, text the message must contain). A text without `kind:` is kind lm (the kind
+/// is added after the text, so its lines keep their numbers).
 const CASES: &[(&str, usize, &str)] = &[
-    ("model:\n  heads: [1, 2\n", 2, "YAML syntax error"),
-    ("model:\n\theads: 2\n", 2, "YAML syntax error"),
-    ("modle:\n  heads: 2\n", 1, "did you mean `model`"),
-    ("model:\n  hedas: 4\n", 2, "did you mean `heads`"),
+    ("kind: lm\ntransformer:\n  heads: [1, 2\n", 3, "YAML syntax error"),
+    ("transformer:\n\theads: 2\n", 2, "YAML syntax error"),
+    ("transfromer:\n  heads: 2\n", 1, "did you mean `transformer`"),
+    ("model:\n  heads: 2\n", 1, "the `model` section is now `transformer`"),
+    ("transformer:\n  hedas: 4\n", 2, "did you mean `heads`"),
     ("train:\n  step: 10\n", 2, "did you mean `steps`"),
-    ("model:\n  attention:\n    scael: none\n", 3, "did you mean `scale`"),
-    ("model:\n  heads: four\n", 2, "model.heads"),
-    ("model:\n  d_model: 12.5\n", 2, "model.d_model"),
+    ("transformer:\n  attention:\n    scael: none\n", 3, "did you mean `scale`"),
+    ("transformer:\n  heads: four\n", 2, "transformer.heads"),
+    ("transformer:\n  d_model: 12.5\n", 2, "transformer.d_model"),
     ("train:\n  lr: fast\n", 2, "train.lr"),
-    ("model:\n  pre_ln: maybe\n", 2, "model.pre_ln"),
-    ("model:\n  pe: rotary\n", 2, "rope"),
-    ("model:\n  activation: swish\n", 2, "gelu"),
-    ("model:\n  attention:\n    implementation: flash\n", 3, "sparse"),
-    ("model:\n  attention:\n    scale: -2\n", 3, "sqrt_dk, none, or a positive number"),
-    ("model:\n  d_model: 128\n  heads: 5\n", 3, "allowed: 1, 2, 4, 8, 16, 32, 64, 128"),
-    ("model:\n  d_model: 96\nsweep:\n  model.heads:\n    - 4\n    - 7\n", 6, "7 heads do not divide d_model 96"),
-    ("model:\n  layers: 0\n", 2, "model.layers: must be at least 1"),
-    ("model:\n  block_size: -4\n", 2, "model.block_size"),
-    ("model:\n  dropout: 1.5\n", 2, "model.dropout: must be in [0, 1)"),
+    ("transformer:\n  pre_ln: maybe\n", 2, "transformer.pre_ln"),
+    ("transformer:\n  pe: rotary\n", 2, "rope"),
+    ("transformer:\n  activation: swish\n", 2, "gelu"),
+    ("transformer:\n  attention:\n    implementation: flash\n", 3, "sparse"),
+    ("transformer:\n  attention:\n    scale: -2\n", 3, "sqrt_dk, none, or a positive number"),
+    ("transformer:\n  d_model: 128\n  heads: 5\n", 3, "allowed: 1, 2, 4, 8, 16, 32, 64, 128"),
+    ("transformer:\n  d_model: 96\nsweep:\n  transformer.heads:\n    - 4\n    - 7\n", 6, "7 heads do not divide d_model 96"),
+    ("transformer:\n  head_dim: 0\n", 2, "transformer.head_dim: must be at least 1"),
+    ("transformer:\n  layers: 0\n", 2, "transformer.layers: must be at least 1"),
+    ("transformer:\n  block_size: -4\n", 2, "transformer.block_size"),
+    ("transformer:\n  dropout: 1.5\n", 2, "transformer.dropout: must be in [0, 1)"),
     ("train:\n  lr: -0.001\n", 2, "train.lr: must be a positive number"),
     ("train:\n  min_lr: 0.5\n", 2, "train.min_lr"),
     ("train:\n  beta2: 1.0\n", 2, "train.beta2"),
@@ -31,48 +34,67 @@ const CASES: &[(&str, usize, &str)] = &[
     ("train:\n  warmup_steps: -1\n", 2, "train.warmup_steps"),
     ("data:\n  val_fraction: 1.0\n", 2, "data.val_fraction"),
     ("data:\n  path: /definitely/not/here.txt\n", 2, "no such file"),
+    ("data:\n  path: /etc\n", 2, "/etc is a directory"),
     ("data:\n  corpus: shakespeare\n", 2, "bible"),
     ("data:\n  task: copy\n  copy_length: 10\n", 1, "2·copy_length = 20"),
     ("data:\n  task: copy\n  copy_symbols: 40\n", 3, "data.copy_symbols"),
-    ("model:\n  block_size: 32\n  attention:\n    pattern:\n      window: 32\n", 5, "covers the whole block"),
-    ("model:\n  attention:\n    pattern:\n      window: 0\n", 4, "model.attention.pattern.window"),
-    ("model:\n  attention:\n    pattern:\n      dilation: 3\n", 4, "a dilation needs a window"),
-    ("model:\n  attention:\n    pattern:\n      global_every: 0\n", 4, "global_every"),
-    ("model:\n  attention:\n    implementation: sparse\n", 3, "needs a window pattern"),
-    ("model:\n  pe: alibi\n  position:\n    at: every_layer\n", 4, "only absolute encodings"),
-    ("model:\n  pe: rope\n  position:\n    rope_fraction: 0\n", 4, "rope_fraction"),
-    ("model:\n  position:\n    t5_buckets: 2\n", 3, "t5_buckets"),
+    ("data:\n  copy_length: 8\n", 2, "data.copy_length: sets the copy task"),
+    ("transformer:\n  block_size: 32\n  attention:\n    pattern:\n      window: 32\n", 5, "covers the whole sequence"),
+    ("transformer:\n  attention:\n    pattern:\n      window: 0\n", 4, "transformer.attention.pattern.window"),
+    ("transformer:\n  attention:\n    pattern:\n      dilation: 3\n", 4, "set transformer.attention.pattern.window too"),
+    ("transformer:\n  attention:\n    pattern:\n      global_every: 0\n", 4, "global_every"),
+    ("transformer:\n  attention:\n    implementation: sparse\n", 3, "needs a window pattern"),
+    ("transformer:\n  pe: alibi\n  position:\n    at: every_layer\n", 4, "transformer.pe is alibi"),
+    ("transformer:\n  pe: rope\n  position:\n    rope_fraction: 0\n", 4, "rope_fraction"),
+    ("transformer:\n  position:\n    rope_theta: 500\n", 3, "applies to pe: rope; transformer.pe is learned"),
+    ("transformer:\n  pe: t5\n  position:\n    t5_buckets: 2\n", 4, "t5_buckets"),
+    ("transformer:\n  pe: bias_2d\n", 2, "bias_2d needs a 2-D token grid; kind lm"),
     ("train:\n  eval_lengths: [2, 1]\n", 2, "train.eval_lengths"),
-    ("sweep:\n  model.heads: []\n", 2, "non-empty list"),
-    ("sweep:\n  model.heads: 4\n", 2, "non-empty list"),
-    ("sweep:\n  model.hedas: [1, 2]\n", 2, "did you mean model.heads?"),
+    ("sweep:\n  transformer.heads: []\n", 2, "non-empty list"),
+    ("sweep:\n  transformer.heads: 4\n", 2, "non-empty list"),
+    ("sweep:\n  transformer.hedas: [1, 2]\n", 2, "did you mean transformer.heads?"),
     ("sweep:\n  trian.steps: [1, 2]\n", 2, "did you mean train?"),
-    ("sweep:\n  model.heads.x: [1]\n", 2, "is a value, not a section"),
-    ("sweep:\n  model.pe:\n    - none\n    - learnt\n", 4, "model.pe"),
+    ("sweep:\n  transformer.heads.x: [1]\n", 2, "is a value, not a section"),
+    ("sweep:\n  transformer.pe:\n    - none\n    - learnt\n", 4, "transformer.pe"),
+    ("sweep:\n  kind: [lm, gpt]\n", 2, "kind: unknown variant `gpt`"),
     ("seeds: []\n", 1, "seeds: the list is empty"),
     ("seeds: [1, -2]\n", 1, "seeds"),
     ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),
     ("unexpected: 1\n", 1, "unknown field `unexpected`"),
+    ("kind: gpt\n", 1, "unknown variant `gpt`"),
+    ("# a recipe that names no kind:\nname: x\n", 1, "kind: missing"),
+    ("variants:\n  - {label: a, transformer.heads: 2}\n  - {label: a, transformer.heads: 4}\n", 3, "two variants are labelled `a`"),
+    ("variants:\n  - {transformer.hedas: 2}\n", 2, "did you mean transformer.heads?"),
     // Found by cargo fuzz: a key with a line break in it must not break the one-line error.
-    ("model: {\"hea\\nds\": 4}\n", 1, "unknown field `hea\\nds`"),
+    ("transformer: {\"hea\\nds\": 4}\n", 1, "unknown field `hea\\nds`"),
     // Also found by cargo fuzz: YAML ends a line at a lone carriage return, and so do the line numbers.
     ("train:\r  lr: fast\r", 2, "train.lr"),
-    // Vision: a Swin token grid the window does not tile, a patch that does not divide the image, image data
-    // without a model, a model that does not fit the images.
-    (
-        "vision:\n  arch: swin\n  patch_size: 2\n  dim: 32\n  depths: [2, 2]\n  heads: [2, 4]\n  window: 5\n",
-        7,
-        "windows that do: 1, 2, 7, 14",
-    ),
-    ("vision:\n  patch_size: 5\n", 2, "vision.patch_size: 5 does not divide image_size 28"),
-    ("data:\n  images:\n    dataset: fashion_mnist\n", 2, "needs a `vision` model section"),
-    ("vision:\n  channels: 3\n", 2, "vision.channels: FashionMnist images need 1"),
-    ("vision:\n  arch: vit\n  depths: [2, 2]\n  heads: [2, 2]\n", 3, "a ViT has one stage"),
-    ("data:\n  images:\n    train_fraction: 0\nvision:\n  arch: vit\n", 3, "must be in (0, 1]"),
+    // Keys a kind does not read are refused, naming the key, the kind and why.
+    ("vision:\n  patch_size: 4\n", 2, "vision.patch_size: the vision section is read by kind vit, swin, davit, image_gpt only; this run is kind lm"),
+    ("bert:\n  task: spam\n", 2, "bert.task: the bert section is read by kind bert only; this run is kind lm"),
+    ("data:\n  images:\n    dataset: mnist\n", 3, "image data is for the vision kinds; this run is kind lm"),
+    ("kind: vit\ntransformer:\n  block_size: 32\n", 3, "transformer.block_size: kind vit reads the image's token grid"),
+    ("kind: vit\nvision:\n  window: 5\n", 3, "vision.window: vision.window (2-D attention windows) is read by kind swin, davit only"),
+    ("kind: vit\ntransformer:\n  tie_embeddings: true\n", 3, "kind vit predicts classes, not tokens"),
+    ("kind: vit\ndata:\n  tokenizer: bpe\n", 3, "kind vit reads images (data.images), not text"),
+    ("kind: swin\ntransformer:\n  layers: 4\n", 3, "kind swin sets its depth per stage: set vision.depths"),
+    ("kind: swin\ntransformer:\n  attention:\n    pattern:\n      window: 3\n", 5, "kind swin attends inside 2-D windows"),
+    ("kind: swin\ntransformer:\n  pe: learned\n  position:\n    at: qk\n", 5, "an absolute encoding enters once, at the input"),
+    ("kind: image_gpt\ntransformer:\n  pe: conv\n", 3, "would leak what image_gpt predicts"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntransformer:\n  layers: 3\n", 6, "set translate.encoder_layers and translate.decoder_layers"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\n  max_chars: 100\n", 5, "reads sentence pairs (translate.pairs), not a corpus"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  length_penalty: 1.0\n", 6, "translate.beam_width is 1 (greedy)"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntrain:\n  eval_lengths: [2]\n", 6, "length generalisation evaluates a decoder"),
+    // Vision: a Swin token grid the window does not tile, a patch that does not divide the image, a model
+    // that does not fit the images.
+    ("kind: swin\nvision:\n  patch_size: 2\n  depths: [2, 2]\n  window: 5\n", 5, "windows that do: 1, 2, 7, 14"),
+    ("kind: vit\nvision:\n  patch_size: 5\n", 3, "vision.patch_size: 5 does not divide image_size 28"),
+    ("kind: vit\nvision:\n  channels: 3\n", 3, "vision.channels: FashionMnist images need 1"),
+    ("kind: vit\ndata:\n  images:\n    train_fraction: 0\n", 4, "must be in (0, 1]"),
     // Found by cargo fuzz: listing the divisors of an absurd width used to take forever.
-    ("model:\n  d_model: 1999999999999999\n", 2, "model.d_model: must be at most 1048576"),
-    ("vision:\n  image_size: 999999999999\n", 2, "vision.image_size: must be at most 65536"),
-    ("sweep:\n  train.seed: [0,1,2,3,4,5,6,7,8,9]\n  train.lr: [1,2,3,4,5,6,7,8,9,10]\n  model.layers: [1,2,3,4,5,6,7,8,9,10]\n  train.steps: [1,2,3,4,5,6,7,8,9,10]\n  train.batch_size: [1,2,3,4,5,6,7,8,9,10]\n  train.warmup_steps: [1,2,3,4,5,6,7,8,9,10]\n", 1, "1000000 runs; at most 100000"),
+    ("transformer:\n  d_model: 1999999999999999\n", 2, "transformer.d_model: must be at most 1048576"),
+    ("kind: vit\nvision:\n  image_size: 999999999999\n", 3, "vision.image_size: must be at most 65536"),
+    ("sweep:\n  train.seed: [0,1,2,3,4,5,6,7,8,9]\n  train.lr: [1,2,3,4,5,6,7,8,9,10]\n  transformer.layers: [1,2,3,4,5,6,7,8,9,10]\n  train.steps: [1,2,3,4,5,6,7,8,9,10]\n  train.batch_size: [1,2,3,4,5,6,7,8,9,10]\n  train.warmup_steps: [1,2,3,4,5,6,7,8,9,10]\n", 1, "1000000 runs; at most 100000"),
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),
@@ -84,31 +106,40 @@ const CASES: &[(&str, usize, &str)] = &[
     ("data:\n  tokenizer: wordpiece\n  tokenizer_path: /nonexistent/vocab.txt\n", 3, "no such file"),
     ("data:\n  tokenizer: sentencepiece\n", 2, "`char`, `bpe`, `wordpiece`"),
     // BERT.
-    ("bert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
-    ("bert:\n  task: qa\n", 2, "expected one of `mlm`, `pretrain`, `spam`, `punctuation`, `locate`"),
-    ("bert:\n  objective: electra\n", 2, "expected `masked` or `next_token`"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 6, "next_token is for task: pretrain"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  eval_mask_fraction: 0\n", 5, "bert.eval_mask_fraction: must be in (0, 1), got 0"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 5, "bert.mask_fraction"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 5, "only with a fine-tuning task"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  init_from: /nonexistent.safetensors\n", 5, "no such checkpoint"),
+    ("kind: bert\nbert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
+    ("kind: bert\nbert:\n  task: qa\n", 3, "expected one of `mlm`, `pretrain`, `spam`, `punctuation`, `locate`"),
+    ("kind: bert\nbert:\n  objective: electra\n", 3, "expected `masked` or `next_token`"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 7, "chooses the objective of task: pretrain"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  eval_mask_fraction: 0\n", 6, "bert.eval_mask_fraction: must be in (0, 1), got 0"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 6, "bert.mask_fraction"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 6, "task: pretrain pre-trains for train.steps"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: spam\n  pretrain_lr: 0.01\n", 7, "bert.pretrain_steps is 0"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: spam\n  init_from: /nonexistent.safetensors\n", 7, "no such checkpoint"),
     // ImageGPT.
-    ("vision:\n  arch: image_gpt\n  patch_size: 2\n", 1, "needs its palette section"),
-    ("vision:\n  arch: image_gpt\n  patch_size: 2\n  image_gpt:\n    palette: 1\n", 5, "must be in 2..=4096"),
-    ("vision:\n  arch: vit\n  image_gpt:\n    palette: 8\n", 3, "only for arch image_gpt"),
+    ("kind: image_gpt\nimage_gpt:\n  palette: 1\n", 3, "must be in 2..=4096"),
+    ("kind: vit\nimage_gpt:\n  palette: 8\n", 3, "the image_gpt section is read by kind image_gpt only"),
     // Translation.
-    ("translate:\n  encoder_layers: 2\n", 1, "use bpe or wordpiece"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  cross_attention_layers: 3\n", 5, "0..=2 (the decoder's layers), got 3"),
-    ("data:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  pairs: klingon\n", 5, "bible_en_es"),
+    ("kind: translate\ntranslate:\n  encoder_layers: 2\n", 1, "use bpe or wordpiece"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  cross_attention_layers: 3\n", 6, "0..=2 (the decoder's layers), got 3"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  pairs: klingon\n", 6, "bible_en_es"),
     ("train:\n  schedule: linear\n", 2, "expected `cosine` or `noam`"),
 ];
+
+/// `text` with `kind: lm` added after it when it names no kind (its lines keep their numbers).
+fn with_kind(text: &str) -> String {
+    if text.contains("kind:") {
+        text.to_string()
+    } else {
+        format!("{text}kind: lm\n")
+    }
+}
 
 #[test]
 fn every_malformed_recipe_gets_one_line_with_file_line_and_key() {
     assert!(CASES.len() >= 30);
     let mut failures = Vec::new();
     for (i, (text, line, needle)) in CASES.iter().enumerate() {
-        match parse(text, "bad.yaml", "bad", false) {
+        match parse(&with_kind(text), "bad.yaml", "bad", false) {
             Ok(_) => failures.push(format!("case {i}: accepted\n{text}")),
             Err(e) => {
                 let shown = e.to_string();
@@ -132,7 +163,7 @@ fn mutated_recipes_never_panic_the_loader() {
     let mut seeds: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !ablate::complexity::is_complexity_recipe(p))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml") && !ablate::run::complexity::is_complexity_recipe(p))
         .map(|p| std::fs::read_to_string(p).unwrap())
         .collect();
     seeds.sort();
@@ -199,7 +230,7 @@ fn an_unwritable_output_directory_fails_before_training_with_one_line() {
     let dir = std::env::temp_dir().join(format!("ablate-unwritable-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let recipe = dir.join("r.yaml");
-    std::fs::write(&recipe, "model:\n  d_model: 16\n  layers: 1\n").unwrap();
+    std::fs::write(&recipe, "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n").unwrap();
     // A path below a regular file can never be created, whoever runs the test (root included).
     let blocker = dir.join("a-file");
     std::fs::write(&blocker, "").unwrap();

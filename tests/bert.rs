@@ -1,8 +1,8 @@
 //! Tokenizers, the BERT encoder, and loading a pretrained Hugging Face checkpoint: all-MiniLM-L6-v2's
 //! embeddings must equal an independent PyTorch forward pass (tests/reference/bert_reference.py) from the
 //! same weights.
-use ablate::bert::{batch_inputs, load_pretrained, minilm_dir, Bert, BertConfig};
-use ablate::tokenize::{Special, TextTokenizer};
+use ablate::data::tokenize::{Special, TextTokenizer};
+use ablate::models::bert::{batch_inputs, load_pretrained, minilm_dir, Bert, BertSpec};
 use std::process::Command;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -50,7 +50,7 @@ fn wordpiece_trains_with_the_special_tokens_and_splits_unseen_words_into_pieces(
 fn wordpiece_training_gives_the_same_vocabulary_and_ids_every_time() {
     // Real text with many count ties among merges: the stock trainer disagreed with itself here (its
     // continuation pieces were numbered in hash-map order, and ties broken by those numbers).
-    let cfg = ablate::config::DataConfig { max_chars: Some(60_000), ..Default::default() };
+    let cfg = ablate::recipe::DataConfig { max_chars: Some(60_000), ..Default::default() };
     let text = ablate::data::load_text(&cfg).unwrap();
     let vocab = |t: &TextTokenizer| (0..t.vocab_size()).flat_map(|i| t.tokens(&[i])).collect::<Vec<_>>();
     let first = TextTokenizer::train_wordpiece(&text, 800).unwrap();
@@ -72,7 +72,7 @@ fn wordpiece_training_gives_the_same_vocabulary_and_ids_every_time() {
 #[test]
 fn bert_base_has_the_reference_parameter_count() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let _bert = Bert::new(&vs.root(), &BertConfig::base());
+    let _bert = Bert::new(&vs.root(), &BertSpec::base());
     let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
     // Hugging Face's BertModel (bert-base-uncased, with its pooler).
     assert_eq!(params, 109_482_240);

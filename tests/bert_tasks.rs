@@ -1,8 +1,9 @@
 //! BERT's training tasks: masking statistics of the 80/10/10 rule, the classification metrics, the
 //! SpamAssassin data, and a tiny end-to-end pre-train + fine-tune.
-use ablate::bert_tasks::{encode_labelled, f1_score, mask_tokens, Specials};
+use ablate::data::corpus_tasks::{encode_labelled, Specials};
+use ablate::data::tokenize::TextTokenizer;
 use ablate::data::IGNORE;
-use ablate::tokenize::TextTokenizer;
+use ablate::tasks::bert::{f1_score, mask_tokens};
 use tch::{Device, Kind, Tensor};
 
 mod common;
@@ -82,7 +83,7 @@ fn labelled_inputs_are_cls_text_sep_then_padding_cut_to_the_block() {
 
 #[test]
 fn spam_assassin_is_fetched_split_and_stripped_of_headers() {
-    let emails = ablate::labelled::spam_assassin().unwrap();
+    let emails = ablate::data::spam::spam_assassin().unwrap();
     assert_eq!(emails.len(), 6_046);
     let spam = emails.iter().filter(|e| e.spam).count();
     assert_eq!(spam, 500 + 1396);
@@ -97,13 +98,14 @@ fn spam_assassin_is_fetched_split_and_stripped_of_headers() {
 fn a_tiny_bert_pretrains_and_then_tells_spam_from_ham() {
     let dir = common::scratch("bert-spam");
     let recipe =
-        "model:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 64\n  dropout: 0.0\ndata:\n  max_chars: 200000\n  \
+        "kind: bert\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 64\n  dropout: 0.0\ndata:\n  max_chars: 200000\n  \
          tokenizer: wordpiece\n  vocab_size: 800\ntrain:\n  steps: 200\n  batch_size: 16\n  lr: 1.0e-3\n  warmup_steps: 5\n  \
          eval_interval: 100\n  eval_batches: 2\nbert:\n  task: spam\n  pretrain_steps: 40\n";
     let recipe = ablate::recipe::parse(recipe, "b.yaml", "b", false).unwrap();
-    let opts = ablate::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::results::read_runs(&dir.join("runs.csv")).unwrap();
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
+    let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).unwrap();
     let r = &runs[0];
     let get = |k: &str| -> f64 { r[k].parse().unwrap_or_else(|_| panic!("{k} = {:?}", r[k])) };
     // 69% of the test emails are ham: a trivial classifier gets 0.69 and F1 0. 200 steps reach 0.91–0.92

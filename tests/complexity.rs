@@ -1,6 +1,6 @@
 //! The complexity benchmark's arithmetic and a real (tiny) run through child processes.
-use ablate::complexity::{analytic_flops, loglog_slope, ComplexityRecipe, Pass, PointSpec};
-use ablate::config::{Implementation, PatternConfig};
+use ablate::recipe::{Implementation, PatternConfig};
+use ablate::run::complexity::{analytic_flops, loglog_slope, ComplexityRecipe, Pass, PointSpec};
 use std::path::Path;
 
 #[test]
@@ -24,7 +24,7 @@ fn point(n: i64, implementation: Implementation, window: Option<i64>) -> PointSp
         pass: Pass::Forward,
         repeats: 1,
         warmup: 0,
-        vision: None,
+        model: None,
     }
 }
 
@@ -47,7 +47,7 @@ fn a_tiny_complexity_run_writes_points_slopes_and_plots() {
     .unwrap();
     recipe.complexity.validate().unwrap();
     let out = std::env::temp_dir().join(format!("ablate-complexity-{}", std::process::id()));
-    ablate::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true).unwrap();
+    ablate::run::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true).unwrap();
     let points = std::fs::read_to_string(out.join("points.csv")).unwrap();
     assert_eq!(points.lines().count(), 1 + 2 * 2 * 3);
     let mut reader = csv::Reader::from_path(out.join("points.csv")).unwrap();
@@ -71,7 +71,7 @@ fn a_point_past_the_memory_limit_is_recorded_and_the_sweep_goes_on() {
     )
     .unwrap();
     let out = std::env::temp_dir().join(format!("ablate-complexity-oom-{}", std::process::id()));
-    let result = ablate::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true);
+    let result = ablate::run::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true);
     result.unwrap();
     let points = std::fs::read_to_string(out.join("points.csv")).unwrap();
     assert!(points.contains("out_of_memory"), "{points}");
@@ -79,7 +79,7 @@ fn a_point_past_the_memory_limit_is_recorded_and_the_sweep_goes_on() {
     let _ = std::fs::remove_dir_all(out);
 }
 
-fn vision_spec(yaml: &str) -> ablate::complexity::ComplexitySpec {
+fn vision_spec(yaml: &str) -> ablate::run::complexity::ComplexitySpec {
     serde_yaml::from_str::<ComplexityRecipe>(yaml).unwrap().complexity
 }
 
@@ -99,7 +99,7 @@ fn vision_variants_cost_grows_with_the_fourth_power_of_the_side_for_vit_and_the_
     assert!((growth(1) - 4.0).abs() < 0.01, "Swin {}", growth(1));
     // A point measures the preset at that resolution.
     let p = spec.point(&spec.variants[1], Pass::ForwardBackward, 448);
-    assert_eq!(p.vision.as_ref().unwrap().image_size, 448);
+    assert_eq!(p.model.as_ref().unwrap().vision().image_size, 448);
     assert!(
         (analytic_flops(&p) / analytic_flops(&spec.point(&spec.variants[1], Pass::Forward, 448)) - 3.0).abs() < 1e-9
     );
@@ -109,17 +109,20 @@ fn vision_variants_cost_grows_with_the_fourth_power_of_the_side_for_vit_and_the_
 fn vision_variants_are_checked_at_every_resolution_and_not_mixed_with_attention_units() {
     let e = vision_spec("complexity:\n  lengths: [224, 112]\n  passes: [forward]\n  variants:\n    - {label: swin, preset: swin_tiny_patch4_window7_224}\n")
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .1;
     assert!(e.contains("`swin` at image side 112") && e.contains("vision.depths"), "{e}");
     let e = vision_spec(
         "complexity:\n  lengths: [224]\n  passes: [forward]\n  variants:\n    - {label: x, preset: nope}\n",
     )
     .validate()
-    .unwrap_err();
+    .unwrap_err()
+    .1;
     assert!(e.contains("no preset `nope`") && e.contains("vit_tiny_patch16_224"), "{e}");
     let e = vision_spec("complexity:\n  lengths: [224]\n  passes: [forward]\n  variants:\n    - {label: a, preset: vit_tiny_patch16_224}\n    - {label: b, implementation: fused}\n")
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .1;
     assert!(e.contains("separate recipes"), "{e}");
 }
 
@@ -129,7 +132,9 @@ fn a_vision_point_is_measured_on_the_model_itself() {
         "complexity:\n  lengths: [28, 56]\n  passes: [forward_backward]\n  repeats: 1\n  warmup: 0\n  variants:\n    - {label: vit, preset: vit_fmnist}\n",
     );
     spec.validate().unwrap();
-    let r =
-        ablate::complexity::measure_point(&spec.point(&spec.variants[0], Pass::ForwardBackward, 56), tch::Device::Cpu);
+    let r = ablate::run::complexity::measure_point(
+        &spec.point(&spec.variants[0], Pass::ForwardBackward, 56),
+        tch::Device::Cpu,
+    );
     assert!(r.median_ms > 0.0 && r.median_ms.is_finite() && r.peak_mb > 10.0, "{r:?}");
 }

@@ -1,20 +1,21 @@
 //! The corpus-generated fine-tuning tasks (punctuation restoration, phrase location), their heads and
 //! metrics, and the next-token objective on the BERT encoder.
-use ablate::bert::{Bert, BertConfig};
-use ablate::bert_tasks::{next_token_targets, SpanPredictor, Specials};
-use ablate::corpus_tasks::{
+use ablate::data::corpus_tasks::{
     choose_phrase, encode_words, locate_examples, mark_f1, normalise, punctuation_examples, span_scores, strip_mark,
-    word_pieces,
+    word_pieces, Specials,
 };
+use ablate::data::tokenize::TextTokenizer;
 use ablate::data::IGNORE;
-use ablate::tokenize::TextTokenizer;
+use ablate::models::bert::{Bert, BertSpec};
+use ablate::tasks::bert::{next_token_targets, SpanPredictor};
+use ablate::transformer::spec::TransformerSpec;
 use tch::{nn, Device, Kind, Tensor};
 
 mod common;
 
 /// The first 300,000 characters of the Bible: enough lines for real tokenizers, quick to train on.
 fn bible_start() -> String {
-    let cfg = ablate::config::DataConfig { max_chars: Some(300_000), ..Default::default() };
+    let cfg = ablate::recipe::DataConfig { max_chars: Some(300_000), ..Default::default() };
     ablate::data::load_text(&cfg).unwrap()
 }
 
@@ -185,8 +186,7 @@ fn next_token_targets_shift_by_one_and_skip_special_tokens() {
 fn a_causal_encoder_never_reads_later_tokens_and_a_bidirectional_one_does() {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = BertConfig { dropout: 0.0, ..BertConfig::from_model(&Default::default(), 50) };
-    let bert = Bert::new(&vs.root(), &cfg);
+    let bert = Bert::new(&vs.root(), &BertSpec::new(TransformerSpec::small(128, 4, 4, 64), 50));
     let a = Tensor::from_slice(&[3i64, 10, 11, 12, 13, 14]).view([1, 6]);
     let b = Tensor::from_slice(&[3i64, 10, 11, 12, 40, 14]).view([1, 6]);
     let diff = |causal: bool| {
@@ -228,16 +228,17 @@ fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
     let corpus = dir.join("toy.txt");
     toy_punctuation_corpus(&corpus);
     let recipe = format!(
-        "model:\n  d_model: 64\n  layers: 2\n  heads: 4\n  block_size: 48\n  dropout: 0.0\n  pe: rope\ndata:\n  path: {}\n  \
+        "kind: bert\ntransformer:\n  d_model: 64\n  layers: 2\n  heads: 4\n  block_size: 48\n  dropout: 0.0\n  pe: rope\ndata:\n  path: {}\n  \
          tokenizer: wordpiece\n  vocab_size: 100\ntrain:\n  steps: 600\n  batch_size: 32\n  lr: 2.0e-3\n  warmup_steps: 10\n  \
          eval_interval: 600\n  eval_batches: 2\nbert:\n  task: punctuation\nsweep:\n  bert.task: [punctuation, locate]\n",
         corpus.display()
     );
     let recipe = ablate::recipe::parse(&recipe, "t.yaml", "t", false).unwrap();
     let out = dir.join("out");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::results::read_runs(&out.join("runs.csv")).unwrap();
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
+    let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
     let get = |r: usize, k: &str| -> f64 { runs[r][k].parse().unwrap_or_else(|_| panic!("{k} = {:?}", runs[r][k])) };
     // Punctuation: 25 of the 30 words carry a mark, so always guessing "none" scores 1/6 and F1 0.
     assert!(get(0, "val_accuracy") > 0.95, "token accuracy {}", get(0, "val_accuracy"));
@@ -253,7 +254,7 @@ fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
 #[test]
 fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() {
     let dir = common::scratch("init-from");
-    let model = "model:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n";
+    let model = "kind: bert\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n";
     let data = "data:\n  max_chars: 100000\n  tokenizer: wordpiece\n  vocab_size: 300\n";
     let pretrain = format!(
         "{model}{data}train:\n  steps: 5\n  batch_size: 4\n  eval_interval: 5\n  eval_batches: 1\n  checkpoint: true\n\
@@ -261,8 +262,9 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     );
     let recipe = ablate::recipe::parse(&pretrain, "p.yaml", "p", false).unwrap();
     let out = dir.join("p");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&recipe, &opts).unwrap();
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
     let checkpoint = out.join("checkpoints").join("seed=0.safetensors");
     assert!(checkpoint.is_file());
 
@@ -272,9 +274,10 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let chained =
         ablate::recipe::parse(&from("$RESULTS/p/checkpoints/seed=0.safetensors"), "f.yaml", "f", false).unwrap();
     let out = dir.join("f");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&chained, &opts).unwrap();
-    assert_eq!(ablate::results::read_runs(&out.join("runs.csv")).unwrap()[0]["status"], "ok");
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&chained, &opts).unwrap();
+    assert_eq!(ablate::run::results::read_runs(&out.join("runs.csv")).unwrap()[0]["status"], "ok");
     // It tokenises with the checkpoint's vocabulary, not one trained afresh: fine-tuning on a longer text
     // (where training would give another vocabulary) saves exactly the pre-training tokenizer.
     let longer = from("$RESULTS/p/checkpoints/seed=0.safetensors")
@@ -282,8 +285,9 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
         .replace("eval_batches: 1\n", "eval_batches: 1\n  checkpoint: true\n");
     let longer = ablate::recipe::parse(&longer, "l.yaml", "l", false).unwrap();
     let out = dir.join("l");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&longer, &opts).unwrap();
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&longer, &opts).unwrap();
     let tokenizer_of = |run_dir: &std::path::Path| {
         let json = std::fs::read_to_string(run_dir.join("checkpoints").join("seed=0.json")).unwrap();
         serde_json::from_str::<serde_json::Value>(&json).unwrap()["subword_tokenizer"].as_str().unwrap().to_string()
@@ -297,8 +301,9 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let other = from("$RESULTS/p/checkpoints/seed=0.safetensors").replace("vocab_size: 300", "vocab_size: 400");
     let other = ablate::recipe::parse(&other, "o.yaml", "o", false).unwrap();
     let out = dir.join("o");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    let err = format!("{:#}", ablate::sweep::run_recipe(&other, &opts).unwrap_err());
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    let err = format!("{:#}", ablate::run::sweep::run_recipe(&other, &opts).unwrap_err());
     assert!(
         err.contains("pre-trained with data.tokenizer wordpiece, vocab_size 300, this run has data.tokenizer wordpiece, vocab_size 400"),
         "{err}"
@@ -308,8 +313,9 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let missing =
         ablate::recipe::parse(&from("$RESULTS/q/checkpoints/seed=0.safetensors"), "g.yaml", "g", false).unwrap();
     let out = dir.join("g");
-    let opts = ablate::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
-    let err = format!("{:#}", ablate::sweep::run_recipe(&missing, &opts).unwrap_err());
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+    let err = format!("{:#}", ablate::run::sweep::run_recipe(&missing, &opts).unwrap_err());
     assert!(
         err.contains("bert.init_from: no such checkpoint") && err.contains("q/checkpoints/seed=0.safetensors"),
         "{err}"
@@ -322,9 +328,9 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let vocab = ablate::data::TextData::load(&cfg.data).unwrap().tokenizer.vocab_size();
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let _model = ablate::bert_tasks::build_model(&vs.root(), cfg, vocab);
+    let _model = ablate::tasks::bert::build_model(&vs.root(), cfg, vocab);
     let before: Vec<(String, Tensor)> = vs.variables().into_iter().map(|(k, v)| (k, v.copy())).collect();
-    ablate::bert_tasks::init_from(&vs, &checkpoint).unwrap();
+    ablate::tasks::bert::init_from(&vs, &checkpoint).unwrap();
     let saved: std::collections::HashMap<String, Tensor> =
         Tensor::read_safetensors(&checkpoint).unwrap().into_iter().collect();
     let now = vs.variables();
@@ -340,8 +346,8 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     // A model of another shape is refused with the variable and both shapes named.
     let wider = ablate::recipe::parse(&finetune.replace("d_model: 32", "d_model: 48"), "w.yaml", "w", false).unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
-    let _model = ablate::bert_tasks::build_model(&vs.root(), &wider.runs[0].config, vocab);
-    let err = ablate::bert_tasks::init_from(&vs, &checkpoint).unwrap_err().to_string();
+    let _model = ablate::tasks::bert::build_model(&vs.root(), &wider.runs[0].config, vocab);
+    let err = ablate::tasks::bert::init_from(&vs, &checkpoint).unwrap_err().to_string();
     assert!(err.contains("bert.init_from: bert.") && err.contains("this run's model needs ["), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,17 +1,18 @@
-//! The GPT decoder, its optimiser and its decoding strategies (the seed's 12.7).
-use ablate::config::{Config, DataConfig, ModelConfig, TrainConfig};
-use ablate::data::{Dataset, TextData};
-use ablate::generate::{generate, sample_next, sequence_log_prob, Decoding, NextToken};
-use ablate::gpt::Gpt;
-use ablate::optim::{clip_by_global_norm, warmup_cosine, AdamW};
+//! The GPT decoder, its optimiser and its decoding strategies (UDL §12.7).
+mod common;
+
+use ablate::data::Dataset;
+use ablate::models::decode::{generate, sample_next, sequence_log_prob, Decoding, NextToken};
+use ablate::models::gpt::Gpt;
+use ablate::train::optim::{clip_by_global_norm, warmup_cosine, AdamW};
+use ablate::transformer::spec::TransformerSpec;
 use std::collections::HashSet;
 use tch::{nn, Device, Kind, Tensor};
 
 fn tiny_model(vocab: i64, seed: i64) -> (nn::VarStore, Gpt) {
     tch::manual_seed(seed);
-    let cfg = ModelConfig { d_model: 32, layers: 2, heads: 4, block_size: 24, ..Default::default() };
     let vs = nn::VarStore::new(Device::Cpu);
-    let model = Gpt::new(&vs.root(), &cfg, vocab);
+    let model = Gpt::new(&vs.root(), &TransformerSpec::small(32, 2, 4, 24), vocab);
     // Sharper than the training init, so the next-token distribution is far from uniform.
     tch::no_grad(|| {
         for mut p in vs.trainable_variables() {
@@ -99,44 +100,32 @@ fn beam_search_finds_the_best_sequence_that_greedy_misses() {
 #[test]
 fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
     let text = "the quick brown fox jumps over the lazy dog. ".repeat(60);
-    let data = Dataset::Text(TextData::from_text(&text, 0.1).unwrap());
-    let cfg = Config {
-        model: ModelConfig { d_model: 48, layers: 2, heads: 4, block_size: 32, ..Default::default() },
-        data: DataConfig::default(),
-        train: TrainConfig {
-            // 150 steps left 2 of 12 seeds one character wrong after 60; 300 got all 12 right. 400 for margin
-            // against numerics that differ between machines.
-            steps: 400,
-            batch_size: 16,
-            lr: 3e-3,
-            min_lr: 3e-4,
-            warmup_steps: 10,
-            eval_interval: 50,
-            eval_batches: 2,
-            ..Default::default()
-        },
-        vision: None,
-        bert: None,
-        translate: None,
-    };
-    let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
-    let accuracy = run.outcome.final_eval.accuracy;
+    let corpus = common::corpus_file("fox", &text);
+    // 150 steps left 2 of 12 seeds one character wrong after 60; 300 got all 12 right. 400 for margin
+    // against numerics that differ between machines.
+    let cfg = common::config(&format!(
+        "kind: lm\ntransformer: {{d_model: 48, layers: 2, heads: 4, block_size: 32}}\ndata: {{path: {}}}\ntrain: {{steps: 400, batch_size: 16, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 10, eval_interval: 50, eval_batches: 2}}\n",
+        corpus.display()
+    ));
+    let (run, data) = common::train(&cfg);
+    let accuracy = run.outcome.get("val_accuracy");
     assert!(accuracy > 0.95, "held-out accuracy {accuracy}");
-    let model = &run.model;
-    let prompt = data.tokenizer().encode("the quick brown ").unwrap();
-    let out = generate(model, &prompt, 60, Decoding::Greedy);
+    let (_vs, model) = common::trained_model(&cfg, &run, &data);
+    let tokenizer = run.tokenizer.as_ref().unwrap();
+    let prompt = tokenizer.encode("the quick brown ").unwrap();
+    let out = generate(model.decoder().unwrap(), &prompt, 60, Decoding::Greedy);
     let expected = &text[..prompt.len() + 60];
-    assert_eq!(data.tokenizer().decode(&out), expected);
+    assert_eq!(tokenizer.decode(&out), expected);
 }
 
 #[test]
 fn adamw_matches_the_closed_form_update() {
-    for update in [ablate::optim::Update::Fused, ablate::optim::Update::Explicit] {
+    for update in [ablate::train::optim::Update::Fused, ablate::train::optim::Update::Explicit] {
         adamw_matches_the_closed_form_with(update);
     }
 }
 
-fn adamw_matches_the_closed_form_with(update: ablate::optim::Update) {
+fn adamw_matches_the_closed_form_with(update: ablate::train::optim::Update) {
     // Two parameters (a matrix that decays, a bias that does not), three steps with known gradients,
     // against torch.optim.AdamW's update written out in f64.
     let w = Tensor::from_slice(&[0.5f64, -1.0, 2.0, 0.25]).view([2, 2]).to_kind(Kind::Float).set_requires_grad(true);
@@ -204,31 +193,27 @@ fn learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
 
 #[test]
 fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
-    let (vs, model) = tiny_model(11, 3);
-    let cfg = Config {
-        model: ModelConfig { d_model: 32, layers: 2, heads: 4, block_size: 24, ..Default::default() },
-        data: DataConfig::default(),
-        train: TrainConfig::default(),
-        vision: None,
-        bert: None,
-        translate: None,
-    };
-    let tokenizer = ablate::tokenize::TextTokenizer::Char(ablate::data::CharTokenizer::fit("abcdefghijk"));
+    let cfg = common::config("kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 24}\n");
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = ablate::tasks::task(cfg.kind).build(&cfg, &vs.root(), 11);
+    let tokenizer =
+        ablate::data::tokenize::TextTokenizer::Char(ablate::data::tokenize::CharTokenizer::fit("abcdefghijk"));
     let dir = std::env::temp_dir().join(format!("ablate-ckpt-{}", std::process::id()));
-    let path = ablate::checkpoint::save(&dir, "model.heads=4 seed=0", &cfg, &tokenizer, &vs).unwrap();
-    assert!(path.ends_with("model.heads=4_seed=0.safetensors"));
-    let (loaded_cfg, loaded_tok, _vs2, loaded) = ablate::checkpoint::load(&path, Device::Cpu).unwrap();
-    assert_eq!(loaded_cfg, cfg);
-    assert_eq!(loaded_tok.to_saved().unwrap(), ("char", "abcdefghijk".to_string()));
-    let idx = Tensor::from_slice(&[1i64, 5, 2, 9]).unsqueeze(0);
-    let diff = (model.forward(&idx, false) - loaded.forward(&idx, false)).abs().max().double_value(&[]);
+    let path =
+        ablate::tasks::checkpoint::save(&dir, "transformer.heads=4 seed=0", &cfg, 11, Some(&tokenizer), &vs).unwrap();
+    assert!(path.ends_with("transformer.heads=4_seed=0.safetensors"));
+    let loaded = ablate::tasks::checkpoint::load(&path, Device::Cpu).unwrap();
+    assert_eq!(loaded.config, cfg);
+    assert_eq!(loaded.tokenizer.unwrap().to_saved().unwrap(), ("char", "abcdefghijk".to_string()));
+    let diff = (model.forward_example(2, false) - loaded.model.forward_example(2, false)).abs().max().double_value(&[]);
     assert_eq!(diff, 0.0);
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
-    let task = ablate::data::CopyTask::new(6, 5);
+    let task = ablate::data::text::CopyTask::new(6, 5);
     let data = Dataset::Copy(task);
     tch::manual_seed(0);
     let (x, y) = data.train_batch(3, 12, Device::Cpu);
@@ -242,63 +227,25 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
         assert!(ys[..6].iter().all(|&t| t == ablate::data::IGNORE));
         assert_eq!(&ys[6..], &xs[..6]);
     }
-    let cfg = Config {
-        model: ModelConfig {
-            d_model: 32,
-            layers: 2,
-            heads: 2,
-            block_size: 12,
-            pe: ablate::config::PositionEncoding::Rope,
-            ..Default::default()
-        },
-        data: DataConfig { task: ablate::config::Task::Copy, copy_length: 6, copy_symbols: 5, ..Default::default() },
-        train: TrainConfig {
-            steps: 400,
-            batch_size: 32,
-            lr: 3e-3,
-            min_lr: 3e-4,
-            warmup_steps: 20,
-            eval_interval: 400,
-            eval_batches: 4,
-            ..Default::default()
-        },
-        vision: None,
-        bert: None,
-        translate: None,
-    };
-    cfg.validate().unwrap();
-    let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
-    assert!(run.outcome.final_eval.accuracy > 0.9, "copy accuracy {}", run.outcome.final_eval.accuracy);
+    let cfg = common::config(
+        "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 2, block_size: 12, pe: rope}\ndata: {task: copy, copy_length: 6, copy_symbols: 5}\ntrain: {steps: 400, batch_size: 32, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 20, eval_interval: 400, eval_batches: 4}\n",
+    );
+    let (run, _) = common::train(&cfg);
+    assert!(run.outcome.get("val_accuracy") > 0.9, "copy accuracy {}", run.outcome.get("val_accuracy"));
 }
 
 #[test]
 fn length_generalisation_is_scored_where_the_encoding_allows_it() {
-    let text = "abcdefghij ".repeat(300);
-    let data = Dataset::Text(TextData::from_text(&text, 0.3).unwrap());
-    for (pe, readable) in
-        [(ablate::config::PositionEncoding::Learned, false), (ablate::config::PositionEncoding::Alibi, true)]
-    {
-        let cfg = Config {
-            model: ModelConfig { d_model: 16, layers: 1, heads: 2, block_size: 16, pe, ..Default::default() },
-            data: DataConfig::default(),
-            train: TrainConfig {
-                steps: 3,
-                batch_size: 4,
-                eval_interval: 3,
-                eval_batches: 2,
-                eval_lengths: vec![2, 4],
-                ..Default::default()
-            },
-            vision: None,
-            bert: None,
-            translate: None,
-        };
-        let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
-        let evals = &run.outcome.length_evals;
-        assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![2, 4]);
-        assert!(evals.iter().all(|e| e.1.is_some() == readable), "{pe:?}");
-        if readable {
-            assert!(evals[1].1.as_ref().unwrap().loss.is_finite());
+    let corpus = common::corpus_file("lengths", &"abcdefghij ".repeat(300));
+    for (pe, readable) in [("learned", false), ("alibi", true)] {
+        let cfg = common::config(&format!(
+            "kind: lm\ntransformer: {{d_model: 16, layers: 1, heads: 2, block_size: 16, pe: {pe}}}\ndata: {{path: {}, val_fraction: 0.3}}\ntrain: {{steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, eval_lengths: [2, 4]}}\n",
+            corpus.display()
+        ));
+        let (run, _) = common::train(&cfg);
+        for k in [2, 4] {
+            let loss = run.outcome.get(&format!("val_loss_x{k}"));
+            assert_eq!(loss.is_finite(), readable, "{pe} at {k}× the block: {loss}");
         }
     }
 }
@@ -312,7 +259,7 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     assert_eq!(weights[0].size(), vec![1, 4, 6, 6]);
     let path = std::env::temp_dir().join(format!("ablate-heatmap-{}.png", std::process::id()));
     let maps: Vec<Tensor> = weights.iter().map(|w| w.get(0)).collect();
-    ablate::plot::attention_heatmaps(&path, &maps, "test").unwrap();
+    ablate::run::plot::attention_heatmaps(&path, &maps, "test").unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     let _ = std::fs::remove_file(path);
@@ -321,38 +268,21 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
 #[test]
 fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
     // An absurd learning rate on unscaled attention blows the loss up to infinity / NaN.
-    let text = "abcdefghij ".repeat(300);
-    let data = Dataset::Text(TextData::from_text(&text, 0.3).unwrap());
-    let mut model = ModelConfig { d_model: 32, layers: 2, heads: 1, block_size: 16, ..Default::default() };
-    model.attention.scale = ablate::config::Scale::Factor(1e4);
-    let cfg = Config {
-        model,
-        data: DataConfig::default(),
-        train: TrainConfig {
-            steps: 200,
-            batch_size: 4,
-            lr: 1e6,
-            min_lr: 1e5,
-            warmup_steps: 1,
-            grad_clip: None,
-            eval_interval: 50,
-            eval_batches: 2,
-            ..Default::default()
-        },
-        vision: None,
-        bert: None,
-        translate: None,
-    };
-    let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+    let corpus = common::corpus_file("diverge", &"abcdefghij ".repeat(300));
+    let cfg = common::config(&format!(
+        "kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 1, block_size: 16, attention: {{scale: 1.0e4}}}}\ndata: {{path: {}, val_fraction: 0.3}}\ntrain: {{steps: 200, batch_size: 4, lr: 1.0e6, min_lr: 1.0e5, warmup_steps: 1, grad_clip: null, eval_interval: 50, eval_batches: 2}}\n",
+        corpus.display()
+    ));
+    let (run, _) = common::train(&cfg);
     let step = run.outcome.diverged_at.expect("this configuration diverges");
     assert!(step <= 200);
-    assert!(run.outcome.final_eval.loss.is_nan());
+    assert!(run.outcome.get("val_loss").is_nan());
 }
 
 #[test]
 fn legends_mark_diverged_variants() {
     let row = |id: &str, variant: &str, status: &str| -> std::collections::BTreeMap<String, String> {
-        [("run_id", id), ("variant", variant), ("status", status)]
+        [("run_id", id), ("label", variant), ("status", status)]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
@@ -363,6 +293,6 @@ fn legends_mark_diverged_variants() {
         row("c s0", "scale=big", "diverged at step 3"),
         row("c s1", "scale=big", "ok"),
     ];
-    let labels: Vec<String> = ablate::sweep::variants_of(&runs).into_iter().map(|v| v.0).collect();
+    let labels: Vec<String> = ablate::run::results::variants_of(&runs).into_iter().map(|v| v.0).collect();
     assert_eq!(labels, vec!["scale=none (diverged at step 12)", "scale=sqrt", "scale=big (1 of 2 runs diverged)"]);
 }

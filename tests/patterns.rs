@@ -1,7 +1,9 @@
-//! Sparse attention patterns (the seed's 12.9): the truly sparse kernel equals its mask-based twin, a window
+//! Sparse attention patterns (UDL §12.9): the truly sparse kernel equals its mask-based twin, a window
 //! covering the whole sequence is dense attention, and no token ever receives weight from outside its pattern.
-use ablate::attention::{Mask, MultiHeadAttention};
-use ablate::config::{AttentionConfig, Implementation, PatternConfig, PositionConfig, PositionEncoding};
+use ablate::transformer::attention::{pattern::allowed, Mask, MultiHeadAttention};
+use ablate::transformer::spec::{
+    AttentionSpec, Implementation, Pattern as PatternConfig, PositionEncoding, PositionSpec,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 fn attention(
@@ -10,9 +12,9 @@ fn attention(
     pe: PositionEncoding,
 ) -> (nn::VarStore, MultiHeadAttention) {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = AttentionConfig { implementation, pattern: pattern.clone(), ..Default::default() };
-    let position = PositionConfig { shaw_max_distance: 3, t5_buckets: 8, t5_max_distance: 16, ..Default::default() };
-    let m = MultiHeadAttention::new(vs.root(), 16, 2, &cfg, pe, &position, 0.02);
+    let spec = AttentionSpec { implementation, pattern: pattern.clone(), ..AttentionSpec::standard(16, 2) };
+    let position = PositionSpec { shaw_max_distance: 3, t5_buckets: 8, t5_max_distance: 16, ..PositionSpec::of(pe) };
+    let m = MultiHeadAttention::new(vs.root(), 16, &spec, &position, None, 0.02);
     (vs, m)
 }
 
@@ -110,7 +112,7 @@ fn a_window_that_covers_the_sequence_is_dense_attention() {
     tch::manual_seed(22);
     let n = 9;
     for causal in [false, true] {
-        let (vs_dense, dense) = attention(&PatternConfig::default(), Implementation::Explicit, PositionEncoding::None);
+        let (vs_dense, dense) = attention(&PatternConfig::dense(), Implementation::Explicit, PositionEncoding::None);
         randomise(&vs_dense);
         let x = Tensor::randn([2, n, 16], (Kind::Float, Device::Cpu));
         let mask = Mask { causal, key_padding: None, offset: 0, bias: None };
@@ -143,7 +145,7 @@ fn no_token_receives_weight_from_outside_its_pattern() {
                 .self_attend(&x, &Mask { causal, key_padding: None, offset: 0, bias: None }, None, false, true)
                 .weights
                 .unwrap();
-            let library = p.allowed(n, causal, Device::Cpu).unwrap();
+            let library = allowed(&p, n, causal, Device::Cpu).unwrap();
             for i in 0..n {
                 for j in 0..n {
                     let ok = allowed_by_definition(&p, n, causal, i, j);

@@ -1,10 +1,12 @@
-//! Position encodings (the seed's 12.3.1; Shaw, T5, ALiBi, RoPE): relative schemes see offsets only, and
+//! Position encodings (UDL §12.3.1; Shaw, T5, ALiBi, RoPE): relative schemes see offsets only, and
 //! every encoding makes the model order-sensitive where no encoding cannot be.
-use ablate::attention::relative::{alibi_slopes, t5_bucket, Relative};
-use ablate::attention::{Mask, MultiHeadAttention};
-use ablate::config::{AbsoluteAt, Activation, AttentionConfig, Implementation, PositionConfig, PositionEncoding};
-use ablate::layers::{LayerConfig, TransformerLayer};
-use ablate::pe::AbsolutePositions;
+use ablate::transformer::attention::relative::{alibi_slopes, t5_bucket, Relative};
+use ablate::transformer::attention::{Mask, MultiHeadAttention};
+use ablate::transformer::layers::{LayerInit, TransformerLayer};
+use ablate::transformer::positions::AbsolutePositions;
+use ablate::transformer::spec::{
+    AbsoluteAt, AttentionSpec, Implementation, PositionEncoding, PositionSpec, TransformerSpec,
+};
 use tch::nn::Module;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -21,9 +23,9 @@ fn randomise(vs: &nn::VarStore, std: f64) {
 
 fn attention_with(pe: PositionEncoding) -> (nn::VarStore, MultiHeadAttention) {
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = AttentionConfig { implementation: Implementation::Explicit, ..Default::default() };
-    let position = PositionConfig { shaw_max_distance: 4, t5_buckets: 8, t5_max_distance: 20, ..Default::default() };
-    let m = MultiHeadAttention::new(vs.root(), 16, 4, &cfg, pe, &position, 0.02);
+    let spec = AttentionSpec { implementation: Implementation::Explicit, ..AttentionSpec::standard(16, 4) };
+    let position = PositionSpec { shaw_max_distance: 4, t5_buckets: 8, t5_max_distance: 20, ..PositionSpec::of(pe) };
+    let m = MultiHeadAttention::new(vs.root(), 16, &spec, &position, None, 0.02);
     randomise(&vs, 0.4);
     (vs, m)
 }
@@ -69,7 +71,7 @@ fn alibi_slopes_are_the_papers_geometric_sequence() {
 #[test]
 fn alibi_bias_is_minus_slope_times_distance() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let r = Relative::new(&vs.root(), PositionEncoding::Alibi, &PositionConfig::default(), 8, 4);
+    let r = Relative::new(&vs.root(), &PositionSpec::of(PositionEncoding::Alibi), 8, 4, None);
     let q = Tensor::zeros([1, 8, 5, 4], (Kind::Float, Device::Cpu));
     let i = Tensor::arange(5, (Kind::Int64, Device::Cpu)).view([5, 1]);
     let j = Tensor::arange(5, (Kind::Int64, Device::Cpu)).view([1, 5]);
@@ -101,8 +103,8 @@ fn t5_buckets_are_exact_near_and_logarithmic_far() {
 fn rope_scores_depend_only_on_the_offset() {
     let vs = nn::VarStore::new(Device::Cpu);
     for fraction in [1.0, 0.5] {
-        let cfg = PositionConfig { rope_fraction: fraction, ..Default::default() };
-        let r = Relative::new(&vs.root(), PositionEncoding::Rope, &cfg, 1, 8);
+        let cfg = PositionSpec { rope_fraction: fraction, ..PositionSpec::of(PositionEncoding::Rope) };
+        let r = Relative::new(&vs.root(), &cfg, 1, 8, None);
         tch::manual_seed(11);
         let q = Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu));
         let k = Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu));
@@ -130,25 +132,12 @@ impl Encoder {
     fn new(pe: PositionEncoding, at: AbsoluteAt) -> Self {
         tch::manual_seed(12);
         let vs = nn::VarStore::new(Device::Cpu);
-        let attention = AttentionConfig::default();
-        let position = PositionConfig { at, ..Default::default() };
-        let cfg = LayerConfig {
-            d_model: 16,
-            heads: 4,
-            ffn_hidden: 32,
-            activation: Activation::Gelu,
-            pre_ln: false,
-            dropout: 0.0,
-            attention: &attention,
-            pe,
-            position: &position,
-            cross_attention: false,
-            residual_init_std: 0.02,
-            norm_eps: 1e-5,
-        };
+        let mut spec = TransformerSpec::small(16, 1, 4, 8);
+        spec.ffn_hidden = 32;
+        spec.position = PositionSpec { at, ..PositionSpec::of(pe) };
         let embedding = nn::embedding(vs.root() / "emb", 10, 16, Default::default());
         let positions = AbsolutePositions::new(vs.root() / "pos", pe, 8, 16);
-        let layer = TransformerLayer::new(vs.root() / "layer", &cfg);
+        let layer = TransformerLayer::new(vs.root() / "layer", &spec, false, LayerInit::default(), None);
         randomise(&vs, 0.5);
         Self { _vs: vs, embedding, positions, at, layer }
     }

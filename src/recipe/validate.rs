@@ -1,0 +1,558 @@
+//! Every impossible value or combination, caught before anything trains: each check names the key to fix
+//! and, where there is a short list, the values that would work.
+use super::schema::*;
+
+/// A config value that fails validation: the dotted key, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub key: String,
+    pub message: String,
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> Invalid {
+    Invalid { key: key.into(), message: message.into() }
+}
+
+/// Largest accepted model width: far beyond anything trainable here, small enough that every check on it
+/// is instant.
+pub const MAX_D_MODEL: i64 = 1 << 20;
+
+/// The divisors of `n` in increasing order, comma-separated: the allowed values an error message lists when
+/// something must divide `n`. Found up to √n (a naive scan of an absurd value hung the loader, as cargo
+/// fuzz found).
+pub fn divisors(n: i64) -> String {
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n % d == 0 {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// A fraction strictly between 0 and 1 (NaN is refused too).
+fn open_fraction(key: &str, value: f64) -> Result<(), Invalid> {
+    if value > 0.0 && value < 1.0 {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("must be in (0, 1), got {value}")))
+    }
+}
+
+fn at_least(key: &str, value: i64, min: i64) -> Result<(), Invalid> {
+    if value < min {
+        return Err(invalid(key, format!("must be at least {min}, got {value}")));
+    }
+    Ok(())
+}
+
+fn probability(key: &str, p: f64) -> Result<(), Invalid> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(invalid(key, format!("must be in [0, 1), got {p}")));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Every impossible value or combination of this run, before anything trains.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        // The data and structure first: the Transformer's checks read the sequence length they imply.
+        match self.kind {
+            Kind::Lm | Kind::Bert | Kind::Translate => self.validate_text()?,
+            _ => {
+                self.validate_vision_structure()?;
+                self.validate_images()?;
+            }
+        }
+        self.validate_transformer()?;
+        self.validate_train()?;
+        match self.kind {
+            Kind::Bert => self.validate_bert(),
+            Kind::Translate => self.validate_translate(),
+            Kind::ImageGpt => self.validate_image_gpt(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The Transformer section alone (also what a complexity benchmark checks its attention variants with).
+    pub fn validate_transformer(&self) -> Result<(), Invalid> {
+        let (t, kind) = (&self.transformer, self.kind);
+        at_least("transformer.d_model", t.d_model, 1)?;
+        if t.d_model > MAX_D_MODEL {
+            return Err(invalid("transformer.d_model", format!("must be at most {MAX_D_MODEL}, got {}", t.d_model)));
+        }
+        at_least("transformer.layers", t.layers, 1)?;
+        at_least("transformer.heads", t.heads, 1)?;
+        at_least("transformer.block_size", t.block_size, 1)?;
+        match t.head_dim {
+            Some(h) => {
+                at_least("transformer.head_dim", h, 1)?;
+                if h > MAX_D_MODEL {
+                    return Err(invalid("transformer.head_dim", format!("must be at most {MAX_D_MODEL}, got {h}")));
+                }
+            }
+            None if t.d_model % t.heads != 0 => {
+                return Err(invalid(
+                    "transformer.heads",
+                    format!(
+                        "{} heads do not divide d_model {} (each head works in d_model/heads dimensions, or set transformer.head_dim); allowed: {}",
+                        t.heads,
+                        t.d_model,
+                        divisors(t.d_model)
+                    ),
+                ))
+            }
+            None => {}
+        }
+        if let Some(h) = t.ffn_hidden {
+            if !(1..=64 * MAX_D_MODEL).contains(&h) {
+                return Err(invalid(
+                    "transformer.ffn_hidden",
+                    format!("must be at least 1 (or null for 4·d_model), got {h}"),
+                ));
+            }
+        }
+        probability("transformer.dropout", t.dropout)?;
+        probability("transformer.attention.dropout", t.attention.dropout)?;
+        let pos = &t.position;
+        match t.pe {
+            PositionEncoding::Bias2d | PositionEncoding::Conv if kind.is_text() => {
+                return Err(invalid(
+                    "transformer.pe",
+                    format!("{} needs a 2-D token grid; kind {kind} reads a 1-D sequence", pe_name(t.pe)),
+                ))
+            }
+            PositionEncoding::Conv if kind == Kind::ImageGpt => {
+                return Err(invalid(
+                    "transformer.pe",
+                    "conv: a 3×3 convolution reads the pixels after each one, which would leak what image_gpt predicts",
+                ))
+            }
+            PositionEncoding::Rope if t.head_dim() < 2 => {
+                return Err(invalid("transformer.pe", "rope needs heads of at least 2 dimensions"))
+            }
+            _ => {}
+        }
+        if !(pos.rope_fraction > 0.0 && pos.rope_fraction <= 1.0) {
+            return Err(invalid(
+                "transformer.position.rope_fraction",
+                format!("must be in (0, 1], got {}", pos.rope_fraction),
+            ));
+        }
+        if !pos.rope_theta.is_finite() || pos.rope_theta <= 1.0 {
+            return Err(invalid(
+                "transformer.position.rope_theta",
+                format!("must be greater than 1, got {}", pos.rope_theta),
+            ));
+        }
+        at_least("transformer.position.shaw_max_distance", pos.shaw_max_distance, 1)?;
+        if pos.t5_buckets < 4 || pos.t5_max_distance <= pos.t5_buckets / 2 {
+            return Err(invalid(
+                "transformer.position.t5_buckets",
+                format!(
+                    "need t5_buckets >= 4 and t5_max_distance > t5_buckets / 2, got {} and {}",
+                    pos.t5_buckets, pos.t5_max_distance
+                ),
+            ));
+        }
+        if pos.at != AbsoluteAt::Input && kind.is_hierarchical() && t.pe.is_absolute() {
+            return Err(invalid(
+                "transformer.position.at",
+                format!(
+                    "kind {kind}'s stages change width and resolution, so an absolute encoding enters once, at the input"
+                ),
+            ));
+        }
+        let p = &t.attention.pattern;
+        let sequence = match kind {
+            Kind::Lm | Kind::Bert | Kind::Translate => Some(t.block_size),
+            Kind::Vit | Kind::ImageGpt => Some(self.vision().grid(kind).pow(2)),
+            Kind::Swin | Kind::Davit => None,
+        };
+        if let Some(w) = p.window {
+            at_least("transformer.attention.pattern.window", w, 1)?;
+            if let Some(n) = sequence {
+                if w.saturating_mul(p.dilation) >= n {
+                    return Err(invalid(
+                        "transformer.attention.pattern.window",
+                        format!(
+                            "window {w} × dilation {} covers the whole sequence of {n} tokens: use dense attention (no window) instead",
+                            p.dilation
+                        ),
+                    ));
+                }
+            }
+        }
+        at_least("transformer.attention.pattern.dilation", p.dilation, 1)?;
+        if let Some(e) = p.global_every {
+            at_least("transformer.attention.pattern.global_every", e, 1)?;
+        }
+        at_least("transformer.attention.pattern.global_tokens", p.global_tokens, 0)?;
+        if t.attention.implementation == Implementation::Sparse {
+            if p.window.is_none() {
+                return Err(invalid(
+                    "transformer.attention.implementation",
+                    "sparse needs a window pattern (transformer.attention.pattern.window); use fused or explicit for dense attention",
+                ));
+            }
+            if t.pe == PositionEncoding::Bias2d {
+                return Err(invalid(
+                    "transformer.attention.implementation",
+                    "the sparse kernel scores 1-D offsets, and bias_2d needs each token's row and column: use fused or explicit (the pattern then runs as a mask)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_train(&self) -> Result<(), Invalid> {
+        let t = &self.train;
+        for (key, value) in [
+            ("train.steps", t.steps),
+            ("train.batch_size", t.batch_size),
+            ("train.eval_interval", t.eval_interval),
+            ("train.eval_batches", t.eval_batches),
+            ("train.log_interval", t.log_interval),
+            ("train.checkpoint_every", t.checkpoint_every.unwrap_or(1)),
+        ] {
+            at_least(key, value, 1)?;
+        }
+        if !(t.lr > 0.0 && t.lr.is_finite()) {
+            return Err(invalid("train.lr", format!("must be a positive number, got {}", t.lr)));
+        }
+        if !(t.min_lr >= 0.0 && t.min_lr <= t.lr) {
+            return Err(invalid("train.min_lr", format!("must be in [0, lr={}], got {}", t.lr, t.min_lr)));
+        }
+        at_least("train.warmup_steps", t.warmup_steps, 0)?;
+        if t.weight_decay.is_nan() || t.weight_decay < 0.0 {
+            return Err(invalid("train.weight_decay", format!("must be at least 0, got {}", t.weight_decay)));
+        }
+        probability("train.beta1", t.beta1)?;
+        probability("train.beta2", t.beta2)?;
+        if let Some(c) = t.grad_clip {
+            if c.is_nan() || c <= 0.0 {
+                return Err(invalid("train.grad_clip", format!("must be positive (or null for no clipping), got {c}")));
+            }
+        }
+        if let Some(&k) = t.eval_lengths.iter().find(|&&k| !(2..=1024).contains(&k)) {
+            return Err(invalid("train.eval_lengths", format!("multiples of block_size must be in 2..=1024, got {k}")));
+        }
+        Ok(())
+    }
+
+    fn validate_text(&self) -> Result<(), Invalid> {
+        let (d, t) = (&self.data, &self.transformer);
+        if d.task == Task::Copy {
+            if self.kind != Kind::Lm {
+                return Err(invalid(
+                    "data.task",
+                    format!("the copy task trains a decoder (kind lm), not kind {}", self.kind),
+                ));
+            }
+            if !(1..=26).contains(&d.copy_symbols) {
+                return Err(invalid("data.copy_symbols", format!("must be in 1..=26, got {}", d.copy_symbols)));
+            }
+            if d.copy_length < 1 || t.block_size != 2 * d.copy_length {
+                return Err(invalid(
+                    "transformer.block_size",
+                    format!(
+                        "the copy task reads 2·copy_length = {} tokens: set transformer.block_size to that (got {})",
+                        2 * d.copy_length,
+                        t.block_size
+                    ),
+                ));
+            }
+            if d.tokenizer != Tokenizer::Char {
+                return Err(invalid("data.tokenizer", "the copy task's symbols are characters: use char"));
+            }
+        }
+        open_fraction("data.val_fraction", d.val_fraction)?;
+        if let Some(path) = &d.path {
+            let p = std::path::Path::new(path);
+            if p.is_dir() {
+                return Err(invalid("data.path", format!("{path} is a directory; give a UTF-8 text file")));
+            }
+            if !p.is_file() {
+                return Err(invalid("data.path", format!("no such file: {path}")));
+            }
+        }
+        self.validate_tokenizer()
+    }
+
+    fn validate_tokenizer(&self) -> Result<(), Invalid> {
+        let d = &self.data;
+        match (d.tokenizer, d.vocab_size, &d.tokenizer_path) {
+            (Tokenizer::Char, Some(_), _) => Err(invalid(
+                "data.vocab_size",
+                "a character vocabulary is the corpus's characters; vocab_size is for bpe and wordpiece",
+            )),
+            (t, _, Some(_)) if t != Tokenizer::Wordpiece => {
+                Err(invalid("data.tokenizer_path", "loads a WordPiece vocabulary: set data.tokenizer: wordpiece"))
+            }
+            (Tokenizer::Wordpiece, _, Some(path)) if !std::path::Path::new(path).is_file() => {
+                Err(invalid("data.tokenizer_path", format!("no such file: {path} (a vocab.txt or tokenizer.json)")))
+            }
+            (Tokenizer::Wordpiece, Some(_), Some(_)) => Err(invalid(
+                "data.vocab_size",
+                "a loaded vocabulary has its own size: give vocab_size or tokenizer_path, not both",
+            )),
+            (Tokenizer::Bpe | Tokenizer::Wordpiece, None, None) => Err(invalid(
+                "data.vocab_size",
+                format!(
+                    "{} is trained on the corpus to a target size: set data.vocab_size (e.g. 2000)",
+                    if d.tokenizer == Tokenizer::Bpe { "bpe" } else { "wordpiece" }
+                ),
+            )),
+            // BPE starts from the 256 bytes plus the 7 special tokens.
+            (Tokenizer::Bpe, Some(n), _) if !(263..=1_000_000).contains(&n) => Err(invalid(
+                "data.vocab_size",
+                format!("BPE needs 263..=1000000 tokens (256 bytes + 7 special tokens + merges), got {n}"),
+            )),
+            (Tokenizer::Wordpiece, Some(n), _) if !(16..=1_000_000).contains(&n) => {
+                Err(invalid("data.vocab_size", format!("must be in 16..=1000000, got {n}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn validate_bert(&self) -> Result<(), Invalid> {
+        let b = self.bert();
+        if self.data.tokenizer == Tokenizer::Char {
+            return Err(invalid(
+                "data.tokenizer",
+                "BERT needs <cls>, <sep>, <mask> and <pad>: use a wordpiece or bpe tokenizer",
+            ));
+        }
+        open_fraction("bert.mask_fraction", b.mask_fraction)?;
+        at_least("bert.pretrain_steps", b.pretrain_steps, 0)?;
+        if let Some(f) = b.eval_mask_fraction {
+            open_fraction("bert.eval_mask_fraction", f)?;
+        }
+        if !(b.pretrain_lr > 0.0 && b.pretrain_lr.is_finite()) {
+            return Err(invalid("bert.pretrain_lr", format!("must be positive, got {}", b.pretrain_lr)));
+        }
+        if b.objective == PretrainObjective::NextToken && b.task != BertTask::Pretrain {
+            return Err(invalid(
+                "bert.objective",
+                "next_token is for task: pretrain (the fine-tuning heads read both sides of every token, which a causal encoder never learned to)",
+            ));
+        }
+        if let Some(path) = &b.init_from {
+            // A `$RESULTS/` checkpoint is another recipe's output: the sweep checks it once it knows where
+            // results go, still before any training.
+            if !path.starts_with(RESULTS_PREFIX) && !std::path::Path::new(path).is_file() {
+                return Err(invalid("bert.init_from", format!("no such checkpoint: {path}")));
+            }
+        }
+        if self.transformer.block_size < 8 {
+            return Err(invalid("transformer.block_size", "BERT inputs need at least 8 positions"));
+        }
+        Ok(())
+    }
+
+    fn validate_translate(&self) -> Result<(), Invalid> {
+        let tr = self.translate();
+        if self.data.tokenizer == Tokenizer::Char {
+            return Err(invalid(
+                "data.tokenizer",
+                "translation needs <bos>, <eos> and <pad> in one vocabulary for both languages: use bpe or wordpiece",
+            ));
+        }
+        for (key, v) in
+            [("translate.encoder_layers", tr.encoder_layers), ("translate.decoder_layers", tr.decoder_layers)]
+        {
+            if !(1..=64).contains(&v) {
+                return Err(invalid(key, format!("must be in 1..=64, got {v}")));
+            }
+        }
+        if let Some(c) = tr.cross_attention_layers {
+            if !(0..=tr.decoder_layers).contains(&c) {
+                return Err(invalid(
+                    "translate.cross_attention_layers",
+                    format!("0..={} (the decoder's layers), got {c}", tr.decoder_layers),
+                ));
+            }
+        }
+        probability("translate.label_smoothing", tr.label_smoothing)?;
+        if !(1..=100_000).contains(&tr.eval_sentences) {
+            return Err(invalid(
+                "translate.eval_sentences",
+                format!("must be in 1..=100000, got {}", tr.eval_sentences),
+            ));
+        }
+        if !(1..=64).contains(&tr.beam_width) {
+            return Err(invalid(
+                "translate.beam_width",
+                format!("must be in 1..=64 (1: greedy), got {}", tr.beam_width),
+            ));
+        }
+        if !(0.0..=5.0).contains(&tr.length_penalty) {
+            return Err(invalid("translate.length_penalty", format!("α must be in [0, 5], got {}", tr.length_penalty)));
+        }
+        if self.transformer.block_size < 4 {
+            return Err(invalid("transformer.block_size", "the longest sentence in tokens: at least 4"));
+        }
+        Ok(())
+    }
+
+    fn validate_image_gpt(&self) -> Result<(), Invalid> {
+        let g = self.image_gpt();
+        if !(2..=4096).contains(&g.palette) {
+            return Err(invalid("image_gpt.palette", format!("must be in 2..=4096 colours, got {}", g.palette)));
+        }
+        if g.quantiser == Quantiser::Bins && self.vision().channels != 1 {
+            return Err(invalid(
+                "image_gpt.quantiser",
+                format!("bins quantise grey intensities; {}-channel images need kmeans", self.vision().channels),
+            ));
+        }
+        for (key, v, min) in [
+            ("image_gpt.probe_images", g.probe_images, 10),
+            ("image_gpt.completions", g.completions, 0),
+            ("image_gpt.samples_per_completion", g.samples_per_completion, 1),
+        ] {
+            if v < min || v > 1_000_000 {
+                return Err(invalid(key, format!("must be in {min}..=1000000, got {v}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A vision model on its own (a preset, a complexity point): its structure and its Transformer.
+    pub fn validate_vision_model(&self) -> Result<(), Invalid> {
+        self.validate_vision_structure()?;
+        self.validate_transformer()
+    }
+
+    /// A vision model's structure: image, patches, stages and windows.
+    fn validate_vision_structure(&self) -> Result<(), Invalid> {
+        let (v, kind, t) = (self.vision(), self.kind, &self.transformer);
+        for (key, value) in [
+            ("vision.image_size", v.image_size),
+            ("vision.channels", v.channels),
+            ("vision.classes", v.classes),
+            ("vision.patch_size", v.patch_size),
+            ("vision.window", v.window),
+        ] {
+            at_least(key, value, 1)?;
+        }
+        if v.image_size > 1 << 16 {
+            return Err(invalid("vision.image_size", format!("must be at most 65536, got {}", v.image_size)));
+        }
+        if kind != Kind::Davit && v.image_size % v.patch_size != 0 {
+            return Err(invalid(
+                "vision.patch_size",
+                format!(
+                    "{} does not divide image_size {}; allowed: {}",
+                    v.patch_size,
+                    v.image_size,
+                    divisors(v.image_size)
+                ),
+            ));
+        }
+        if kind.is_hierarchical() {
+            if v.depths.is_empty() || v.depths.len() > 16 || v.depths.iter().any(|&d| !(1..=1024).contains(&d)) {
+                return Err(invalid(
+                    "vision.depths",
+                    format!("1 to 16 stages of 1 to 1024 blocks each, got {:?}", v.depths),
+                ));
+            }
+            let stages = v.depths.len();
+            if t.d_model.checked_shl(stages as u32 - 1).is_none_or(|w| w > MAX_D_MODEL) {
+                return Err(invalid(
+                    "transformer.d_model",
+                    format!("doubled over {stages} stages it passes {MAX_D_MODEL}"),
+                ));
+            }
+            for i in 0..stages {
+                let grid = v.stage_grid(kind, i);
+                if kind == Kind::Swin {
+                    let w = v.stage_window(kind, i);
+                    if grid % w != 0 {
+                        return Err(invalid(
+                            "vision.window",
+                            format!(
+                                "stage {i}'s token grid is {grid}×{grid}, which windows of {w} do not tile; windows that do: {}",
+                                divisors(grid)
+                            ),
+                        ));
+                    }
+                    if i + 1 < stages && grid % 2 != 0 {
+                        return Err(invalid(
+                            "vision.depths",
+                            format!("patch merging after stage {i} needs an even token grid, got {grid}×{grid}"),
+                        ));
+                    }
+                }
+            }
+        }
+        if kind == Kind::Davit && v.attention_types.is_empty() {
+            return Err(invalid("vision.attention_types", "give at least one of spatial, channel"));
+        }
+        Ok(())
+    }
+
+    /// A vision run's images, and that the model fits them.
+    fn validate_images(&self) -> Result<(), Invalid> {
+        let v = self.vision();
+        let images = self.images();
+        if !(images.train_fraction > 0.0 && images.train_fraction <= 1.0) {
+            return Err(invalid(
+                "data.images.train_fraction",
+                format!("must be in (0, 1], got {}", images.train_fraction),
+            ));
+        }
+        at_least("data.images.crop_padding", images.crop_padding, 0)?;
+        if matches!(images.dataset, ImageDataset::Idx | ImageDataset::Cifar10) && images.path.is_none() {
+            return Err(invalid("data.images.path", format!("{:?} needs the directory of its files", images.dataset)));
+        }
+        if let Some((channels, size, classes)) = images.dataset.shape() {
+            for (key, want, got) in [
+                ("vision.channels", channels, v.channels),
+                ("vision.image_size", size, v.image_size),
+                ("vision.classes", classes, v.classes),
+            ] {
+                if want != got {
+                    return Err(invalid(key, format!("{:?} images need {want}, got {got}", images.dataset)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn pe_name(pe: PositionEncoding) -> String {
+    serde_yaml::to_string(&pe).unwrap_or_default().trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_must_divide_d_model_unless_their_width_is_given_and_the_error_lists_the_allowed_values() {
+        let mut c = Config::defaults(Kind::Lm);
+        c.transformer.d_model = 12;
+        c.transformer.heads = 5;
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key, "transformer.heads");
+        assert!(e.message.contains("allowed: 1, 2, 3, 4, 6, 12"), "{}", e.message);
+        c.transformer.head_dim = Some(4);
+        assert!(c.validate().is_ok(), "5 heads of 4 dimensions project back to 12");
+        c.transformer.head_dim = None;
+        c.transformer.heads = 6;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn divisors_are_listed_in_order_even_for_squares() {
+        assert_eq!(divisors(36), "1, 2, 3, 4, 6, 9, 12, 18, 36");
+        assert_eq!(divisors(1), "1");
+    }
+}

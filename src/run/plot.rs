@@ -1,0 +1,511 @@
+//! PNG plots of a recipe's results: a metric against step (one line per variant, mean ± std band across
+//! seeds) and the final metric against the swept value. Files are drawn to a temporary name and renamed.
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Once;
+
+use super::results::{read_curves, read_runs, variants_of, Curves};
+use crate::metrics::{mean_std, Metric};
+use crate::recipe::Recipe;
+use crate::tasks::task;
+
+static FONT: Once = Once::new();
+
+fn register_font() {
+    FONT.call_once(|| {
+        // Embedded so plots render identically on machines without system fonts.
+        let bytes: &'static [u8] = include_bytes!("../../assets/DejaVuSans.ttf");
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, bytes);
+    });
+}
+
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// One line of a chart: label and points (x, mean, std).
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64, f64)>,
+}
+
+/// Averages a metric's curve over the runs of each variant, step by step (steps every seed recorded).
+pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metric: &str) -> Vec<Series> {
+    let mut out = Vec::new();
+    for (label, run_ids) in variants {
+        let mut by_step: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
+        let mut runs_with_metric = 0;
+        for id in run_ids {
+            if let Some(points) = curves.get(id).and_then(|m| m.get(metric)) {
+                runs_with_metric += 1;
+                for &(s, v) in points {
+                    by_step.entry(s).or_default().push(v);
+                }
+            }
+        }
+        let points: Vec<(f64, f64, f64)> = by_step
+            .into_iter()
+            .filter(|(_, vs)| vs.len() == runs_with_metric)
+            .filter_map(|(s, vs)| {
+                let finite: Vec<f64> = vs.into_iter().filter(|v| v.is_finite()).collect();
+                (!finite.is_empty()).then(|| {
+                    let (m, sd) = mean_std(&finite);
+                    (s as f64, m, sd)
+                })
+            })
+            .collect();
+        if !points.is_empty() {
+            out.push(Series { label: label.clone(), points });
+        }
+    }
+    out
+}
+
+pub struct Axes<'a> {
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    /// Category names for the x positions 0, 1, 2, … (`None`: numeric x axis).
+    pub x_categories: Option<&'a [String]>,
+    /// Fit the y range to the last 90% of the x range, so an initial transient (the loss at step 0) does not
+    /// flatten the differences that matter; earlier points are still drawn, clipped.
+    pub zoom_past_start: bool,
+}
+
+/// Draws `series` as lines with ±std bands (and markers for category charts) into `path`.
+pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
+    register_font();
+    if series.is_empty() {
+        return Err(anyhow!("nothing to plot for {}", path.display()));
+    }
+    let pts = || series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, _, _) in pts() {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+    }
+    let y_from = if axes.zoom_past_start { x0 + 0.1 * (x1 - x0) } else { f64::MIN };
+    for &(x, m, sd) in pts() {
+        if x >= y_from {
+            y0 = y0.min(m - sd);
+            y1 = y1.max(m + sd);
+        }
+    }
+    if axes.x_categories.is_some() {
+        x0 -= 0.5;
+        x1 += 0.5;
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    let pad = ((y1 - y0).abs() * 0.05).max(1e-6);
+    let (y0, y1) = (y0 - pad, y1 + pad);
+
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (960, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(axes.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        let cats = axes.x_categories.map(|c| c.to_vec());
+        chart
+            .configure_mesh()
+            .x_desc(axes.x_label)
+            .y_desc(axes.y_label)
+            .label_style(("sans-serif", 14))
+            .x_label_formatter(&|x: &f64| match &cats {
+                Some(c) => {
+                    let i = x.round();
+                    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
+                        c[i as usize].clone()
+                    } else {
+                        String::new()
+                    }
+                }
+                None => format!("{x}"),
+            })
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            if s.points.iter().any(|p| p.2 > 0.0) {
+                let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
+                let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
+                let band: Vec<(f64, f64)> = upper.chain(lower).collect();
+                chart.draw_series(std::iter::once(Polygon::new(band, color.mix(0.18).filled())))?;
+            }
+            chart
+                .draw_series(LineSeries::new(s.points.iter().map(|&(x, m, _)| (x, m)), color.stroke_width(2)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+            if axes.x_categories.is_some() || s.points.len() == 1 {
+                chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, color.filled())))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 14))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+        root.present()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
+/// into time) as dashed lines.
+pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
+    register_font();
+    let all = series.iter().chain(references).flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y, _) in all {
+        if x > 0.0 && y > 0.0 {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+    }
+    if x0 >= x1 || y0 >= y1 {
+        return Err(anyhow!("nothing to plot for {}", path.display()));
+    }
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (1100, 700)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(axes.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(80)
+            .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc(axes.x_label)
+            .y_desc(axes.y_label)
+            .label_style(("sans-serif", 14))
+            .x_label_formatter(&|x: &f64| format!("{x:.0}"))
+            .y_label_formatter(&|y: &f64| format!("{y}"))
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(s.points.iter().map(|&(x, y, _)| (x, y)), color.stroke_width(2)))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+            chart.draw_series(s.points.iter().map(|&(x, y, _)| Circle::new((x, y), 3, color.filled())))?;
+        }
+        for (i, s) in references.iter().enumerate() {
+            let color = BLACK.mix(0.35 + 0.3 * i as f64);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    s.points.iter().map(|&(x, y, _)| (x, y)),
+                    6,
+                    4,
+                    color.stroke_width(2),
+                ))?
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .label_font(("sans-serif", 13))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+        root.present()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
+/// with queries as rows and keys as columns. Darker is more weight (each panel scaled to its own maximum).
+pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Result<()> {
+    register_font();
+    let layers = maps.len();
+    let heads = maps.first().map_or(0, |m| m.size()[0] as usize);
+    if layers == 0 || heads == 0 {
+        return Err(anyhow!("no attention weights to draw"));
+    }
+    let cell = 240u32;
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (cell * heads as u32 + 20, cell * layers as u32 + 60)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (top, body) = root.split_vertically(50);
+        top.draw(&Text::new(title.to_string(), (10, 15), ("sans-serif", 20)))?;
+        let panels = body.split_evenly((layers, heads));
+        for (l, map) in maps.iter().enumerate() {
+            let map = map.to_kind(tch::Kind::Float).to_device(tch::Device::Cpu);
+            for h in 0..heads {
+                let w = map.get(h as i64);
+                let n = w.size()[0] as usize;
+                let values = Vec::<f32>::try_from(w.reshape([-1])).unwrap_or_default();
+                let max = values.iter().cloned().fold(f32::MIN_POSITIVE, f32::max);
+                let area = &panels[l * heads + h];
+                let mut chart = ChartBuilder::on(area)
+                    .caption(format!("layer {l}, head {h}"), ("sans-serif", 14))
+                    .margin(6)
+                    .build_cartesian_2d(0..n, 0..n)?;
+                chart.draw_series((0..n).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| {
+                    let v = (values[i * n + j] / max).clamp(0.0, 1.0) as f64;
+                    let shade = (255.0 * (1.0 - v)) as u8;
+                    // Row i (query) drawn from the top.
+                    Rectangle::new([(j, n - 1 - i), (j + 1, n - i)], RGBColor(shade, shade, 255).filled())
+                }))?;
+            }
+        }
+        root.present()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
+pub fn recipe_metrics(recipe: &Recipe) -> Vec<Metric> {
+    let mut out: Vec<Metric> = Vec::new();
+    for run in &recipe.runs {
+        for m in task(run.config.kind).metrics(&run.config) {
+            if !out.iter().any(|o| o.column == m.column && o.curve == m.curve) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// The chart file of a curve: `val_loss.png` for `val/loss`, `grad_norm.png` for `train/grad_norm`,
+/// `pretrain_mlm_loss.png` for `pretrain_val/mlm_loss`: the metric's name, with its split where the name
+/// alone is ambiguous (loss and accuracy, the pre-training phase).
+pub fn chart_file(curve: &str) -> String {
+    let (split, metric) = curve.split_once('/').unwrap_or(("val", curve));
+    match (split, metric) {
+        (_, "loss" | "accuracy") => format!("{split}_{metric}.png"),
+        ("val" | "train", _) => format!("{metric}.png"),
+        (phase, _) => format!("{}_{metric}.png", phase.trim_end_matches("_val").trim_end_matches("_train")),
+    }
+}
+
+/// Draws every plot of a results directory from its CSV files, labelled by the recipe's metrics.
+pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
+    let runs = read_runs(&dir.join("runs.csv"))?;
+    let curves = read_curves(&dir.join("curves.csv"))?;
+    let variants = variants_of(&runs);
+    let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
+    let band = if seeds > 1 { format!(" (mean ± sample std over {seeds} seeds)") } else { String::new() };
+    let name = &recipe.name;
+    let metrics = recipe_metrics(recipe);
+    for m in metrics.iter().filter(|m| m.chart) {
+        let Some(curve) = m.curve else { continue };
+        let series = variant_curves(&curves, &variants, curve);
+        if series.is_empty() {
+            continue;
+        }
+        let y_label = m.axis();
+        let title = format!("{name}: {}{band}", m.label);
+        line_chart(
+            &dir.join(chart_file(curve)),
+            &series,
+            &Axes { title: &title, x_label: "step", y_label: &y_label, x_categories: None, zoom_past_start: true },
+        )?;
+    }
+    // Data efficiency of pre-training objectives: held-out loss against the tokens read and against the
+    // tokens that carried loss (the x values differ between variants, so steps cannot stand in).
+    let losses = variant_curves(&curves, &variants, "val/loss");
+    for (axis, file) in [
+        ("val/tokens_seen", "val_loss_by_tokens_seen.png"),
+        ("val/tokens_predicted", "val_loss_by_tokens_predicted.png"),
+    ] {
+        let Some(x_metric) = metrics.iter().find(|m| m.curve == Some(axis)) else { continue };
+        let xs = variant_curves(&curves, &variants, axis);
+        let series: Vec<Series> = losses
+            .iter()
+            .filter_map(|y| {
+                let x = xs.iter().find(|x| x.label == y.label)?;
+                let tokens: BTreeMap<i64, f64> = x.points.iter().map(|&(s, t, _)| (s as i64, t)).collect();
+                let points = y.points.iter().filter_map(|&(s, m, sd)| Some((tokens.get(&(s as i64)).copied()?, m, sd)));
+                Some(Series { label: y.label.clone(), points: points.collect() })
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let y_label = "held-out loss of the objective (nats/predicted token)";
+        let title = format!("{name}: held-out loss against {}{band}", x_metric.label);
+        line_chart(
+            &dir.join(file),
+            &series,
+            &Axes { title: &title, x_label: x_metric.label, y_label, x_categories: None, zoom_past_start: true },
+        )?;
+    }
+    length_generalisation_chart(dir, name, &runs, &variants, &band)?;
+    let Some(x_key) = recipe.sweep_keys.first() else { return Ok(()) };
+    for m in metrics.iter().filter(|m| m.final_chart) {
+        let Some(column) = m.column_name() else { continue };
+        if runs.first().is_none_or(|r| !r.contains_key(column)) {
+            continue;
+        }
+        let series = final_metric_series(&runs, x_key, &recipe.sweep_keys[1..], column);
+        if series.is_empty() {
+            // No run has this metric (e.g. no BERT run of the recipe was pre-trained by masked-LM).
+            continue;
+        }
+        let categories = x_categories(&runs, x_key);
+        let y_label = format!("final {}", m.axis());
+        let title = format!("{name}: final {} against {x_key}{band}", m.label);
+        line_chart(
+            &dir.join(format!("final_{column}.png")),
+            &series,
+            &Axes {
+                title: &title,
+                x_label: x_key,
+                y_label: &y_label,
+                x_categories: Some(&categories),
+                zoom_past_start: false,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Distinct values of `key` in `runs.csv`, in first-seen order (the x positions of the final-metric plot).
+fn x_categories(runs: &[BTreeMap<String, String>], key: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in runs {
+        if let Some(v) = r.get(key).or_else(|| r.get("label")) {
+            if !out.contains(v) {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// One series per combination of the other swept keys: the final `column` against the first swept key.
+fn final_metric_series(
+    runs: &[BTreeMap<String, String>],
+    x_key: &str,
+    other_keys: &[String],
+    column: &str,
+) -> Vec<Series> {
+    let cats = x_categories(runs, x_key);
+    let mut groups: Vec<(String, BTreeMap<usize, Vec<f64>>)> = Vec::new();
+    for r in runs {
+        let label = if other_keys.is_empty() {
+            column.to_string()
+        } else {
+            other_keys
+                .iter()
+                .map(|k| {
+                    format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.get(k).map(String::as_str).unwrap_or(""))
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        // A swept section (e.g. `model.attention`) has no column of its own: its variant label stands in.
+        let x = r.get(x_key).or_else(|| r.get("label"));
+        let (Some(x), Some(Ok(v))) = (x, r.get(column).map(|v| v.parse::<f64>())) else { continue };
+        let xi = cats.iter().position(|c| c == x).expect("category listed");
+        let idx = match groups.iter().position(|g| g.0 == label) {
+            Some(i) => i,
+            None => {
+                groups.push((label, BTreeMap::new()));
+                groups.len() - 1
+            }
+        };
+        groups[idx].1.entry(xi).or_default().push(v);
+    }
+    groups
+        .into_iter()
+        .map(|(label, by_x)| Series {
+            label,
+            points: by_x
+                .into_iter()
+                .map(|(x, vs)| {
+                    let (m, sd) = mean_std(&vs);
+                    (x as f64, m, sd)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Held-out loss at the training length and at every `train.eval_lengths` multiple, one line per variant
+/// (a variant whose position table cannot read a length has no point there).
+fn length_generalisation_chart(
+    dir: &Path,
+    name: &str,
+    runs: &[BTreeMap<String, String>],
+    variants: &[(String, Vec<String>)],
+    band: &str,
+) -> Result<()> {
+    let Some(first) = runs.first() else { return Ok(()) };
+    let mut columns = vec![("1".to_string(), "val_loss".to_string())];
+    columns.extend(
+        first
+            .keys()
+            .filter_map(|k| k.strip_prefix("val_loss_x").map(|m| (m.to_string(), k.clone())))
+            .collect::<Vec<_>>(),
+    );
+    if columns.len() == 1 {
+        return Ok(());
+    }
+    columns.sort_by_key(|(m, _)| m.parse::<i64>().unwrap_or(0));
+    let block = first.get("transformer.block_size").cloned().unwrap_or_default();
+    let categories: Vec<String> = columns
+        .iter()
+        .map(|(m, _)| format!("{m}× ({} tokens)", m.parse::<i64>().unwrap_or(1) * block.parse::<i64>().unwrap_or(0)))
+        .collect();
+    let series: Vec<Series> = variants
+        .iter()
+        .filter_map(|(label, ids)| {
+            let points: Vec<(f64, f64, f64)> = columns
+                .iter()
+                .enumerate()
+                .filter_map(|(x, (_, col))| {
+                    let values: Vec<f64> = runs
+                        .iter()
+                        .filter(|r| ids.contains(&r["run_id"]))
+                        .filter_map(|r| r.get(col).and_then(|v| v.parse::<f64>().ok()))
+                        .collect();
+                    (!values.is_empty()).then(|| {
+                        let (m, sd) = mean_std(&values);
+                        (x as f64, m, sd)
+                    })
+                })
+                .collect();
+            (!points.is_empty()).then(|| Series { label: label.clone(), points })
+        })
+        .collect();
+    let title = format!("{name}: held-out loss at longer sequences than trained on{band}");
+    line_chart(
+        &dir.join("length_generalisation.png"),
+        &series,
+        &Axes {
+            title: &title,
+            x_label: "evaluation length (multiple of the training block)",
+            y_label: "held-out loss",
+            x_categories: Some(&categories),
+            zoom_past_start: false,
+        },
+    )
+}

@@ -1,0 +1,317 @@
+//! The result files of a recipe: `runs.csv` (one row per finished run: the config keys it read and its
+//! named metrics), `curves.csv` (step, split, metric, value per run), `samples.txt` and
+//! `recipe.resolved.yaml`. Rows are appended one run
+//! at a time and flushed, so an interrupted sweep keeps what finished and a re-run skips it.
+use anyhow::{bail, Context, Result};
+use serde_yaml::Value;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::files::write_atomically;
+use crate::metrics::Metric;
+use crate::recipe::{columns, read_value, Recipe, RunSpec};
+use crate::tasks::task;
+use crate::train::RunOutcome;
+
+/// Who a row is: its id, its legend label (the swept values without the seed), its seed, what it read, and
+/// how it ended.
+const RUN_FIXED_COLUMNS: [&str; 5] = ["run_id", "label", "seed", "config_hash", "status"];
+
+/// The label of the `variants` entry a run belongs to (a column of its own when the recipe has variants).
+fn variant_of(spec: &RunSpec) -> Option<&str> {
+    spec.swept.iter().find(|(k, _)| k == "variant").map(|(_, v)| v.as_str())
+}
+
+/// The metrics a run records, in column order.
+pub fn run_metrics(spec: &RunSpec) -> Vec<Metric> {
+    task(spec.config.kind).metrics(&spec.config)
+}
+
+/// The columns of one run's `runs.csv` row, in order: who it is, the config keys its kind reads, its
+/// metrics.
+pub fn run_header(spec: &RunSpec) -> Vec<String> {
+    RUN_FIXED_COLUMNS
+        .iter()
+        .map(|s| s.to_string())
+        .chain(variant_of(spec).map(|_| "variant".to_string()))
+        .chain(columns(&spec.config).into_iter().map(|(k, _)| k))
+        .chain(run_metrics(spec).iter().filter_map(|m| m.column_name().map(String::from)))
+        .collect()
+}
+
+/// The `runs.csv` columns of a whole recipe: every run's columns, in first-seen order. Runs of one sweep
+/// can differ in their columns (a key only some kinds read, a task with an extra metric); each row leaves
+/// the columns it does not have empty. Runs that all have the same columns keep exactly them.
+pub fn recipe_header(specs: &[RunSpec]) -> Vec<String> {
+    let mut header: Vec<String> = Vec::new();
+    for spec in specs {
+        let own = run_header(spec);
+        // Columns new to the header go after the last column they follow in this run, so a key that only
+        // some runs have stays inside its section rather than at the end.
+        let mut at = 0;
+        for column in own {
+            match header.iter().position(|c| *c == column) {
+                Some(i) => at = i + 1,
+                None => {
+                    header.insert(at, column);
+                    at += 1;
+                }
+            }
+        }
+    }
+    header
+}
+
+pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
+    let status = match outcome.diverged_at {
+        None => "ok".to_string(),
+        Some(step) => format!("diverged at step {step}"),
+    };
+    // Metrics a diverged run does not have stay empty (plots skip them) rather than reading "NaN".
+    let metrics = run_metrics(spec);
+    let values = metrics.iter().filter_map(|m| m.column_name().map(|c| m.csv_value(outcome.get(c))));
+    [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), status]
+        .into_iter()
+        .chain(variant_of(spec).map(String::from))
+        .chain(columns(&spec.config).into_iter().map(|(_, v)| v))
+        .chain(values)
+        .collect()
+}
+
+/// The row of `run_row` laid out under `header` (a recipe's columns), empty where this run has no value.
+pub fn row_under(header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
+    let values: HashMap<String, String> = run_header(spec).into_iter().zip(run_row(spec, outcome)).collect();
+    header.iter().map(|c| values.get(c).cloned().unwrap_or_default()).collect()
+}
+
+/// Writes `recipe.resolved.yaml`: the recipe as it ran, every run's full config and hash.
+pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
+    #[derive(serde::Serialize)]
+    struct Resolved<'a> {
+        name: &'a str,
+        source: &'a str,
+        description: Option<&'a str>,
+        smoke: bool,
+        sweep_keys: &'a [String],
+        seeds: &'a [u64],
+        runs: Vec<BTreeMap<&'a str, Value>>,
+    }
+    let runs = recipe
+        .runs
+        .iter()
+        .map(|r| {
+            let mut m = BTreeMap::new();
+            m.insert("id", Value::from(r.id.as_str()));
+            m.insert("config_hash", Value::from(r.config_hash.as_str()));
+            m.insert("config", read_value(&r.config));
+            m
+        })
+        .collect();
+    let resolved = Resolved {
+        name: &recipe.name,
+        source: &recipe.file,
+        description: recipe.description.as_deref(),
+        smoke: recipe.smoke,
+        sweep_keys: &recipe.sweep_keys,
+        seeds: &recipe.seeds,
+        runs,
+    };
+    write_atomically(path, serde_yaml::to_string(&resolved)?.as_bytes())
+}
+
+/// The variants of `runs.csv` in first-seen order, each with its run ids, labelled for legends. Diverged
+/// runs keep their curves up to the blow-up; the label says so, so a short line is not mistaken for a crash
+/// or a plotting bug.
+pub fn variants_of(runs: &[BTreeMap<String, String>]) -> Vec<(String, Vec<String>)> {
+    let mut variants: Vec<(String, Vec<String>)> = Vec::new();
+    for r in runs {
+        let label = r["label"].clone();
+        match variants.iter_mut().find(|v| v.0 == label) {
+            Some(v) => v.1.push(r["run_id"].clone()),
+            None => variants.push((label, vec![r["run_id"].clone()])),
+        }
+    }
+    for (label, ids) in variants.iter_mut() {
+        let steps: Vec<&str> = runs
+            .iter()
+            .filter(|r| ids.contains(&r["run_id"]))
+            .filter_map(|r| r["status"].strip_prefix("diverged at step "))
+            .collect();
+        if steps.len() == ids.len() && ids.len() == 1 {
+            label.push_str(&format!(" (diverged at step {})", steps[0]));
+        } else if !steps.is_empty() {
+            label.push_str(&format!(" ({} of {} runs diverged)", steps.len(), ids.len()));
+        }
+    }
+    variants
+}
+
+/// The output directory of one recipe.
+pub struct ResultsDir {
+    pub dir: PathBuf,
+}
+
+impl ResultsDir {
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+        let probe = dir.join(".write-test");
+        File::create(&probe).with_context(|| format!("the output directory {} is not writable", dir.display()))?;
+        let _ = std::fs::remove_file(probe);
+        Ok(Self { dir: dir.to_path_buf() })
+    }
+
+    pub fn runs_csv(&self) -> PathBuf {
+        self.dir.join("runs.csv")
+    }
+
+    pub fn curves_csv(&self) -> PathBuf {
+        self.dir.join("curves.csv")
+    }
+
+    /// Deletes previous results (for `--force`), resumable training states included: starting over must
+    /// not continue from them.
+    pub fn clear(&self) -> Result<()> {
+        for f in ["runs.csv", "curves.csv", "samples.txt"] {
+            let p = self.dir.join(f);
+            if p.exists() {
+                std::fs::remove_file(&p)?;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("checkpoints")) {
+            for e in entries.filter_map(|e| e.ok()) {
+                if e.file_name().to_string_lossy().ends_with(".state.safetensors") {
+                    std::fs::remove_file(e.path())?;
+                }
+            }
+        }
+        let grids = self.dir.join("completions");
+        if grids.is_dir() {
+            std::fs::remove_dir_all(&grids)?;
+        }
+        Ok(())
+    }
+
+    /// (run id, config hash) of every run already recorded in `runs.csv`.
+    pub fn finished(&self) -> Result<HashSet<(String, String)>> {
+        let path = self.runs_csv();
+        if !path.exists() {
+            return Ok(HashSet::new());
+        }
+        let mut reader = csv::Reader::from_path(&path)?;
+        let mut done = HashSet::new();
+        for row in reader.records() {
+            let row = row.with_context(|| format!("{} is damaged; re-run with --force", path.display()))?;
+            done.insert((row[0].to_string(), row[3].to_string()));
+        }
+        Ok(done)
+    }
+
+    /// Drops curve rows of runs that never reached `runs.csv` (a run killed mid-way), so a re-run does not
+    /// duplicate them. Rewrites through a temporary file and a rename.
+    pub fn drop_orphan_curves(&self, finished: &HashSet<(String, String)>) -> Result<()> {
+        let path = self.curves_csv();
+        if !path.exists() {
+            return Ok(());
+        }
+        let ids: HashSet<&str> = finished.iter().map(|(id, _)| id.as_str()).collect();
+        let mut reader = csv::Reader::from_path(&path)?;
+        let header = reader.headers()?.clone();
+        let rows: Vec<csv::StringRecord> = reader.records().collect::<Result<_, _>>()?;
+        let keep: Vec<&csv::StringRecord> = rows.iter().filter(|r| ids.contains(&r[0])).collect();
+        if keep.len() == rows.len() {
+            return Ok(());
+        }
+        let tmp = path.with_extension("csv.tmp");
+        {
+            let mut w = csv::Writer::from_path(&tmp)?;
+            w.write_record(&header)?;
+            for r in keep {
+                w.write_record(r)?;
+            }
+            w.flush()?;
+        }
+        std::fs::rename(tmp, path)?;
+        Ok(())
+    }
+
+    /// Appends one finished run: its curve rows first, then its `runs.csv` row (the commit point) under
+    /// `header` (the recipe's columns, [`recipe_header`]), then its sample.
+    pub fn append(&self, header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Result<()> {
+        let curve_rows: Vec<Vec<String>> = outcome
+            .curves
+            .iter()
+            .map(|p| {
+                vec![
+                    spec.id.clone(),
+                    p.step.to_string(),
+                    p.split.to_string(),
+                    p.metric.to_string(),
+                    format!("{:.6}", p.value),
+                ]
+            })
+            .collect();
+        let curve_header: Vec<String> =
+            ["run_id", "step", "split", "metric", "value"].iter().map(|s| s.to_string()).collect();
+        append_rows(&self.curves_csv(), &curve_header, &curve_rows)?;
+        append_rows(&self.runs_csv(), header, &[row_under(header, spec, outcome)])?;
+        if !outcome.sample.is_empty() {
+            let mut samples = OpenOptions::new().create(true).append(true).open(self.dir.join("samples.txt"))?;
+            writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends rows to a CSV file, writing the header if the file is new; refuses if the existing header differs.
+fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<()> {
+    let exists = path.exists() && std::fs::metadata(path)?.len() > 0;
+    if exists {
+        let mut reader = csv::Reader::from_path(path)?;
+        let existing: Vec<String> = reader.headers()?.iter().map(String::from).collect();
+        if existing != header {
+            bail!(
+                "{} was written by a different version of this recipe (its columns differ); re-run with --force to start over",
+                path.display()
+            );
+        }
+    }
+    // Build the whole chunk first and write it with one call, so a crash cannot leave half a row.
+    let mut buf = csv::Writer::from_writer(Vec::new());
+    if !exists {
+        buf.write_record(header)?;
+    }
+    for r in rows {
+        buf.write_record(r)?;
+    }
+    let bytes = buf.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut f = OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(&bytes)?;
+    f.sync_data()?;
+    Ok(())
+}
+
+/// All rows of `curves.csv` grouped as run id -> metric key (`split/metric`) -> [(step, value)].
+pub type Curves = BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>;
+
+pub fn read_curves(path: &Path) -> Result<Curves> {
+    let mut out: Curves = BTreeMap::new();
+    let mut reader = csv::Reader::from_path(path)?;
+    for row in reader.records() {
+        let row = row?;
+        let key = format!("{}/{}", &row[2], &row[3]);
+        let step: i64 = row[1].parse()?;
+        let value: f64 = row[4].parse()?;
+        out.entry(row[0].to_string()).or_default().entry(key).or_default().push((step, value));
+    }
+    Ok(out)
+}
+
+/// `runs.csv` as a list of column -> value maps.
+pub fn read_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
+    let mut reader = csv::Reader::from_path(path)?;
+    let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
+    reader.records().map(|r| Ok(header.iter().cloned().zip(r?.iter().map(String::from)).collect())).collect()
+}

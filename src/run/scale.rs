@@ -1,0 +1,417 @@
+//! Scaling a sweep out. The expanded runs are dealt round-robin into `n` shards; shard `i` trains its runs
+//! into `<out>/shards/<i>-of-<n>/` with the usual resumable result files, and `merge` combines every shard
+//! (and anything already merged) into `<out>` in the recipe's run order, so the result files and plots are
+//! those of a single-machine run. The same mechanism serves a pool of local workers (one child process per
+//! device, `--devices` / `--workers`) and a Slurm array job (`ablate slurm` writes the scripts).
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+
+use super::plot::plot_results;
+use super::results::{write_resolved, ResultsDir};
+use crate::files::write_atomically;
+use crate::recipe::Recipe;
+
+/// Shard `index` of `count` (0-based, as Slurm's `SLURM_ARRAY_TASK_ID`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    /// Round-robin: neighbouring runs (often the seeds of one variant) land on different shards, which
+    /// balances shards when run cost grows along the sweep.
+    pub fn owns(&self, run_index: usize) -> bool {
+        run_index % self.count == self.index
+    }
+
+    pub fn dir(&self, out: &Path) -> PathBuf {
+        out.join("shards").join(format!("{}-of-{}", self.index, self.count))
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("--shard {s}: expected I/N with 0 <= I < N, e.g. 0/4 (I is Slurm's array task id)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count): (usize, usize) =
+            (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+/// One finished run as stored in a results directory.
+struct StoredRun {
+    hash: String,
+    row: csv::StringRecord,
+    curves: Vec<csv::StringRecord>,
+    sample: Option<String>,
+}
+
+/// A results directory's `runs.csv` header (if it has one) and its finished runs by id.
+type DirRuns = (Option<csv::StringRecord>, Vec<(String, StoredRun)>);
+
+fn read_dir_runs(dir: &Path, ids: &HashMap<String, usize>) -> Result<DirRuns> {
+    let runs_csv = dir.join("runs.csv");
+    if !runs_csv.exists() {
+        return Ok((None, Vec::new()));
+    }
+    let damaged = |p: &Path| format!("{} is damaged; re-run that shard with --force", p.display());
+    let mut reader = csv::Reader::from_path(&runs_csv).with_context(|| damaged(&runs_csv))?;
+    let header = reader.headers()?.clone();
+    let mut runs: Vec<(String, StoredRun)> = Vec::new();
+    for row in reader.records() {
+        let row = row.with_context(|| damaged(&runs_csv))?;
+        runs.push((row[0].to_string(), StoredRun { hash: row[3].to_string(), row, curves: Vec::new(), sample: None }));
+    }
+    let index: HashMap<String, usize> = runs.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
+    let curves_csv = dir.join("curves.csv");
+    if curves_csv.exists() {
+        let mut reader = csv::Reader::from_path(&curves_csv).with_context(|| damaged(&curves_csv))?;
+        for row in reader.records() {
+            let row = row.with_context(|| damaged(&curves_csv))?;
+            if let Some(&i) = index.get(&row[0]) {
+                runs[i].1.curves.push(row);
+            }
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(dir.join("samples.txt")) {
+        for (id, sample) in split_samples(&text, ids) {
+            if let Some(&i) = index.get(&id) {
+                runs[i].1.sample = Some(sample);
+            }
+        }
+    }
+    Ok((Some(header), runs))
+}
+
+/// `samples.txt` blocks (`== run id ==`, the sample, a blank line) for the run ids of the recipe.
+fn split_samples(text: &str, ids: &HashMap<String, usize>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end_matches('\n');
+        let id = bare.strip_prefix("== ").and_then(|l| l.strip_suffix(" =="));
+        match id.filter(|id| ids.contains_key(*id)) {
+            Some(id) => out.push((id.to_string(), String::new())),
+            None => {
+                if let Some(last) = out.last_mut() {
+                    last.1.push_str(line);
+                }
+            }
+        }
+    }
+    for (_, s) in out.iter_mut() {
+        // Drop the blank line that separates blocks.
+        while s.ends_with('\n') {
+            s.pop();
+        }
+    }
+    out
+}
+
+/// Every shard directory under `<out>/shards/`.
+pub fn shard_dirs(out: &Path) -> Result<Vec<PathBuf>> {
+    let root = out.join("shards");
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .with_context(|| format!("reading {}", root.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+/// Combines the shards of `<out>` (and the runs already merged there) into `<out>/runs.csv`, `curves.csv`
+/// and `samples.txt` in recipe order, moves saved models and completion grids into `<out>`, and redraws the plots.
+/// Returns (runs merged, runs of the recipe still missing).
+pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)> {
+    let order: HashMap<String, usize> = recipe.runs.iter().enumerate().map(|(i, r)| (r.id.clone(), i)).collect();
+    let mut header: Option<(PathBuf, csv::StringRecord)> = None;
+    let mut merged: HashMap<String, StoredRun> = HashMap::new();
+    // Shards after the main directory: a shard's newer result for a run replaces the merged one.
+    let mut sources = vec![out.to_path_buf()];
+    sources.extend(shard_dirs(out)?);
+    for dir in &sources {
+        let (h, runs) = read_dir_runs(dir, &order)?;
+        if let Some(h) = h {
+            match &header {
+                Some((first, existing)) if existing != &h => bail!(
+                    "{} and {} have different columns (written by different versions of the recipe); re-run the stale one with --force",
+                    first.join("runs.csv").display(),
+                    dir.join("runs.csv").display()
+                ),
+                Some(_) => {}
+                None => header = Some((dir.clone(), h)),
+            }
+        }
+        for (id, run) in runs {
+            let current = recipe.runs.get(*order.get(&id).unwrap_or(&usize::MAX));
+            if current.is_some_and(|r| r.config_hash == run.hash) {
+                merged.insert(id, run);
+            }
+        }
+        // Saved models and ImageGPT's completion grids move to the main directory.
+        for kept in ["checkpoints", "completions"] {
+            let saved = dir.join(kept);
+            if dir == out || !saved.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(&saved)?.filter_map(|e| e.ok()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !name.contains(".state.") && !name.contains(".tmp") {
+                    std::fs::create_dir_all(out.join(kept))?;
+                    std::fs::rename(entry.path(), out.join(kept).join(&name))?;
+                }
+            }
+        }
+    }
+    let Some((_, header)) = header else {
+        bail!("nothing to merge in {}: no shard has finished a run yet", out.display());
+    };
+    let mut ids: Vec<&String> = merged.keys().collect();
+    ids.sort_by_key(|id| order[*id]);
+    let mut runs = csv::Writer::from_writer(Vec::new());
+    runs.write_record(&header)?;
+    let mut curves = csv::Writer::from_writer(Vec::new());
+    curves.write_record(["run_id", "step", "split", "metric", "value"])?;
+    let mut samples = String::new();
+    for id in &ids {
+        let run = &merged[*id];
+        runs.write_record(&run.row)?;
+        for c in &run.curves {
+            curves.write_record(c)?;
+        }
+        if let Some(s) = &run.sample {
+            samples.push_str(&format!("== {id} ==\n{s}\n\n"));
+        }
+    }
+    let results = ResultsDir::create(out)?;
+    // Curves before runs: as in a single-machine run, runs.csv is the commit point.
+    write_atomically(&results.curves_csv(), &curves.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    write_atomically(&out.join("samples.txt"), samples.as_bytes())?;
+    write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
+    plot_results(out, recipe)?;
+    let missing = recipe.runs.len() - ids.len();
+    if !quiet {
+        eprintln!(
+            "ablate: merged {} runs from {} shard(s) into {}{}",
+            ids.len(),
+            sources.len() - 1,
+            out.display(),
+            if missing > 0 { format!(" ({missing} runs of the recipe not finished yet)") } else { String::new() }
+        );
+    }
+    Ok((ids.len(), missing))
+}
+
+/// What a pool of local workers runs: the recipe file, and the flags every worker shares.
+pub struct WorkerPlan<'a> {
+    pub recipe_path: &'a Path,
+    pub out: &'a Path,
+    pub smoke: bool,
+    pub force: bool,
+    /// One worker per entry (`cpu`, `cuda:0`, ...).
+    pub devices: Vec<String>,
+    /// Intra-op threads per worker (CPU workers split the cores between them).
+    pub threads: usize,
+}
+
+/// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
+/// per-run lines are forwarded with a `[worker k]` prefix.
+pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the ablate binary")?;
+    let n = plan.devices.len();
+    if plan.force {
+        ResultsDir::create(plan.out)?.clear()?;
+    }
+    if !quiet {
+        eprintln!(
+            "ablate: {} — {} runs on {n} workers ({}), {} thread(s) each -> {}",
+            recipe.name,
+            recipe.runs.len(),
+            plan.devices.join(", "),
+            plan.threads,
+            plan.out.display()
+        );
+    }
+    let mut children = Vec::new();
+    for (k, device) in plan.devices.iter().enumerate() {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(plan.recipe_path)
+            .arg("--shard")
+            .arg(format!("{k}/{n}"))
+            .arg("--device")
+            .arg(device)
+            .arg("--threads")
+            .arg(plan.threads.to_string())
+            .arg("--out")
+            .arg(plan.out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if plan.smoke {
+            cmd.arg("--smoke");
+        }
+        if plan.force {
+            cmd.arg("--force");
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting worker {k}"))?;
+        let stderr = child.stderr.take().expect("piped");
+        let forward = std::thread::spawn(move || {
+            let mut last = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !quiet {
+                    eprintln!("[worker {k}] {line}");
+                }
+                last = line;
+            }
+            last
+        });
+        children.push((k, child, forward));
+    }
+    let mut failures = Vec::new();
+    for (k, mut child, forward) in children {
+        let status = child.wait()?;
+        let last = forward.join().unwrap_or_default();
+        if !status.success() {
+            failures.push(format!("worker {k} failed: {last}"));
+        }
+    }
+    merge(recipe, plan.out, quiet)?;
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// Options of the Slurm scripts.
+pub struct SlurmPlan<'a> {
+    pub recipe_path: &'a Path,
+    pub out: &'a Path,
+    pub shards: usize,
+    pub smoke: bool,
+    pub device: &'a str,
+    pub cpus_per_task: usize,
+    pub gpus_per_task: usize,
+    pub partition: Option<&'a str>,
+    pub time: Option<&'a str>,
+}
+
+/// Writes `<out>/slurm/{array.sbatch, merge.sbatch, submit.sh}`: an array job with one task per shard,
+/// and a merge job that runs once every task has succeeded. Returns the path of `submit.sh`.
+pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the ablate binary")?;
+    let abs = |p: &Path| -> Result<PathBuf> {
+        Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
+    };
+    let (recipe_path, out) = (abs(plan.recipe_path)?, abs(plan.out)?);
+    let dir = out.join("slurm");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    let smoke = if plan.smoke { " --smoke" } else { "" };
+    let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
+    if let Some(p) = plan.partition {
+        header.push_str(&format!("#SBATCH --partition={p}\n"));
+    }
+    if let Some(t) = plan.time {
+        header.push_str(&format!("#SBATCH --time={t}\n"));
+    }
+    let array = format!(
+        "{header}#SBATCH --array=0-{last}\n#SBATCH --cpus-per-task={cpus}\n{gpus}#SBATCH --output={log}\n\
+         # Shard $SLURM_ARRAY_TASK_ID of {n}: trains every {n}th run of the recipe into {out}/shards/.\n\
+         set -euo pipefail\n\
+         exec {exe} {recipe} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
+         --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet\n",
+        last = plan.shards - 1,
+        cpus = plan.cpus_per_task,
+        gpus = if plan.gpus_per_task > 0 {
+            format!("#SBATCH --gpus-per-task={}\n", plan.gpus_per_task)
+        } else {
+            String::new()
+        },
+        log = dir.join("shard-%a.log").display(),
+        n = plan.shards,
+        exe = quote(&exe),
+        recipe = quote(&recipe_path),
+        out = quote(&out),
+        device = plan.device,
+    );
+    let merge = format!(
+        "{header}#SBATCH --cpus-per-task=1\n#SBATCH --output={log}\n\
+         # Combines the shards into {out}/runs.csv, curves.csv and the plots.\n\
+         set -euo pipefail\nexec {exe} merge {recipe} --out {out}{smoke}\n",
+        log = dir.join("merge.log").display(),
+        exe = quote(&exe),
+        recipe = quote(&recipe_path),
+        out = quote(&out),
+    );
+    let submit = format!(
+        "#!/bin/bash\n# Submits the array job, then the merge job to run after every shard succeeded.\n\
+         set -euo pipefail\ncd {dir}\n\
+         array=$(sbatch --parsable array.sbatch)\n\
+         merge=$(sbatch --parsable --dependency=afterok:\"${{array%%;*}}\" merge.sbatch)\n\
+         echo \"array job $array ({n} shards), merge job $merge\"\n",
+        dir = quote(&dir),
+        n = plan.shards,
+    );
+    for (name, text) in [("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(dir.join("submit.sh"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_parse_and_partition_the_runs() {
+        let s: Shard = "1/3".parse().unwrap();
+        assert_eq!(s, Shard { index: 1, count: 3 });
+        assert_eq!((0..7).filter(|&i| s.owns(i)).collect::<Vec<_>>(), vec![1, 4]);
+        // Every run belongs to exactly one shard.
+        for i in 0..20 {
+            assert_eq!((0..3).filter(|&k| Shard { index: k, count: 3 }.owns(i)).count(), 1);
+        }
+        for bad in ["3/3", "1", "a/2", "0/0", "-1/2"] {
+            let e = bad.parse::<Shard>().unwrap_err();
+            assert!(e.contains("expected I/N"), "{e}");
+        }
+    }
+
+    #[test]
+    fn samples_split_into_their_runs() {
+        let ids: HashMap<String, usize> = [("a seed=0".to_string(), 0), ("b seed=0".to_string(), 1)].into();
+        let text = "== a seed=0 ==\nline one\n== not an id ==\n\n== b seed=0 ==\nsecond\n\n";
+        let s = split_samples(text, &ids);
+        assert_eq!(
+            s,
+            vec![("a seed=0".into(), "line one\n== not an id ==".into()), ("b seed=0".into(), "second".into())]
+        );
+    }
+}

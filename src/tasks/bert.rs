@@ -1,0 +1,895 @@
+//! kind bert: BERT (UDL §12.6) trained by masked-LM pre-training on the corpus (§12.6.1), then fine-tuning
+//! a head on a labelled task (§12.6.2), each phase through the shared optimisation loop.
+//!
+//! Masked LM: windows of the corpus become `<cls> tokens <sep>`; `mask_fraction` of the ordinary tokens are
+//! chosen, and (with the 80/10/10 rule) 80% of those become `<mask>`, 10% a random token, 10% stay. The
+//! loss is cross-entropy at the chosen positions only. The MLM head is BERT's: dense + GELU + LayerNorm,
+//! then the word embedding matrix (shared; `transformer.tie_embeddings: false` gives it its own) plus a bias.
+//!
+//! Next-token prediction (`objective: next_token`) is the same encoder and head with causal attention, each
+//! position predicting the following token: the GPT objective, for comparing data efficiency.
+//!
+//! Sequence classification: `<cls> text <sep>` padded to the block; the head reads BERT's pooled `<cls>`
+//! state. Two classes use one logit with sigmoid / binary cross-entropy, more use softmax / cross-entropy.
+//! Metrics: accuracy and F1 of the positive class. Token classification: a linear layer on every hidden
+//! state, cross-entropy over the scored tokens; token accuracy and F1 over the punctuation marks. Span
+//! prediction: start and end logits over the passage; exact match and F1 (the tasks: `corpus_tasks`).
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::time::Instant;
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+use super::{Built, DataCache, RunContext, Task, Trained};
+use crate::data::corpus_tasks::{
+    locate_examples, mark_f1, punctuation_examples, span_scores, word_pieces, Labelled, Passage, SpanExamples,
+    Specials, PUNCTUATION_CLASSES,
+};
+use crate::data::spam::spam_inputs;
+use crate::data::{Dataset, TextData, IGNORE};
+use crate::metrics::{self, Metric};
+use crate::models::bert::{Bert as Encoder, BertSpec};
+use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
+use crate::train::{optimise, Evaluation, Objective, StateFile};
+
+pub struct Bert;
+
+/// Masked-LM inputs and targets for token ids (B, N): `chosen` positions (B, N) bool — a `fraction` of the
+/// positions where `eligible` — are predicted; the 80/10/10 rule (or all `<mask>`) decides their inputs.
+/// Targets are the original ids at chosen positions and `IGNORE` elsewhere. Uses libtorch's generator.
+pub fn mask_tokens(
+    ids: &Tensor,
+    eligible: &Tensor,
+    fraction: f64,
+    replace_rule: bool,
+    specials: Specials,
+    vocab: i64,
+) -> (Tensor, Tensor) {
+    let device = ids.device();
+    let shape = ids.size();
+    let u = Tensor::rand(shape.as_slice(), (Kind::Float, device));
+    let chosen = u.lt(fraction).logical_and(eligible);
+    let targets = ids.where_self(&chosen, &ids.full_like(IGNORE));
+    let mask = ids.full_like(specials.mask);
+    let inputs = if replace_rule {
+        let r = Tensor::rand(shape.as_slice(), (Kind::Float, device));
+        let random = Tensor::randint_low(specials.first_ordinary, vocab, shape.as_slice(), (Kind::Int64, device));
+        // r < 0.8: <mask>; 0.8 ≤ r < 0.9: a random ordinary token; r ≥ 0.9: unchanged.
+        let replaced = mask.where_self(&r.lt(0.8), &random.where_self(&r.lt(0.9), ids));
+        replaced.where_self(&chosen, ids)
+    } else {
+        mask.where_self(&chosen, ids)
+    };
+    (inputs, targets)
+}
+
+/// BERT's MLM head: dense + GELU + LayerNorm, then logits against the word embeddings (tied) or its own
+/// output matrix, plus a bias.
+struct MlmHead {
+    dense: nn::Linear,
+    norm: nn::LayerNorm,
+    /// `None` when tied to the word embeddings.
+    decoder: Option<Tensor>,
+    bias: Tensor,
+}
+
+impl MlmHead {
+    fn new(vs: &nn::Path, spec: &BertSpec) -> Self {
+        let d = spec.transformer.d_model;
+        Self {
+            dense: nn::linear(vs / "dense", d, d, Default::default()),
+            norm: nn::layer_norm(
+                vs / "norm",
+                vec![d],
+                nn::LayerNormConfig { eps: spec.norm_eps, ..Default::default() },
+            ),
+            decoder: (!spec.transformer.tie_embeddings)
+                .then(|| vs.var("decoder", &[spec.vocab_size, d], nn::Init::Randn { mean: 0.0, stdev: 0.02 })),
+            bias: vs.zeros("bias", &[spec.vocab_size]),
+        }
+    }
+
+    fn logits(&self, hidden: &Tensor, words: &Tensor) -> Tensor {
+        let out = self.decoder.as_ref().unwrap_or(words);
+        self.norm.forward(&self.dense.forward(hidden).gelu("none")).matmul(&out.tr()) + &self.bias
+    }
+}
+
+/// The encoder with its MLM head. With `causal` set the same model is a next-token predictor: attention
+/// sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens.
+pub struct MaskedLm {
+    pub bert: Encoder,
+    head: MlmHead,
+    pub causal: bool,
+}
+
+impl MaskedLm {
+    pub fn new(vs: &nn::Path, spec: &BertSpec) -> Self {
+        Self { bert: Encoder::new(&(vs / "bert"), spec), head: MlmHead::new(&(vs / "mlm"), spec), causal: false }
+    }
+
+    /// Logits (B, N, V) of the head at every position of `inputs` (B, N).
+    pub fn logits(&self, inputs: &Tensor, train: bool) -> Tensor {
+        let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
+        self.head.logits(&hidden, self.bert.word_embeddings())
+    }
+
+    /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M). The head
+    /// runs on the chosen positions only (15% of them): the others have no loss, so their logits would be
+    /// wasted work — the vocabulary projection is the head's largest matmul.
+    pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
+        let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
+        let d = hidden.size()[2];
+        let flat_targets = targets.reshape([-1]);
+        let chosen = flat_targets.ne(IGNORE).nonzero().squeeze_dim(1);
+        let picked = hidden.reshape([-1, d]).index_select(0, &chosen);
+        let targets = flat_targets.index_select(0, &chosen);
+        let logits = self.head.logits(&picked, self.bert.word_embeddings()).to_kind(Kind::Float);
+        (logits.cross_entropy_for_logits(&targets), logits, targets)
+    }
+}
+
+/// Windows of `block − 2` corpus tokens, framed as `<cls> … <sep>`.
+fn framed_windows(ids: &Tensor, starts: &Tensor, block: i64, s: Specials) -> Tensor {
+    let inner = block - 2;
+    let offsets = Tensor::arange(inner, (Kind::Int64, Device::Cpu));
+    let idx = starts.unsqueeze(1) + offsets.unsqueeze(0);
+    let rows = ids.index_select(0, &idx.view([-1])).view([starts.size()[0], inner]);
+    let b = starts.size()[0];
+    let cls = Tensor::full([b, 1], s.cls, (Kind::Int64, Device::Cpu));
+    let sep = Tensor::full([b, 1], s.sep, (Kind::Int64, Device::Cpu));
+    Tensor::cat(&[cls, rows, sep], 1)
+}
+
+/// Next-token targets of windows (B, N): position i predicts token i + 1; the last position and special
+/// targets (the closing `<sep>`) are `IGNORE`, so both objectives predict ordinary tokens only.
+pub fn next_token_targets(windows: &Tensor, first_ordinary: i64) -> Tensor {
+    let n = windows.size()[1];
+    let next = Tensor::cat(&[windows.narrow(1, 1, n - 1), windows.narrow(1, 0, 1).full_like(IGNORE)], 1);
+    next.where_self(&next.ge(first_ordinary), &next.full_like(IGNORE))
+}
+
+/// Pre-training on the corpus: masked-LM, or next-token prediction with the same encoder and head.
+struct Pretraining<'a> {
+    model: &'a MaskedLm,
+    data: &'a TextData,
+    /// Fixed held-out (inputs, targets): the masking is drawn once, so every evaluation scores the same.
+    val: Vec<(Tensor, Tensor)>,
+    cfg: &'a BertConfig,
+    specials: Specials,
+    vocab: i64,
+    batch: i64,
+    block: i64,
+    device: Device,
+}
+
+impl Pretraining<'_> {
+    /// Inputs and targets of windows, masking `fraction` of the tokens for the masked objective.
+    fn inputs_and_targets(&self, windows: &Tensor, fraction: f64) -> (Tensor, Tensor) {
+        let (x, y) = match self.cfg.objective {
+            PretrainObjective::Masked => {
+                let eligible = windows.ge(self.specials.first_ordinary);
+                mask_tokens(windows, &eligible, fraction, self.cfg.replace_rule, self.specials, self.vocab)
+            }
+            PretrainObjective::NextToken => {
+                (windows.shallow_clone(), next_token_targets(windows, self.specials.first_ordinary))
+            }
+        };
+        (x.to_device(self.device), y.to_device(self.device))
+    }
+
+    /// Tokens that carry loss per window: the chosen fraction of the ordinary ones, or all of them.
+    fn predicted_per_window(&self) -> f64 {
+        let ordinary = (self.block - 2) as f64;
+        match self.cfg.objective {
+            PretrainObjective::Masked => ordinary * self.cfg.mask_fraction,
+            PretrainObjective::NextToken => ordinary,
+        }
+    }
+}
+
+impl Objective for Pretraining<'_> {
+    fn training_loss(&self) -> Tensor {
+        let n = self.data.train.numel() as i64;
+        let starts = Tensor::randint(n - self.block, [self.batch], (Kind::Int64, Device::Cpu));
+        let windows = framed_windows(&self.data.train, &starts, self.block, self.specials);
+        let (x, y) = self.inputs_and_targets(&windows, self.cfg.mask_fraction);
+        self.model.loss(&x, &y, true).0
+    }
+
+    fn evaluate(&self, step: i64) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
+        for (x, y) in &self.val {
+            let (l, logits, targets) = self.model.loss(x, y, false);
+            let n = targets.size()[0] as f64;
+            loss += l.double_value(&[]) * n;
+            let right = logits.argmax(-1, false).eq_tensor(&targets);
+            correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+            count += n;
+        }
+        let (loss, accuracy) = (loss / count, correct / count);
+        let mut e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
+        if self.cfg.objective == PretrainObjective::Masked {
+            e = e.with("val/mlm_loss", loss).with("val/mlm_accuracy", accuracy);
+        }
+        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count).
+        let windows = (step * self.batch) as f64;
+        e.with("val/tokens_seen", windows * self.block as f64)
+            .with("val/tokens_predicted", windows * self.predicted_per_window())
+    }
+}
+
+/// A sequence classifier: BERT's pooled `<cls>` state, dropout, a linear layer (one logit for two classes).
+pub struct SequenceClassifier {
+    head: nn::Linear,
+    classes: i64,
+    dropout: f64,
+}
+
+impl SequenceClassifier {
+    pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
+        let outputs = if classes == 2 { 1 } else { classes };
+        Self { head: nn::linear(vs / "classifier", hidden, outputs, Default::default()), classes, dropout }
+    }
+
+    /// Logits: (B) for two classes, (B, C) otherwise.
+    pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
+        let hidden = bert.forward(ids, None, Some(padding), train);
+        let logits = self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train)).to_kind(Kind::Float);
+        if self.classes == 2 {
+            logits.squeeze_dim(-1)
+        } else {
+            logits
+        }
+    }
+
+    /// Sigmoid + binary cross-entropy for two classes, softmax + cross-entropy for more.
+    pub fn loss(&self, logits: &Tensor, labels: &Tensor) -> Tensor {
+        if self.classes == 2 {
+            logits.binary_cross_entropy_with_logits::<Tensor>(
+                &labels.to_kind(Kind::Float),
+                None,
+                None,
+                tch::Reduction::Mean,
+            )
+        } else {
+            logits.cross_entropy_for_logits(labels)
+        }
+    }
+
+    pub fn predict(&self, logits: &Tensor) -> Tensor {
+        if self.classes == 2 {
+            logits.gt(0.0).to_kind(Kind::Int64)
+        } else {
+            logits.argmax(-1, false)
+        }
+    }
+}
+
+/// Token classification: a linear layer over every final hidden state (per-token softmax).
+pub struct TokenClassifier {
+    head: nn::Linear,
+    dropout: f64,
+}
+
+impl TokenClassifier {
+    pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
+        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout }
+    }
+
+    /// Logits (B, N, C).
+    pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
+        let hidden = bert.forward(ids, None, Some(padding), train);
+        self.head.forward(&hidden.dropout(self.dropout, train)).to_kind(Kind::Float)
+    }
+
+    /// Mean cross-entropy over the scored tokens (labels not `IGNORE`).
+    pub fn loss(logits: &Tensor, labels: &Tensor) -> Tensor {
+        let c = logits.size()[2];
+        logits.view([-1, c]).cross_entropy_loss::<Tensor>(&labels.view([-1]), None, tch::Reduction::Mean, IGNORE, 0.0)
+    }
+}
+
+/// Span prediction (BERT's SQuAD head): one start and one end logit per token, softmax over the passage.
+pub struct SpanPredictor {
+    head: nn::Linear,
+    /// The longest answer considered when decoding, in tokens.
+    pub max_tokens: i64,
+}
+
+impl SpanPredictor {
+    pub fn new(vs: &nn::Path, hidden: i64, max_tokens: i64) -> Self {
+        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens }
+    }
+
+    /// Start and end logits (B, N), −∞ outside the passage (`context`).
+    pub fn logits(&self, bert: &Encoder, x: &SpanBatch, train: bool) -> (Tensor, Tensor) {
+        let hidden = bert.forward(&x.ids, Some(&x.segments), Some(&x.padding), train);
+        let both = self.head.forward(&hidden).to_kind(Kind::Float);
+        let outside = x.context.logical_not();
+        let pick = |i: i64| both.select(2, i).masked_fill(&outside, f64::NEG_INFINITY);
+        (pick(0), pick(1))
+    }
+
+    /// The mean of the start and end cross-entropies.
+    pub fn loss(start_logits: &Tensor, end_logits: &Tensor, start: &Tensor, end: &Tensor) -> Tensor {
+        (start_logits.cross_entropy_for_logits(start) + end_logits.cross_entropy_for_logits(end)) / 2.0
+    }
+
+    /// The best span (start ≤ end, at most `max_tokens` long) of each row by start + end logit.
+    pub fn best_spans(&self, start_logits: &Tensor, end_logits: &Tensor) -> Vec<(i64, i64)> {
+        let n = start_logits.size()[1];
+        let scores = start_logits.unsqueeze(2) + end_logits.unsqueeze(1);
+        let i = Tensor::arange(n, (Kind::Int64, scores.device()));
+        let length = i.unsqueeze(0) - i.unsqueeze(1);
+        let allowed = length.ge(0).logical_and(&length.lt(self.max_tokens));
+        let best = scores.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY).view([-1, n * n]).argmax(-1, false);
+        Vec::<i64>::try_from(best.to_device(Device::Cpu)).unwrap_or_default().iter().map(|b| (b / n, b % n)).collect()
+    }
+}
+
+/// A batch of span rows on the device, with their answers' start and end positions.
+pub struct SpanBatch {
+    pub ids: Tensor,
+    pub segments: Tensor,
+    pub padding: Tensor,
+    pub context: Tensor,
+    pub start: Tensor,
+    pub end: Tensor,
+}
+
+impl SpanBatch {
+    fn rows(x: &SpanExamples, idx: &Tensor, device: Device) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        Self {
+            ids: pick(&x.ids),
+            segments: pick(&x.segments),
+            padding: pick(&x.padding),
+            context: pick(&x.context),
+            start: pick(&x.start),
+            end: pick(&x.end),
+        }
+    }
+}
+
+/// F1 of class 1 from predictions and labels (0 when nothing is predicted or present as class 1).
+pub fn f1_score(predicted: &Tensor, labels: &Tensor) -> f64 {
+    let p = predicted.eq(1);
+    let l = labels.eq(1);
+    let count = |t: Tensor| t.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+    let tp = count(p.logical_and(&l));
+    let (fp, fn_) = (count(p.logical_and(&l.logical_not())), count(p.logical_not().logical_and(&l)));
+    if tp == 0.0 {
+        0.0
+    } else {
+        2.0 * tp / (2.0 * tp + fp + fn_)
+    }
+}
+
+/// Test rows per evaluation batch.
+const EVAL_BATCH: i64 = 128;
+
+/// `batch` random row indices out of `n` (libtorch's generator, seeded per step by the loop).
+fn random_rows(n: i64, batch: i64) -> Tensor {
+    Tensor::randint(n, [batch], (Kind::Int64, Device::Cpu))
+}
+
+/// The indices of `n` test rows, in evaluation batches.
+fn eval_batches(n: i64) -> impl Iterator<Item = Tensor> {
+    (0..n)
+        .step_by(EVAL_BATCH as usize)
+        .map(move |start| Tensor::arange_start(start, (start + EVAL_BATCH).min(n), (Kind::Int64, Device::Cpu)))
+}
+
+struct Classification<'a> {
+    bert: &'a Encoder,
+    classifier: &'a SequenceClassifier,
+    train: &'a Labelled,
+    test: &'a Labelled,
+    batch: i64,
+    device: Device,
+}
+
+impl Objective for Classification<'_> {
+    fn training_loss(&self) -> Tensor {
+        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+        let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, true);
+        self.classifier.loss(&logits, &b.labels)
+    }
+
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let n = self.test.len();
+        let (mut loss, mut predictions) = (0.0, Vec::new());
+        for idx in eval_batches(n) {
+            let b = self.test.rows(&idx, self.device);
+            let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, false);
+            loss += self.classifier.loss(&logits, &b.labels).double_value(&[]) * idx.size()[0] as f64;
+            predictions.push(self.classifier.predict(&logits).to_device(Device::Cpu));
+        }
+        let predicted = Tensor::cat(&predictions, 0);
+        let accuracy = predicted.eq_tensor(&self.test.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let f1 = f1_score(&predicted, &self.test.labels);
+        Evaluation::default().with("val/loss", loss / n as f64).with("val/accuracy", accuracy).with("val/f1", f1)
+    }
+}
+
+/// Punctuation restoration: token classification of the corpus's words.
+struct Tagging<'a> {
+    bert: &'a Encoder,
+    tagger: &'a TokenClassifier,
+    train: &'a Labelled,
+    test: &'a Labelled,
+    batch: i64,
+    device: Device,
+}
+
+impl Objective for Tagging<'_> {
+    fn training_loss(&self) -> Tensor {
+        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+        let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, true);
+        TokenClassifier::loss(&logits, &b.labels)
+    }
+
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut scored, mut predictions) = (0.0, 0.0, Vec::new());
+        for idx in eval_batches(self.test.len()) {
+            let b = self.test.rows(&idx, self.device);
+            let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, false);
+            let count = b.labels.ne(IGNORE).sum(Kind::Float).double_value(&[]);
+            loss += TokenClassifier::loss(&logits, &b.labels).double_value(&[]) * count;
+            scored += count;
+            predictions.push(logits.argmax(-1, false).to_device(Device::Cpu));
+        }
+        let predicted = Tensor::cat(&predictions, 0);
+        let labels = &self.test.labels;
+        let mask = labels.ne(IGNORE);
+        let right = predicted.eq_tensor(labels).logical_and(&mask).sum(Kind::Float).double_value(&[]);
+        let f1 = mark_f1(&predicted, labels);
+        Evaluation::default()
+            .with("val/loss", loss / scored.max(1.0))
+            .with("val/accuracy", right / scored.max(1.0))
+            .with("val/f1", f1)
+    }
+}
+
+/// Phrase location: span prediction over a passage.
+struct Locating<'a> {
+    bert: &'a Encoder,
+    span: &'a SpanPredictor,
+    train: &'a SpanExamples,
+    test: &'a SpanExamples,
+    batch: i64,
+    device: Device,
+}
+
+impl Objective for Locating<'_> {
+    fn training_loss(&self) -> Tensor {
+        let b = SpanBatch::rows(self.train, &random_rows(self.train.ids.size()[0], self.batch), self.device);
+        let (s, e) = self.span.logits(self.bert, &b, true);
+        SpanPredictor::loss(&s, &e, &b.start, &b.end)
+    }
+
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let n = self.test.ids.size()[0];
+        let (mut loss, mut predicted) = (0.0, Vec::new());
+        for idx in eval_batches(n) {
+            let b = SpanBatch::rows(self.test, &idx, self.device);
+            let (s, e) = self.span.logits(self.bert, &b, false);
+            let l = SpanPredictor::loss(&s, &e, &b.start, &b.end);
+            loss += l.double_value(&[]) * idx.size()[0] as f64;
+            predicted.extend(self.span.best_spans(&s, &e));
+        }
+        let starts = Vec::<i64>::try_from(&self.test.start).unwrap_or_default();
+        let ends = Vec::<i64>::try_from(&self.test.end).unwrap_or_default();
+        let gold: Vec<(i64, i64)> = starts.into_iter().zip(ends).collect();
+        let (exact, f1) = span_scores(&predicted, &gold);
+        Evaluation::default()
+            .with("val/loss", loss / n.max(1) as f64)
+            .with("val/accuracy", exact)
+            .with("val/f1", f1)
+            .with("val/exact_match", exact)
+    }
+}
+
+/// The state file of a run's pre-training phase, next to the run's own.
+fn pretrain_state(state: Option<&StateFile>) -> Option<StateFile> {
+    state.map(|s| StateFile {
+        path: s.path.with_file_name(
+            s.path.file_name().map(|n| n.to_string_lossy().replace(".state.", ".pretrain.state.")).unwrap_or_default(),
+        ),
+        config_hash: s.config_hash.clone(),
+    })
+}
+
+/// Copies a checkpoint's encoder weights (`bert.*`, and the MLM head when present) into `vs`.
+pub fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
+    let stored: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)
+        .with_context(|| format!("bert.init_from: reading {}", path.display()))?
+        .into_iter()
+        .collect();
+    // In name order, so a mismatch is reported the same way every time (the store's map has no order).
+    let variables: std::collections::BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    tch::no_grad(|| -> Result<()> {
+        for (name, mut var) in variables {
+            if !(name.starts_with("bert.") || name.starts_with("mlm.")) {
+                continue;
+            }
+            let saved = stored.get(&name).with_context(|| {
+                format!(
+                    "bert.init_from: {} has no {name}: was it saved by a BERT run of the same model?",
+                    path.display()
+                )
+            })?;
+            if saved.size() != var.size() {
+                bail!(
+                    "bert.init_from: {name} is {:?} in {}, this run's model needs {:?}",
+                    saved.size(),
+                    path.display(),
+                    var.size()
+                );
+            }
+            var.copy_(saved);
+        }
+        Ok(())
+    })
+}
+
+/// The head a BERT run fine-tunes (none for pre-training alone).
+pub enum TaskHead {
+    None,
+    Sequence(SequenceClassifier),
+    Tokens(TokenClassifier),
+    Span(SpanPredictor),
+}
+
+/// The longest answer the location task decodes, in tokens (5 words rarely take more than 12).
+const MAX_ANSWER_TOKENS: i64 = 24;
+
+/// A BERT run's model: the encoder with its pre-training head (causal for `next_token`) and its task head,
+/// under `vs` exactly as training builds it (so `ablate describe` counts the same parameters).
+pub fn build_model(vs: &nn::Path, cfg: &Config, vocab: i64) -> (MaskedLm, TaskHead) {
+    let b = cfg.bert();
+    let spec = BertSpec::new(cfg.transformer_spec(), vocab);
+    let mut mlm = MaskedLm::new(vs, &spec);
+    mlm.causal = b.objective == PretrainObjective::NextToken;
+    let (task, hidden, dropout) = (vs / "task", spec.transformer.d_model, spec.transformer.dropout);
+    let head = match b.task {
+        BertTask::Pretrain => TaskHead::None,
+        BertTask::Spam => TaskHead::Sequence(SequenceClassifier::new(&task, hidden, 2, dropout)),
+        BertTask::Punctuation => {
+            TaskHead::Tokens(TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout))
+        }
+        BertTask::Locate => TaskHead::Span(SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS)),
+    };
+    (mlm, head)
+}
+
+/// Fine-tuning examples of the corpus tasks held out like the corpus: this many test rows, evenly spaced.
+const TASK_TEST_ROWS: usize = 1024;
+
+/// The corpus's word pieces for the generated tasks, split where `TextData` splits the text.
+fn task_pieces(cfg: &Config) -> Result<(Vec<Passage>, Vec<Passage>)> {
+    let text = crate::data::load_text(&cfg.data)?;
+    let (train, test) = crate::data::split_text(&text, cfg.data.val_fraction);
+    let own = |t: &str| -> Vec<Passage> {
+        word_pieces(t).into_iter().map(|w| w.into_iter().map(str::to_string).collect()).collect()
+    };
+    let test = own(test);
+    let step = (test.len() / TASK_TEST_ROWS).max(1);
+    Ok((own(train), test.into_iter().step_by(step).take(TASK_TEST_ROWS).collect()))
+}
+
+/// Which tokenised text a run reads: its data config, and the checkpoint it fine-tunes from (whose
+/// vocabulary it must use).
+fn text_key(cfg: &Config, results_root: &Path) -> String {
+    let checkpoint = cfg.bert().init_from_path(results_root);
+    format!("{}{checkpoint:?}", serde_yaml::to_string(&cfg.data).unwrap_or_default())
+}
+
+/// The corpus tokenised by the vocabulary a checkpoint was pre-trained with, not a freshly trained one: the
+/// checkpoint's embedding rows belong to its token ids. The run's data config must name the same
+/// vocabulary, so the recipe says what is used.
+fn pretrained_vocabulary_data(data: &crate::recipe::DataConfig, checkpoint: &Path) -> Result<Dataset> {
+    let (pretrained, tokenizer) = super::checkpoint::load_description(checkpoint)
+        .with_context(|| format!("bert.init_from: {}", checkpoint.display()))?;
+    let tokenizer =
+        tokenizer.with_context(|| format!("bert.init_from: {} holds no vocabulary", checkpoint.display()))?;
+    let vocabulary = |d: &crate::recipe::DataConfig| {
+        let size = d.vocab_size.map(|n| format!(", vocab_size {n}")).unwrap_or_default();
+        let path = d.tokenizer_path.as_ref().map(|p| format!(", tokenizer_path {p}")).unwrap_or_default();
+        format!("data.tokenizer {}{size}{path}", serde_yaml::to_string(&d.tokenizer).unwrap_or_default().trim())
+    };
+    let (theirs, ours) = (vocabulary(&pretrained.data), vocabulary(data));
+    if theirs != ours {
+        bail!(
+            "bert.init_from: {} was pre-trained with {theirs}, this run has {ours}: fine-tuning reuses the checkpoint's vocabulary, so set the same",
+            checkpoint.display()
+        );
+    }
+    let text = crate::data::load_text(data)?;
+    Ok(Dataset::Text(TextData::from_text_with_tokenizer(&text, data, tokenizer)?))
+}
+
+struct BuiltBert {
+    mlm: MaskedLm,
+    _head: TaskHead,
+    vocab: i64,
+    block: i64,
+}
+
+impl Built for BuiltBert {
+    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
+        self.mlm.logits(&super::example_tokens(batch, self.block, self.vocab, Device::Cpu), train)
+    }
+
+    fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {
+        Some(self.mlm.bert.forward_with_weights(ids, None, None, self.mlm.causal, false, true).1)
+    }
+}
+
+impl Task for Bert {
+    fn metrics(&self, cfg: &Config) -> Vec<Metric> {
+        let b = cfg.bert();
+        let mut m = match (b.task, b.objective) {
+            (BertTask::Pretrain, PretrainObjective::Masked) => vec![
+                Metric::both("val_loss", "val/loss", "held-out masked-LM loss", "nats/masked token", false),
+                Metric::both("val_accuracy", "val/accuracy", "held-out masked-token accuracy", "", true),
+                Metric::both("mlm_loss", "val/mlm_loss", "held-out masked-LM loss", "nats/masked token", false)
+                    .detail(),
+                Metric::both("mlm_accuracy", "val/mlm_accuracy", "held-out masked-token accuracy", "", true)
+                    .detail()
+                    .no_charts(),
+            ],
+            (BertTask::Pretrain, PretrainObjective::NextToken) => vec![
+                Metric::both("val_loss", "val/loss", "held-out next-token loss", "nats/token", false),
+                Metric::both("val_accuracy", "val/accuracy", "held-out next-token accuracy", "", true),
+            ],
+            (task, _) => {
+                let (accuracy, f1) = match task {
+                    BertTask::Spam => ("test accuracy", "test F1 of the spam class"),
+                    BertTask::Punctuation => ("test token accuracy", "test F1 over the punctuation marks"),
+                    _ => ("test exact match of the spans", "test F1 of the predicted spans (token overlap)"),
+                };
+                let mut m = vec![
+                    Metric::both("val_loss", "val/loss", "test loss of the task head", "nats/example", false).detail(),
+                    Metric::both("val_accuracy", "val/accuracy", accuracy, "", true),
+                    Metric::both("f1", "val/f1", f1, "", true),
+                ];
+                if task == BertTask::Locate {
+                    m.push(
+                        Metric::both("exact_match", "val/exact_match", "test exact match of the spans", "", true)
+                            .detail(),
+                    );
+                }
+                if b.pretrain_steps > 0 {
+                    m.push(Metric::column(
+                        "mlm_loss",
+                        "masked-LM held-out loss after pre-training",
+                        "nats/masked token",
+                        false,
+                    ));
+                    m.push(
+                        Metric::column("mlm_accuracy", "masked-token accuracy after pre-training", "", true)
+                            .detail()
+                            .no_charts(),
+                    );
+                    m.push(Metric::curve(
+                        "pretrain_val/mlm_loss",
+                        "masked-LM held-out loss during pre-training",
+                        "nats/masked token",
+                        false,
+                    ));
+                }
+                m
+            }
+        };
+        if b.task == BertTask::Pretrain {
+            // The x axes of the data-efficiency charts.
+            m.push(Metric::curve("val/tokens_seen", "tokens seen", "tokens", true).no_charts());
+            m.push(
+                Metric::curve("val/tokens_predicted", "tokens predicted (carrying loss)", "tokens", true).no_charts(),
+            );
+        }
+        m.extend(metrics::optimisation(if b.task == BertTask::Pretrain {
+            "nats/predicted token"
+        } else {
+            "nats/example"
+        }));
+        m.extend(metrics::cost("tokens/s"));
+        m
+    }
+
+    fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
+        let init_from = cfg.bert().init_from_path(&data.results_root);
+        if let Some(path) = &init_from {
+            if !path.is_file() {
+                bail!(
+                    "bert.init_from: no such checkpoint: {} (a $RESULTS/ path is under {}: run the recipe that saves it first)",
+                    path.display(),
+                    data.results_root.display()
+                );
+            }
+        }
+        let key = text_key(cfg, &data.results_root);
+        let set = DataCache::get_or_load(&mut data.text, key, || match &init_from {
+            Some(path) => pretrained_vocabulary_data(&cfg.data, path),
+            None => Dataset::load(&cfg.data),
+        })?;
+        set.check_block_size(cfg.longest_window())?;
+        if cfg.bert().task == BertTask::Spam && data.emails.is_none() {
+            data.emails = Some(crate::data::spam::spam_assassin()?);
+        }
+        Ok(())
+    }
+
+    fn vocab(&self, cfg: &Config, data: &DataCache) -> Result<i64> {
+        Ok(DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))?.tokenizer().vocab_size())
+    }
+
+    fn build(&self, cfg: &Config, vs: &nn::Path, vocab: i64) -> Box<dyn Built> {
+        let (mlm, head) = build_model(vs, cfg, vocab);
+        Box::new(BuiltBert { mlm, _head: head, vocab, block: cfg.transformer.block_size })
+    }
+
+    fn forward_flops(&self, cfg: &Config, params: i64, vocab: i64) -> (f64, String) {
+        let block = cfg.transformer.block_size;
+        let per_token = encoder_flops_per_token(cfg, params, vocab) + head_flops_per_token(cfg, vocab);
+        (per_token / 3.0 * block as f64, format!("sequence of {block} tokens"))
+    }
+
+    fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
+        let Dataset::Text(text) = DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))? else {
+            bail!("kind bert reads text (data.task: text)")
+        };
+        let emails = data.emails.as_deref();
+        train_bert(self, cfg, text, emails, &data.results_root, ctx)
+    }
+}
+
+/// Training FLOPs per token of the encoder (6 per matmul weight, 12·L·T·(H·d_head) for attention), with
+/// the embedding tables as lookups; the vocabulary projection is [`head_flops_per_token`].
+fn encoder_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
+    let t = cfg.transformer_spec();
+    let d = t.d_model;
+    let mut tables = vocab * d + 2 * d + vocab;
+    if t.position.encoding == crate::transformer::spec::PositionEncoding::Learned {
+        tables += t.block_size * d;
+    }
+    if !t.tie_embeddings {
+        tables += vocab * d;
+    }
+    6.0 * (params - tables) as f64 + 12.0 * (t.layers * t.block_size * t.attention.inner()) as f64
+}
+
+/// Training FLOPs per token of the pre-training head's vocabulary projection, paid at predicted positions
+/// only.
+fn head_flops_per_token(cfg: &Config, vocab: i64) -> f64 {
+    let (b, t) = (cfg.bert(), &cfg.transformer);
+    let ordinary = (t.block_size - 2) as f64;
+    let predicted = match b.objective {
+        PretrainObjective::Masked => ordinary * b.mask_fraction,
+        PretrainObjective::NextToken => ordinary,
+    };
+    6.0 * predicted / t.block_size as f64 * (vocab * t.d_model) as f64
+}
+
+/// Trains a BERT run: the pre-training objective on `data` (the whole run for `task: pretrain`, else
+/// `pretrain_steps` first), then the task. `emails` are needed for `task: spam`.
+fn train_bert(
+    task: &Bert,
+    cfg: &Config,
+    data: &TextData,
+    emails: Option<&[crate::data::spam::Email]>,
+    results_root: &Path,
+    ctx: RunContext,
+) -> Result<Trained> {
+    let (b, t, device, progress, state) = (cfg.bert(), &cfg.train, ctx.device, ctx.progress, ctx.state);
+    let started = Instant::now();
+    let specials = Specials::of(&data.tokenizer)?;
+    let vocab = data.tokenizer.vocab_size();
+    let block = cfg.transformer.block_size;
+    if data.train.numel() as i64 <= block || data.val.numel() as i64 <= block {
+        bail!("the corpus splits need more than transformer.block_size = {block} tokens");
+    }
+    tch::manual_seed(t.seed as i64);
+    let mut vs = nn::VarStore::new(device);
+    let (mlm, head) = build_model(&vs.root(), cfg, vocab);
+    if let Some(path) = b.init_from_path(results_root) {
+        init_from(&vs, &path)?;
+    }
+    // Held-out windows, evenly spaced, masked once with a fixed seed.
+    tch::manual_seed(0x3a5c);
+    let count = t.eval_batches * t.batch_size;
+    let span = data.val.numel() as i64 - block;
+    let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
+    let val_windows = framed_windows(&data.val, &Tensor::from_slice(&starts), block, specials);
+    let mut pretraining =
+        Pretraining { model: &mlm, data, val: Vec::new(), cfg: b, specials, vocab, batch: t.batch_size, block, device };
+    let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
+    pretraining.val =
+        val_windows.split(t.batch_size, 0).iter().map(|w| pretraining.inputs_and_targets(w, eval_fraction)).collect();
+    tch::manual_seed(t.seed as i64);
+
+    let (mut tokens_seen, mut train_time) = (0i64, 0.0);
+    let mut curves = Vec::new();
+    let mut pretrained_eval: Option<Evaluation> = None;
+    let phase_tokens = t.batch_size * block;
+    let mut run = 'phases: {
+        if matches!(head, TaskHead::None) {
+            break 'phases optimise(t, &pretraining, &mut vs, device, progress, state)?;
+        }
+        if b.pretrain_steps > 0 {
+            let pre = crate::recipe::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
+            let mut quiet = |_: i64, _: f64| {};
+            let mut run = optimise(&pre, &pretraining, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+            for c in run.curves.iter_mut() {
+                c.split = format!("pretrain_{}", c.split);
+            }
+            if run.diverged_at.is_some() {
+                // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
+                progress(t.steps, run.last_loss);
+                break 'phases run;
+            }
+            tokens_seen += run.steps_done * phase_tokens;
+            train_time += run.train_time;
+            curves.append(&mut run.curves);
+            pretrained_eval = Some(run.final_eval);
+        }
+        let (bert, batch) = (&mlm.bert, t.batch_size);
+        match &head {
+            TaskHead::None => unreachable!("pre-training runs returned above"),
+            TaskHead::Sequence(classifier) => {
+                let emails = emails.context("task spam needs the SpamAssassin emails")?;
+                let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
+                let task = Classification { bert, classifier, train: &train, test: &test, batch, device };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
+            TaskHead::Tokens(tagger) => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
+                let (train, test) = (examples(&train)?, examples(&test)?);
+                let task = Tagging { bert, tagger, train: &train, test: &test, batch, device };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
+            TaskHead::Span(span) => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
+                let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
+                if train.start.numel() == 0 || test.start.numel() == 0 {
+                    bail!(
+                        "task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}"
+                    );
+                }
+                let task = Locating { bert, span, train: &train, test: &test, batch, device };
+                optimise(t, &task, &mut vs, device, progress, state)?
+            }
+        }
+    };
+    tokens_seen += run.steps_done * phase_tokens;
+    train_time += run.train_time;
+    curves.append(&mut run.curves);
+    run.curves = curves;
+    let pretraining_only = matches!(head, TaskHead::None);
+    let tokens_per_s = tokens_seen as f64 / train_time.max(1e-9);
+    // The head's vocabulary projection is paid at the predicted positions of the pre-training tokens only.
+    let pretraining_tokens = match (pretraining_only, pretrained_eval.is_some()) {
+        (true, _) => tokens_seen,
+        (false, true) => b.pretrain_steps * phase_tokens,
+        (false, false) => 0,
+    };
+    let flops = tokens_seen as f64 * encoder_flops_per_token(cfg, run.params, vocab)
+        + pretraining_tokens as f64 * head_flops_per_token(cfg, vocab);
+    let model_flops = flops / train_time.max(1e-9);
+    let metrics = task.metrics(cfg);
+    let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &metrics);
+    // A fine-tuning run's masked-LM columns: its pre-training's last held-out evaluation.
+    if let Some(e) = pretrained_eval.filter(|_| b.objective == PretrainObjective::Masked) {
+        outcome.set("mlm_loss", e.get("val/mlm_loss"));
+        outcome.set("mlm_accuracy", e.get("val/mlm_accuracy"));
+    }
+    Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })
+}

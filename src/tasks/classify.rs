@@ -1,0 +1,148 @@
+//! kinds vit, swin, davit: an image classifier trained by cross-entropy on (augmented) training batches,
+//! with test loss and accuracy at every evaluation, through the same optimisation loop as every kind.
+use anyhow::Result;
+use std::time::Instant;
+use tch::{nn, Device, Kind as DType, Tensor};
+
+use super::{Built, DataCache, RunContext, Task, Trained};
+use crate::data::images::ImageTask;
+use crate::metrics::{self, Metric};
+use crate::models::davit::Davit;
+use crate::models::spec::Image;
+use crate::models::swin::Swin;
+use crate::models::vit::Vit;
+use crate::models::ImageClassifier;
+use crate::recipe::{Config, Kind};
+use crate::train::{optimise, Evaluation, Objective};
+
+pub struct Classification;
+
+/// Test images per evaluation batch.
+const EVAL_BATCH: i64 = 500;
+
+/// The image set a vision run reads.
+pub fn images_key(cfg: &Config) -> String {
+    serde_yaml::to_string(&cfg.images()).unwrap_or_default()
+}
+
+/// The classifier of a vit, swin or davit run.
+pub fn classifier(cfg: &Config, vs: &nn::Path) -> Box<dyn ImageClassifier> {
+    match cfg.kind {
+        Kind::Vit => Box::new(Vit::new(vs, &cfg.vit_spec())),
+        Kind::Swin => Box::new(Swin::new(vs, &cfg.staged_spec())),
+        Kind::Davit => Box::new(Davit::new(vs, &cfg.staged_spec())),
+        other => unreachable!("kind {other} is not an image classifier (tasks::task routes it elsewhere)"),
+    }
+}
+
+/// Analytic multiply-accumulates of one forward pass on one image.
+pub fn forward_macs(cfg: &Config) -> f64 {
+    match cfg.kind {
+        Kind::Vit => cfg.vit_spec().forward_macs(),
+        _ => cfg.staged_spec().forward_macs(),
+    }
+}
+
+struct Classifying<'a> {
+    model: &'a dyn ImageClassifier,
+    task: &'a ImageTask,
+    test: Vec<(Tensor, Tensor)>,
+    batch: i64,
+    device: Device,
+    probe_attention: bool,
+}
+
+impl Objective for Classifying<'_> {
+    fn training_loss(&self) -> Tensor {
+        let (x, y) = self.task.train_batch(self.batch, self.device);
+        self.model.classify(&x, true, false).0.cross_entropy_for_logits(&y)
+    }
+
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        let _guard = tch::no_grad_guard();
+        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
+        for (x, y) in &self.test {
+            let logits = self.model.classify(x, false, false).0.to_kind(DType::Float);
+            let n = y.size()[0] as f64;
+            loss += logits.cross_entropy_for_logits(y).double_value(&[]) * n;
+            correct += logits.argmax(-1, false).eq_tensor(y).to_kind(DType::Float).sum(DType::Float).double_value(&[]);
+            count += n;
+        }
+        let e = Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count);
+        match self.probe_attention {
+            true => super::probe(e, &self.model.classify(&self.test[0].0, false, true).1),
+            false => e,
+        }
+    }
+}
+
+struct BuiltClassifier {
+    model: Box<dyn ImageClassifier>,
+    image: Image,
+}
+
+impl Built for BuiltClassifier {
+    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
+        let images = super::example_images(batch, self.image.channels, self.image.size, Device::Cpu);
+        self.model.classify(&images, train, false).0
+    }
+}
+
+impl Task for Classification {
+    fn metrics(&self, cfg: &Config) -> Vec<Metric> {
+        let mut m = vec![
+            Metric::both("val_loss", "val/loss", "test loss", "nats/image", false),
+            Metric::both("val_accuracy", "val/accuracy", "test accuracy", "", true),
+        ];
+        if cfg.train.probe_attention {
+            m.extend(metrics::attention_probes());
+        }
+        m.extend(metrics::optimisation("nats/image"));
+        m.extend(metrics::cost("patch tokens/s"));
+        m
+    }
+
+    fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
+        let images = cfg.images();
+        let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
+        task.check_model(&cfg.image())
+    }
+
+    fn vocab(&self, _cfg: &Config, _data: &DataCache) -> Result<i64> {
+        Ok(0)
+    }
+
+    fn build(&self, cfg: &Config, vs: &nn::Path, _vocab: i64) -> Box<dyn Built> {
+        Box::new(BuiltClassifier { model: classifier(cfg, vs), image: cfg.image() })
+    }
+
+    fn forward_flops(&self, cfg: &Config, _params: i64, _vocab: i64) -> (f64, String) {
+        (2.0 * forward_macs(cfg), "image".into())
+    }
+
+    /// Evaluation uses the first `eval_batches × 500` test images (all 10,000 at 20 batches).
+    fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
+        let task = DataCache::loaded(&data.images, &images_key(cfg))?;
+        let (t, device) = (&cfg.train, ctx.device);
+        tch::manual_seed(t.seed as i64);
+        let started = Instant::now();
+        let mut vs = nn::VarStore::new(device);
+        let model = classifier(cfg, &vs.root());
+        let objective = Classifying {
+            model: model.as_ref(),
+            task,
+            test: task.test_batches(t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
+            batch: t.batch_size,
+            device,
+            probe_attention: t.probe_attention,
+        };
+        let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
+        let images_per_s = (run.steps_done * t.batch_size) as f64 / run.train_time.max(1e-9);
+        let grid = cfg.vision().grid(cfg.kind);
+        let model_flops = images_per_s * 6.0 * forward_macs(cfg);
+        // Tokens are the first stage's patches.
+        let tokens_per_s = images_per_s * (grid * grid) as f64;
+        let outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
+        Ok(Trained { outcome, vs, tokenizer: None })
+    }
+}

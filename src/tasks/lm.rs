@@ -1,0 +1,221 @@
+//! kind lm: a GPT decoder (UDL §12.7) trained by next-token prediction on a text corpus or on the copy task;
+//! evaluated on fixed held-out batches (and, with `train.eval_lengths`, on longer windows than it trained
+//! on), with attention probes when asked and a sample at the end.
+use anyhow::Result;
+use std::borrow::Cow;
+use std::time::Instant;
+use tch::{nn, Device, Kind as DType, Tensor};
+
+use super::{Built, DataCache, RunContext, Task, Trained};
+use crate::data::{Dataset, IGNORE};
+use crate::metrics::{self, Metric};
+use crate::models::decode::{generate, Decoding, NextToken};
+use crate::models::gpt::Gpt;
+use crate::recipe::{Config, Task as DataTask};
+use crate::train::{optimise, precision, Evaluation, Objective};
+
+pub struct LanguageModel;
+
+/// The data a run reads: its data section (the copy task or a corpus with its tokenizer).
+fn data_key(cfg: &Config) -> String {
+    serde_yaml::to_string(&cfg.data).unwrap_or_default()
+}
+
+/// Mean loss and accuracy of `model` over held-out batches (targets `IGNORE` are not scored).
+pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64) {
+    let _guard = tch::no_grad_guard();
+    let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
+    for (x, y) in batches {
+        let (logits, l) = model.loss(x, y, false);
+        loss += l.double_value(&[]);
+        let scored = y.ne(IGNORE);
+        let right = logits.argmax(-1, false).eq_tensor(y).logical_and(&scored);
+        correct += right.to_kind(DType::Float).sum(DType::Float).double_value(&[]);
+        count += scored.to_kind(DType::Float).sum(DType::Float).double_value(&[]);
+    }
+    (loss / batches.len() as f64, correct / count)
+}
+
+/// Next-token prediction: batches from the corpus (or the copy task), evaluation on fixed held-out batches.
+struct NextTokenObjective<'a> {
+    model: &'a Gpt,
+    data: &'a Dataset,
+    val: Vec<(Tensor, Tensor)>,
+    batch: i64,
+    block: i64,
+    device: Device,
+    probe_attention: bool,
+}
+
+impl Objective for NextTokenObjective<'_> {
+    fn training_loss(&self) -> Tensor {
+        let (x, y) = self.data.train_batch(self.batch, self.block, self.device);
+        self.model.loss(&x, &y, true).1
+    }
+
+    fn evaluate(&self, _step: i64) -> Evaluation {
+        let (loss, accuracy) = evaluate(self.model, &self.val);
+        let e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
+        if !self.probe_attention {
+            return e;
+        }
+        let weights = tch::no_grad(|| self.model.forward_with_weights(&self.val[0].0, false, true).1);
+        super::probe(e, &weights)
+    }
+}
+
+/// Training FLOPs per token (forward + backward, the usual 3× forward): 6 per weight of every matrix a token
+/// passes through, plus attention's QKᵀ and AV, 12·layers·T·(H·d_head), counted dense as PaLM's and
+/// nanoGPT's MFU do (a sparse pattern's savings show as a higher tokens/s, not as more FLOPs).
+pub fn train_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
+    let t = cfg.transformer_spec();
+    // Lookup tables cost no multiply-adds: the token embedding (unless it doubles as the LM head) and an
+    // absolute learned position table.
+    let mut lookups = if t.tie_embeddings { 0 } else { vocab * t.d_model };
+    if t.position.encoding == crate::transformer::spec::PositionEncoding::Learned {
+        lookups += t.block_size * t.d_model;
+    }
+    let matmul_params = (params - lookups) as f64;
+    6.0 * matmul_params + 12.0 * (t.layers * t.block_size * t.attention.inner()) as f64
+}
+
+struct BuiltGpt {
+    model: Gpt,
+    vocab: i64,
+}
+
+impl Built for BuiltGpt {
+    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
+        let idx = super::example_tokens(batch, self.model.block_size, self.vocab, tch::Device::Cpu);
+        self.model.forward(&idx, train)
+    }
+
+    fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {
+        Some(self.model.forward_with_weights(ids, false, true).1)
+    }
+
+    fn decoder(&self) -> Option<&dyn NextToken> {
+        Some(&self.model)
+    }
+}
+
+impl Task for LanguageModel {
+    fn metrics(&self, cfg: &Config) -> Vec<Metric> {
+        let copy = cfg.data.task == DataTask::Copy;
+        let mut m = vec![
+            Metric::both(
+                "val_loss",
+                "val/loss",
+                if copy { "held-out loss on the copy" } else { "held-out loss" },
+                "nats/token",
+                false,
+            ),
+            Metric::column("val_perplexity", "held-out perplexity", "", false).detail().no_charts(),
+            Metric::both(
+                "val_accuracy",
+                "val/accuracy",
+                if copy { "held-out accuracy on the copy" } else { "held-out next-token accuracy" },
+                "",
+                true,
+            ),
+        ];
+        for k in &cfg.train.eval_lengths {
+            let owned = |name: String| Some(Cow::Owned(name));
+            // Drawn together by the length-generalisation chart.
+            let base = Metric::column("", "", "", false).detail().no_charts();
+            m.push(Metric {
+                column: owned(format!("val_loss_x{k}")),
+                label: "held-out loss at k× the block",
+                unit: "nats/token",
+                ..base.clone()
+            });
+            m.push(Metric {
+                column: owned(format!("val_accuracy_x{k}")),
+                label: "held-out accuracy at k× the block",
+                higher_is_better: true,
+                ..base
+            });
+        }
+        if cfg.train.probe_attention {
+            m.extend(metrics::attention_probes());
+        }
+        m.extend(metrics::optimisation("nats/token"));
+        m.extend(metrics::cost("tokens/s"));
+        m
+    }
+
+    fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
+        let set = DataCache::get_or_load(&mut data.text, data_key(cfg), || Dataset::load(&cfg.data))?;
+        set.check_block_size(cfg.longest_window())
+    }
+
+    fn vocab(&self, cfg: &Config, data: &DataCache) -> Result<i64> {
+        Ok(DataCache::loaded(&data.text, &data_key(cfg))?.tokenizer().vocab_size())
+    }
+
+    fn build(&self, cfg: &Config, vs: &nn::Path, vocab: i64) -> Box<dyn Built> {
+        Box::new(BuiltGpt { model: Gpt::new(vs, &cfg.transformer_spec(), vocab), vocab })
+    }
+
+    fn forward_flops(&self, cfg: &Config, params: i64, vocab: i64) -> (f64, String) {
+        let block = cfg.transformer.block_size;
+        (train_flops_per_token(cfg, params, vocab) / 3.0 * block as f64, format!("sequence of {block} tokens"))
+    }
+
+    fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
+        let data = DataCache::loaded(&data.text, &data_key(cfg))?;
+        let (t, device) = (&cfg.train, ctx.device);
+        let block = cfg.transformer.block_size;
+        let vocab = data.tokenizer().vocab_size();
+        tch::manual_seed(t.seed as i64);
+        let started = Instant::now();
+        let mut vs = nn::VarStore::new(device);
+        let model = Gpt::new(&vs.root(), &cfg.transformer_spec(), vocab);
+        let objective = NextTokenObjective {
+            model: &model,
+            data,
+            val: data.val_batches(t.eval_batches, t.batch_size, block, device),
+            batch: t.batch_size,
+            block,
+            device,
+            probe_attention: t.probe_attention,
+        };
+        let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
+        let tokens_per_s = (run.steps_done * t.batch_size * block) as f64 / run.train_time.max(1e-9);
+        let model_flops = tokens_per_s * train_flops_per_token(cfg, run.params, vocab);
+        let _autocast = precision::autocast(t.precision, device);
+        // Length generalisation: the same number of held-out tokens, in windows k times longer. A learned
+        // position table cannot read them: those cells stay empty.
+        let lengths: Vec<(i64, (f64, f64))> = t
+            .eval_lengths
+            .iter()
+            .map(|&k| {
+                let (long, batch) = (block * k, (t.batch_size / k).max(1));
+                let scores = match model.covers(long) {
+                    true => evaluate(&model, &data.val_batches(t.eval_batches, batch, long, device)),
+                    false => (f64::NAN, f64::NAN),
+                };
+                (k, scores)
+            })
+            .collect();
+        tch::manual_seed(t.seed as i64);
+        let (prompt, new_tokens) = data.sample_prompt();
+        let decoding = match data {
+            Dataset::Text(_) => Decoding::Sample { temperature: 0.8, top_k: Some(10) },
+            Dataset::Copy(_) => Decoding::Greedy,
+        };
+        let sample = match run.diverged_at {
+            None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding)),
+            Some(step) => format!("(no sample: training diverged at step {step})"),
+        };
+        drop(_autocast);
+        let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
+        outcome.set("val_perplexity", outcome.get("val_loss").exp());
+        for (k, (loss, accuracy)) in lengths {
+            outcome.set(&format!("val_loss_x{k}"), loss);
+            outcome.set(&format!("val_accuracy_x{k}"), accuracy);
+        }
+        outcome.sample = sample;
+        Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer().clone()) })
+    }
+}

@@ -1,0 +1,158 @@
+//! One task per kind of run. A [`Task`] owns everything that depends on what a run trains: the data it
+//! reads, the model it builds, its objective and evaluation, its FLOP count, what its checkpoint holds and
+//! its named metrics. The sweep, `describe`, `summary`, `plot`, `generate`, `attention` and checkpoint
+//! loading all go through [`task`], and nothing else branches on the kind.
+//!
+//! Adding a kind: a variant of `recipe::Kind` (with its defaults in `Config::defaults`, the keys it reads in
+//! `recipe/reads.rs`), a model file under `models/`, and a file here implementing `Task`, listed in
+//! [`task`]. The knob matrix test (`tests/knobs.rs`) then checks every Transformer knob on it.
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use tch::{nn, Device, Tensor};
+
+use crate::data::images::ImageTask;
+use crate::data::spam::Email;
+use crate::data::tokenize::TextTokenizer;
+use crate::data::Dataset;
+use crate::metrics::Metric;
+use crate::models::decode::NextToken;
+use crate::recipe::{Config, Kind};
+use crate::train::{Evaluation, Progress, RunOutcome, StateFile};
+use crate::transformer::attention::weight_statistics;
+
+pub mod bert;
+pub mod checkpoint;
+pub mod classify;
+pub mod imagegpt;
+pub mod lm;
+pub mod translate;
+
+/// The task of a kind of run.
+pub fn task(kind: Kind) -> &'static dyn Task {
+    match kind {
+        Kind::Lm => &lm::LanguageModel,
+        Kind::Bert => &bert::Bert,
+        Kind::Translate => &translate::Translation,
+        Kind::Vit | Kind::Swin | Kind::Davit => &classify::Classification,
+        Kind::ImageGpt => &imagegpt::ImageGpt,
+    }
+}
+
+/// Data runs read, loaded once per distinct setting and shared by every run that reads it; checked before
+/// anything trains.
+#[derive(Default)]
+pub struct DataCache {
+    text: HashMap<String, Dataset>,
+    images: HashMap<String, ImageTask>,
+    pairs: HashMap<String, translate::TranslationData>,
+    emails: Option<Vec<Email>>,
+    /// Where `$RESULTS/` checkpoints live: the directory holding the recipe's output directory.
+    pub results_root: PathBuf,
+    /// No progress lines.
+    pub quiet: bool,
+}
+
+impl DataCache {
+    pub fn new(results_root: &Path, quiet: bool) -> Self {
+        Self { results_root: results_root.to_path_buf(), quiet, ..Default::default() }
+    }
+
+    /// The entry of `key` in `map`, loaded by `load` the first time.
+    fn get_or_load<T>(map: &mut HashMap<String, T>, key: String, load: impl FnOnce() -> Result<T>) -> Result<&T> {
+        if !map.contains_key(&key) {
+            let value = load()?;
+            map.insert(key.clone(), value);
+        }
+        Ok(&map[&key])
+    }
+
+    fn loaded<'a, T>(map: &'a HashMap<String, T>, key: &str) -> Result<&'a T> {
+        map.get(key).context("the run's data was not prepared (Task::prepare runs before training)")
+    }
+}
+
+/// Where and how a run trains.
+pub struct RunContext<'a> {
+    pub device: Device,
+    pub progress: Progress<'a>,
+    /// The run's resumable state, when the sweep keeps one.
+    pub state: Option<&'a StateFile>,
+    /// The results directory, for files a kind writes besides the CSVs (ImageGPT's completion grids).
+    pub out: &'a Path,
+    /// The run's id made safe for a file name: what those files are called.
+    pub stem: &'a str,
+}
+
+/// A trained run: its measurements, its weights, and the vocabulary a text model's checkpoint keeps.
+pub struct Trained {
+    pub outcome: RunOutcome,
+    pub vs: nn::VarStore,
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+/// A built model of any kind, for inspection.
+pub trait Built {
+    /// The model's output on a fixed input of `batch` examples made from its config (token ids, image
+    /// patterns): the same input for every model of the same shape. With `train`, dropout is on.
+    fn forward_example(&self, batch: i64, train: bool) -> Tensor;
+    /// Every layer's attention weights on token ids (1, N); `None` for a kind that reads no text.
+    fn attention_on_tokens(&self, _ids: &Tensor) -> Option<Vec<Tensor>> {
+        None
+    }
+    /// The model as a next-token predictor, for a kind that generates text.
+    fn decoder(&self) -> Option<&dyn NextToken> {
+        None
+    }
+}
+
+pub trait Task: Sync {
+    /// Named metrics of a run: its own, then the optimisation curves and the cost every run records.
+    fn metrics(&self, cfg: &Config) -> Vec<Metric>;
+
+    /// Loads (once per distinct setting) and checks everything the run reads, before anything trains.
+    fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()>;
+
+    /// Trains the run on prepared data.
+    fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained>;
+
+    /// The size of the model's input vocabulary for this run (0 for image classifiers), from prepared data.
+    fn vocab(&self, cfg: &Config, data: &DataCache) -> Result<i64>;
+
+    /// The run's model under `vs`, exactly as training builds it (so parameter counts agree), over
+    /// `vocab` tokens.
+    fn build(&self, cfg: &Config, vs: &nn::Path, vocab: i64) -> Box<dyn Built>;
+
+    /// Analytic forward FLOPs of one example, and what an example is ("image", "sequence of 64 tokens").
+    fn forward_flops(&self, cfg: &Config, params: i64, vocab: i64) -> (f64, String);
+}
+
+/// Trainable parameters of a run's model over `vocab` tokens (built on the CPU).
+pub fn parameter_count(cfg: &Config, vocab: i64) -> i64 {
+    let vs = nn::VarStore::new(Device::Cpu);
+    drop(task(cfg.kind).build(cfg, &vs.root(), vocab));
+    vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+}
+
+/// Token ids (B, N) of the fixed example input: a deterministic walk through the vocabulary.
+pub fn example_tokens(batch: i64, n: i64, vocab: i64, device: Device) -> Tensor {
+    let i = Tensor::arange(batch * n, (tch::Kind::Int64, device));
+    ((i * 7 + 3).remainder(vocab.max(1))).view([batch, n])
+}
+
+/// Images (B, C, S, S) of the fixed example input in the model's input range [−1, 1]: smooth patterns that
+/// differ per example and channel.
+pub fn example_images(batch: i64, channels: i64, size: i64, device: Device) -> Tensor {
+    let i = Tensor::arange(batch * channels * size * size, (tch::Kind::Float, device));
+    (i * 0.37).sin().view([batch, channels, size, size])
+}
+
+/// `e` with the attention probes of `weights` (one tensor per layer or block): the mean entropy of the
+/// attention rows and the mean of each row's largest weight, averaged over the layers.
+pub fn probe(e: Evaluation, weights: &[Tensor]) -> Evaluation {
+    let stats: Vec<(f64, f64)> = weights.iter().map(|w| weight_statistics(&w.to_kind(tch::Kind::Float))).collect();
+    let n = stats.len().max(1) as f64;
+    let entropy = stats.iter().map(|s| s.0).sum::<f64>() / n;
+    let max_weight = stats.iter().map(|s| s.1).sum::<f64>() / n;
+    e.with("val/attn_entropy", entropy).with("val/attn_max_weight", max_weight)
+}

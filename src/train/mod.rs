@@ -1,0 +1,352 @@
+//! One training run of a GPT on a text corpus: AdamW with warm-up and cosine decay, gradient clipping,
+//! mixed precision, periodic evaluation on the held-out split, optional attention probes, resumable state
+//! checkpoints, and a sample at the end.
+//!
+//! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
+//! dropout. A run restarted from a checkpoint at step k therefore draws exactly what the uninterrupted run
+//! drew after step k, without saving the generator's internal state.
+//! The optimisation loop every kind of run shares: AdamW with warm-up and a decaying schedule, gradient
+//! clipping, mixed precision, periodic held-out evaluation, divergence detection, and resumable state
+//! checkpoints. A kind of run supplies an [`Objective`]: a loss on a fresh training batch, and an evaluation.
+//!
+//! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
+//! dropout. A run restarted from a checkpoint at step k therefore draws exactly what the uninterrupted run
+//! drew after step k, without saving the generator's internal state.
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::{nn, Device, Tensor};
+
+use crate::recipe::{Precision, TrainConfig};
+
+pub mod native;
+pub mod optim;
+pub mod precision;
+
+use optim::{AdamW, StepReport};
+use precision::LossScaler;
+
+/// One point of a learning curve.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CurvePoint {
+    pub step: i64,
+    pub split: String,
+    pub metric: String,
+    pub value: f64,
+}
+
+impl CurvePoint {
+    pub fn new(step: i64, split: &str, metric: &str, value: f64) -> Self {
+        Self { step, split: split.into(), metric: metric.into(), value }
+    }
+}
+
+/// What one held-out evaluation measured: values by curve key (`val/loss`, `val/accuracy`, …, the keys the
+/// kind's metrics declare).
+#[derive(Debug, Clone, Default)]
+pub struct Evaluation(pub Vec<(&'static str, f64)>);
+
+impl Evaluation {
+    pub fn with(mut self, key: &'static str, value: f64) -> Self {
+        self.0.push((key, value));
+        self
+    }
+
+    /// The value of `key`, NaN when this evaluation has none.
+    pub fn get(&self, key: &str) -> f64 {
+        self.0.iter().find(|(k, _)| *k == key).map_or(f64::NAN, |(_, v)| *v)
+    }
+
+    /// Adds this evaluation at `step` to the learning curves.
+    pub fn record(&self, step: i64, curves: &mut Vec<CurvePoint>) {
+        for (key, value) in &self.0 {
+            let (split, metric) = key.split_once('/').unwrap_or(("val", key));
+            curves.push(CurvePoint::new(step, split, metric, *value));
+        }
+    }
+}
+
+/// A finished run's measurements.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// Final values by `runs.csv` column (the kind's metrics and the cost metrics).
+    pub metrics: BTreeMap<String, f64>,
+    /// The step whose loss was NaN or infinite, if training diverged (the run stops there).
+    pub diverged_at: Option<i64>,
+    /// The step this process started from (0, or the step of the checkpoint it resumed).
+    pub resumed_from: i64,
+    pub curves: Vec<CurvePoint>,
+    /// A sample of what the model generates (text, translations), for `samples.txt`.
+    pub sample: String,
+}
+
+impl RunOutcome {
+    pub fn set(&mut self, column: &str, value: f64) {
+        self.metrics.insert(column.to_string(), value);
+    }
+
+    /// The value of `column`, NaN when the run has none.
+    pub fn get(&self, column: &str) -> f64 {
+        self.metrics.get(column).copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// Called after every optimisation step with (step, training loss).
+pub type Progress<'a> = &'a mut dyn FnMut(i64, f64);
+
+/// Backward from `loss` (times the loss scale) and one optimiser step; returns the loss and the report.
+pub fn backward_and_step(
+    loss: &Tensor,
+    opt: &mut AdamW,
+    lr: f64,
+    clip: Option<f64>,
+    scaler: &mut LossScaler,
+) -> (f64, StepReport) {
+    opt.zero_grad();
+    if scaler.enabled {
+        (loss * scaler.scale).backward();
+    } else {
+        loss.backward();
+    }
+    let report = opt.step(lr, clip, scaler.scale);
+    scaler.update(report.applied);
+    if report.applied {
+        native::clear_autocast_cache();
+    }
+    (loss.double_value(&[]), report)
+}
+
+/// Seed of step `step`'s generator: a splitmix64 mix, so neighbouring (seed, step) pairs share nothing.
+pub fn step_seed(seed: u64, step: i64) -> i64 {
+    let mut z = seed.wrapping_add((step as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 1) as i64
+}
+
+/// Where a run keeps its resumable state, and which config it belongs to.
+pub struct StateFile {
+    pub path: PathBuf,
+    pub config_hash: String,
+}
+
+/// Everything of a run in progress that is not a tensor.
+#[derive(Serialize, Deserialize)]
+struct Progressed {
+    config_hash: String,
+    step: i64,
+    optimiser_steps: i64,
+    last_loss: f64,
+    train_time: f64,
+    scaler: LossScaler,
+    curves: Vec<CurvePoint>,
+}
+
+impl StateFile {
+    /// Writes weights, optimiser moments and `progressed` into one safetensors file (the non-tensor part as
+    /// a byte tensor), through a temporary file and a rename: a kill leaves the old state or the new one.
+    fn save(&self, vs: &nn::VarStore, opt: &AdamW, progressed: &Progressed) -> Result<()> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let (m, v, _) = opt.state();
+        let json = serde_json::to_vec(progressed)?;
+        let mut tensors: Vec<(String, Tensor)> =
+            vs.variables().into_iter().map(|(name, t)| (format!("model.{name}"), t)).collect();
+        tensors.push(("optim.exp_avg".into(), m.shallow_clone()));
+        tensors.push(("optim.exp_avg_sq".into(), v.shallow_clone()));
+        tensors.push(("progress.json".into(), Tensor::from_slice(&json)));
+        crate::files::write_atomically_with(&self.path, |tmp| {
+            Tensor::write_safetensors(&tensors, tmp).with_context(|| format!("writing {}", self.path.display()))
+        })?;
+        Ok(())
+    }
+
+    /// Restores a saved state into a freshly built model and optimiser; `None` when there is no state for
+    /// this config (absent, or left by a different config under the same run id).
+    fn load(&self, vs: &mut nn::VarStore, opt: &mut AdamW) -> Result<Option<Progressed>> {
+        if !self.path.exists() {
+            return Ok(None);
+        }
+        let what = || format!("resuming from {}", self.path.display());
+        let tensors: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(&self.path).with_context(what)?.into_iter().collect();
+        let json = tensors.get("progress.json").with_context(what)?;
+        let progressed: Progressed =
+            serde_json::from_slice(&Vec::<u8>::try_from(json).with_context(what)?).with_context(what)?;
+        if progressed.config_hash != self.config_hash {
+            return Ok(None);
+        }
+        let _guard = tch::no_grad_guard();
+        for (name, mut var) in vs.variables() {
+            let saved = tensors.get(&format!("model.{name}")).with_context(|| format!("{}: no {name}", what()))?;
+            var.f_copy_(saved).with_context(what)?;
+        }
+        let get = |k: &str| tensors.get(k).with_context(|| format!("{}: no {k}", what()));
+        opt.restore(get("optim.exp_avg")?, get("optim.exp_avg_sq")?, progressed.optimiser_steps)?;
+        Ok(Some(progressed))
+    }
+}
+
+/// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, and an
+/// evaluation on held-out data (with any extra curves, such as attention probes).
+pub trait Objective {
+    /// The loss of one training batch, drawn with libtorch's generator (seeded per step by the loop).
+    fn training_loss(&self) -> Tensor;
+    /// Held-out evaluation at `step` (the loop records it in the curves).
+    fn evaluate(&self, step: i64) -> Evaluation;
+}
+
+/// What the optimisation loop did.
+pub struct Optimised {
+    pub params: i64,
+    pub last_loss: f64,
+    pub final_eval: Evaluation,
+    pub diverged_at: Option<i64>,
+    /// Seconds spent in optimisation steps (evaluation excluded), and the steps taken.
+    pub train_time: f64,
+    pub steps_done: i64,
+    pub resumed_from: i64,
+    pub curves: Vec<CurvePoint>,
+}
+
+impl Optimised {
+    /// The run's measurements: the cost metrics from its throughput (`throughput` items per second, of
+    /// `model_flops` FLOP/s), the final evaluation under the columns `metrics` declare for its curves, and
+    /// `train_loss`. What only a task knows (a sample, metrics measured after training) it adds itself.
+    pub fn into_outcome(
+        self,
+        started: Instant,
+        throughput: f64,
+        model_flops: f64,
+        device: Device,
+        precision: Precision,
+        metrics: &[crate::metrics::Metric],
+    ) -> RunOutcome {
+        let mut values = BTreeMap::new();
+        for m in metrics {
+            if let (Some(column), Some(curve)) = (m.column_name(), m.curve) {
+                if curve.starts_with("val/") {
+                    values.insert(column.to_string(), self.final_eval.get(curve));
+                }
+            }
+        }
+        let mut outcome = RunOutcome {
+            metrics: values,
+            diverged_at: self.diverged_at,
+            resumed_from: self.resumed_from,
+            curves: self.curves,
+            sample: String::new(),
+        };
+        outcome.set("train_loss", self.last_loss);
+        outcome.set("params", self.params as f64);
+        outcome.set("wall_s", started.elapsed().as_secs_f64());
+        outcome.set("tokens_per_s", throughput);
+        outcome.set("model_tflops", model_flops / 1e12);
+        outcome.set("mfu", model_flops / precision::matmul_peak(device, precision));
+        outcome.set("steps", self.steps_done as f64);
+        outcome
+    }
+}
+
+/// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
+/// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
+/// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
+pub fn optimise(
+    t: &TrainConfig,
+    objective: &dyn Objective,
+    vs: &mut nn::VarStore,
+    device: Device,
+    progress: Progress,
+    state: Option<&StateFile>,
+) -> Result<Optimised> {
+    let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
+    let _autocast = precision::autocast(t.precision, device);
+    let mut curves = Vec::new();
+    let mut train_time = 0.0;
+    let mut last_loss = f64::NAN;
+    let mut scaler = LossScaler::for_precision(t.precision);
+    let mut first_step = 0;
+    let resumed = match state {
+        Some(s) => s.load(vs, &mut opt)?,
+        None => None,
+    };
+    match resumed {
+        Some(p) => {
+            first_step = p.step;
+            last_loss = p.last_loss;
+            train_time = p.train_time;
+            scaler = p.scaler;
+            curves = p.curves;
+            progress(first_step, last_loss);
+        }
+        None => {
+            objective.evaluate(0).record(0, &mut curves);
+        }
+    }
+    let mut diverged_at = None;
+    for step in first_step..t.steps {
+        let tick = Instant::now();
+        tch::manual_seed(step_seed(t.seed, step));
+        let lr = t.lr_at(step);
+        let loss = objective.training_loss();
+        let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
+        last_loss = loss;
+        train_time += tick.elapsed().as_secs_f64();
+        let done = step + 1;
+        if !last_loss.is_finite() {
+            // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
+            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
+            diverged_at = Some(done);
+            progress(t.steps, last_loss);
+            break;
+        }
+        if done % t.log_interval == 0 || done == t.steps {
+            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
+            curves.push(CurvePoint::new(done, "train", "grad_norm", report.grad_norm));
+            curves.push(CurvePoint::new(done, "train", "lr", lr));
+            if scaler.enabled {
+                curves.push(CurvePoint::new(done, "train", "loss_scale", scaler.scale));
+            }
+        }
+        if done % t.eval_interval == 0 && done != t.steps {
+            objective.evaluate(done).record(done, &mut curves);
+        }
+        if let (Some(s), Some(every)) = (state, t.checkpoint_every) {
+            // Every k steps and at the end: the final state lets a run be continued or inspected later.
+            if done % every == 0 || done == t.steps {
+                let progressed = Progressed {
+                    config_hash: s.config_hash.clone(),
+                    step: done,
+                    optimiser_steps: opt.steps_taken(),
+                    last_loss,
+                    train_time,
+                    scaler: scaler.clone(),
+                    curves: curves.clone(),
+                };
+                s.save(vs, &opt, &progressed)?;
+            }
+        }
+        progress(done, last_loss);
+    }
+    let final_eval = match diverged_at {
+        None => {
+            let e = objective.evaluate(t.steps);
+            e.record(t.steps, &mut curves);
+            e
+        }
+        Some(_) => Evaluation::default(),
+    };
+    Ok(Optimised {
+        params: opt.num_params(),
+        last_loss,
+        final_eval,
+        diverged_at,
+        train_time,
+        steps_done: diverged_at.unwrap_or(t.steps),
+        resumed_from: first_step,
+        curves,
+    })
+}

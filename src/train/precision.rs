@@ -1,0 +1,116 @@
+//! Mixed precision and how well a run uses the hardware: autocast per `train.precision`, dynamic loss
+//! scaling for fp16, the analytic model FLOPs of a training step, and the measured matmul peak they are
+//! compared with (model FLOPs utilisation, MFU).
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+use super::native::{AutocastGuard, AutocastType};
+use crate::recipe::Precision;
+
+/// Autocast for the run's precision on its device, for as long as the guard lives; `None` for fp32.
+pub fn autocast(precision: Precision, device: Device) -> Option<AutocastGuard> {
+    let cuda = device.is_cuda();
+    match precision {
+        Precision::Fp32 => None,
+        Precision::Bf16 => Some(AutocastGuard::new(cuda, AutocastType::BFloat16)),
+        Precision::Fp16 => Some(AutocastGuard::new(cuda, AutocastType::Float16)),
+    }
+}
+
+pub fn kind(precision: Precision) -> Kind {
+    match precision {
+        Precision::Fp32 => Kind::Float,
+        Precision::Bf16 => Kind::BFloat16,
+        Precision::Fp16 => Kind::Half,
+    }
+}
+
+/// Dynamic loss scaling (as `torch.amp.GradScaler`): fp16 gradients of small losses underflow, so the loss
+/// is multiplied by a large factor before backward and the gradients divided by it before the update. An
+/// overflow skips the step and halves the factor; every `growth_interval` clean steps double it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LossScaler {
+    pub enabled: bool,
+    pub scale: f64,
+    pub clean_steps: i64,
+    pub growth_interval: i64,
+}
+
+impl LossScaler {
+    /// Scaling for fp16; a fixed factor of 1 (no scaling) otherwise.
+    pub fn for_precision(precision: Precision) -> Self {
+        let enabled = precision == Precision::Fp16;
+        Self { enabled, scale: if enabled { 65536.0 } else { 1.0 }, clean_steps: 0, growth_interval: 2000 }
+    }
+
+    /// Updates the factor after a step (`applied` false: the scaled gradient overflowed).
+    pub fn update(&mut self, applied: bool) {
+        if !self.enabled {
+            return;
+        }
+        if applied {
+            self.clean_steps += 1;
+            if self.clean_steps % self.growth_interval == 0 {
+                self.scale *= 2.0;
+            }
+        } else {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.clean_steps = 0;
+        }
+    }
+}
+
+/// Peak matmul throughput of `device` in the precision's type (FLOP/s), measured once per process on a
+/// square matmul large enough to reach it: the denominator of MFU.
+pub fn matmul_peak(device: Device, precision: Precision) -> f64 {
+    static PEAKS: Mutex<Option<HashMap<(String, Kind), f64>>> = Mutex::new(None);
+    let kind = kind(precision);
+    let key = (format!("{device:?}"), kind);
+    let mut peaks = PEAKS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&p) = peaks.get_or_insert_with(HashMap::new).get(&key) {
+        return p;
+    }
+    let _guard = tch::no_grad_guard();
+    let n: i64 = if device.is_cuda() { 8192 } else { 2048 };
+    let a = Tensor::randn([n, n], (kind, device));
+    let b = Tensor::randn([n, n], (kind, device));
+    let sync = || {
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    let _ = a.matmul(&b);
+    sync();
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let _ = a.matmul(&b);
+        sync();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let peak = 2.0 * (n as f64).powi(3) / best;
+    peaks.as_mut().expect("initialised above").insert(key, peak);
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scaler_halves_on_overflow_and_doubles_after_clean_steps() {
+        let mut s = LossScaler::for_precision(Precision::Fp16);
+        s.growth_interval = 3;
+        s.update(false);
+        assert_eq!(s.scale, 32768.0);
+        for _ in 0..3 {
+            s.update(true);
+        }
+        assert_eq!(s.scale, 65536.0);
+        let mut fp32 = LossScaler::for_precision(Precision::Fp32);
+        fp32.update(false);
+        assert_eq!(fp32.scale, 1.0);
+    }
+}

@@ -1,0 +1,364 @@
+//! The attention core: multi-head scaled dot-product attention (UDL §12.2–12.3), the only place in the
+//! toolkit where attention is computed. Every model composes `MultiHeadAttention`, and every attention knob
+//! lives here: heads and their width, scale, position encodings that act on attention (`relative`), sparse
+//! patterns (`pattern`), dropout, biases and the implementation.
+//!
+//! In UDL's column convention `Sa_h[X] = V_h · Softmax[K_hᵀ Q_h · s]`; here rows are tokens, so
+//! `Sa_h = softmax(Q_h K_hᵀ · s + B) V_h` with `s` the scale knob and `B` an additive bias that carries every
+//! mask (causal, padding, sparse pattern) and every score-level position scheme (Shaw, T5, ALiBi). RoPE
+//! rotates q and k between the projection and the scores, for every implementation alike.
+//!
+//! Implementations of the same maths:
+//! - `Fused`: libtorch's `scaled_dot_product_attention` with the bias as its mask;
+//! - `Explicit`: scores, additive bias, softmax, weighted sum — readable, works for every variant, and can hand
+//!   back the attention weights for inspection;
+//! - `Sparse`: for windowed patterns, the blocked kernel in `pattern.rs`, whose cost grows with N·window.
+//!
+//! Tests prove they agree, and [`path_counts`] tells which one ran.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use super::spec::{AttentionSpec, Implementation, Pattern, PositionEncoding, PositionSpec};
+
+pub mod pattern;
+pub mod relative;
+
+pub use relative::Grid;
+use relative::Relative;
+
+/// Calls of each implementation since the process started: fused, explicit, sparse.
+static PATHS: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// How many attention calls each implementation computed so far (fused, explicit, sparse): what shows
+/// that `transformer.attention.implementation` acts, since all three compute the same numbers.
+pub fn path_counts() -> [usize; 3] {
+    [0, 1, 2].map(|i| PATHS[i].load(Ordering::Relaxed))
+}
+
+fn count(path: usize) {
+    PATHS[path].fetch_add(1, Ordering::Relaxed);
+}
+
+/// What restricts which keys a query may attend to, besides the layer's own pattern. Every part becomes an
+/// additive bias on the scores.
+#[derive(Default)]
+pub struct Mask<'a> {
+    /// Query i may attend to key j only if j <= i (queries and keys index the same sequence).
+    pub causal: bool,
+    /// (B, N_k) boolean, true where the key is a real token and false where it is padding.
+    pub key_padding: Option<&'a Tensor>,
+    /// Absolute position of the first key. Relative schemes must give the same scores for any value (tested);
+    /// RoPE rotates by absolute angles, so it needs it.
+    pub offset: i64,
+    /// Any further additive bias on the scores, broadcastable to (B, H, N_q, N_k): a model's own bias
+    /// such as Swin's per-window relative position table and its shifted-window mask.
+    pub bias: Option<&'a Tensor>,
+}
+
+impl Mask<'_> {
+    pub fn causal() -> Self {
+        Mask { causal: true, key_padding: None, offset: 0, bias: None }
+    }
+
+    /// The additive bias (0 where allowed, -inf where not), broadcastable to (B, H, N_q, N_k); `None` when
+    /// nothing is masked.
+    pub fn additive_bias(&self, n_q: i64, n_k: i64, device: tch::Device, kind: Kind) -> Option<Tensor> {
+        let mut allowed: Option<Tensor> = None;
+        if self.causal {
+            allowed = Some(causal_allowed(n_q, n_k, device));
+        }
+        if let Some(pad) = self.key_padding {
+            let pad = pad.to_kind(Kind::Bool).view([pad.size()[0], 1, 1, n_k]);
+            allowed = Some(match allowed {
+                Some(a) => a.logical_and(&pad),
+                None => pad,
+            });
+        }
+        allowed.map(|a| Tensor::zeros(a.size(), (kind, device)).masked_fill(&a.logical_not(), f64::NEG_INFINITY))
+    }
+}
+
+/// (N_q, N_k) boolean, true where query i may see key j under a causal mask. When there are fewer queries
+/// than keys, the queries are the last N_q positions (as when decoding with earlier keys cached).
+pub fn causal_allowed(n_q: i64, n_k: i64, device: tch::Device) -> Tensor {
+    let q_pos = Tensor::arange(n_q, (Kind::Int64, device)).view([n_q, 1]) + (n_k - n_q);
+    let k_pos = Tensor::arange(n_k, (Kind::Int64, device)).view([1, n_k]);
+    k_pos.le_tensor(&q_pos)
+}
+
+/// Multi-head attention: Q/K/V projections to H heads of `head_dim` dimensions each, and an output
+/// projection from their concatenation back to the model width.
+#[derive(Debug)]
+pub struct MultiHeadAttention {
+    /// Q, K and V projections stacked into one (3·H·head_dim, D) matrix: one matmul for self-attention;
+    /// cross-attention applies the Q rows to the queries' sequence and the K/V rows to the other sequence.
+    qkv: nn::Linear,
+    out: nn::Linear,
+    heads: i64,
+    head_dim: i64,
+    scale: f64,
+    implementation: Implementation,
+    dropout: f64,
+    pattern: Pattern,
+    relative: Relative,
+}
+
+/// The output of one attention call; `weights` is (B, H, N_q, N_k) when they were asked for.
+pub struct Attended {
+    pub output: Tensor,
+    pub weights: Option<Tensor>,
+}
+
+impl MultiHeadAttention {
+    /// Self-attention with the spec's pattern and the relative position scheme of `position`, if any
+    /// (absolute encodings are the model's business; `grid` places the tokens of a 2-D scheme).
+    /// `out_init_std` lets a model shrink the output projection's initialisation (GPT-2 scales it by depth).
+    pub fn new(
+        vs: nn::Path,
+        d_model: i64,
+        spec: &AttentionSpec,
+        position: &PositionSpec,
+        grid: Option<Grid>,
+        out_init_std: f64,
+    ) -> Self {
+        assert!(spec.heads > 0 && spec.head_dim > 0, "heads and head_dim must be positive");
+        let inner = spec.inner();
+        let lin = |std: f64| nn::LinearConfig {
+            ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+            bs_init: Some(nn::Init::Const(0.0)),
+            bias: spec.bias,
+        };
+        Self {
+            qkv: nn::linear(&vs / "qkv", d_model, 3 * inner, lin(0.02)),
+            out: nn::linear(&vs / "out", inner, d_model, lin(out_init_std)),
+            heads: spec.heads,
+            head_dim: spec.head_dim,
+            scale: spec.scale.factor(spec.head_dim),
+            implementation: spec.implementation,
+            dropout: spec.dropout,
+            pattern: spec.pattern.clone(),
+            relative: Relative::new(&vs, position, spec.heads, spec.head_dim, grid),
+        }
+    }
+
+    /// Attention between two sequences (cross-attention), or a plain unit: no positions, dense pattern.
+    pub fn plain(vs: nn::Path, d_model: i64, spec: &AttentionSpec, out_init_std: f64) -> Self {
+        let spec = AttentionSpec { pattern: Pattern::dense(), ..spec.clone() };
+        Self::new(vs, d_model, &spec, &PositionSpec::of(PositionEncoding::None), None, out_init_std)
+    }
+
+    /// Self-attention: queries, keys and values all come from `x` (B, N, D). `qk_add` (N, D) is added to the
+    /// input of the query and key projections only (an absolute encoding that never reaches the values).
+    pub fn self_attend(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        qk_add: Option<&Tensor>,
+        train: bool,
+        want_weights: bool,
+    ) -> Attended {
+        let (q, k, v) = match qk_add {
+            None => {
+                let parts = self.qkv.forward(x).chunk(3, -1);
+                (parts[0].shallow_clone(), parts[1].shallow_clone(), parts[2].shallow_clone())
+            }
+            Some(p) => {
+                let d = self.heads * self.head_dim;
+                let qk = self.project(&(x + p), 0, 2 * d).chunk(2, -1);
+                (qk[0].shallow_clone(), qk[1].shallow_clone(), self.project(x, 2 * d, d))
+            }
+        };
+        self.attend_projected(&q, &k, &v, mask, true, train, want_weights)
+    }
+
+    /// `x` through rows `start..start+rows` of the stacked Q/K/V projection.
+    fn project(&self, x: &Tensor, start: i64, rows: i64) -> Tensor {
+        x.linear(&self.qkv.ws.narrow(0, start, rows), self.qkv.bs.as_ref().map(|b| b.narrow(0, start, rows)))
+    }
+
+    /// Cross-attention: queries from `x` (B, N_q, D), keys and values from `memory` (B, N_k, D).
+    pub fn cross_attend(&self, x: &Tensor, memory: &Tensor, mask: &Mask, train: bool, want_weights: bool) -> Attended {
+        let d = self.heads * self.head_dim;
+        let q = self.project(x, 0, d);
+        let kv = self.project(memory, d, 2 * d).chunk(2, -1);
+        self.attend_projected(&q, &kv[0], &kv[1], mask, false, train, want_weights)
+    }
+
+    /// Channel attention (DaViT's channel group attention): tokens exchange information through attention
+    /// *between channels*. Within each group of C_g = D/H channels the weights are C_g × C_g: softmax over
+    /// channels of (k·s)ᵀ v, applied to qᵀ, with s = C_g^-0.5 on k as in timm's `ChannelAttention` (another
+    /// port scales by the token count instead; we follow timm). It is `explicit_attention` with the roles
+    /// transposed: queries kᵀ, keys vᵀ, values qᵀ. `weights`: (B, H, C_g, C_g).
+    pub fn channel_attend(&self, x: &Tensor, train: bool, want_weights: bool) -> Attended {
+        let (b, n, _) = x.size3().unwrap();
+        let parts = self.qkv.forward(x).chunk(3, -1);
+        let (q, k, v) = (self.split_heads(&parts[0]), self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        let t = |x: &Tensor| x.transpose(-2, -1);
+        count(1);
+        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scale, self.dropout, train);
+        // (B, H, C_g, N) -> (B, N, H·C_g)
+        let merged = out.permute([0, 3, 1, 2]).contiguous().view([b, n, self.heads * self.head_dim]);
+        Attended { output: self.out.forward(&merged), weights: want_weights.then_some(weights) }
+    }
+
+    fn split_heads(&self, t: &Tensor) -> Tensor {
+        let (b, n, _) = t.size3().unwrap();
+        t.view([b, n, self.heads, self.head_dim]).transpose(1, 2)
+    }
+
+    /// Attention on projected q (B, N_q, D), k and v (B, N_k, D). Position schemes and patterns apply to
+    /// self-attention only: across two sequences there is no shared notion of position.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_projected(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Mask,
+        is_self: bool,
+        train: bool,
+        want_weights: bool,
+    ) -> Attended {
+        let (b, n_q, _) = q.size3().unwrap();
+        let n_k = k.size()[1];
+        let (mut q, mut k, v) = (self.split_heads(q), self.split_heads(k), self.split_heads(v));
+        if is_self {
+            q = self.relative.rotate(&q, mask.offset + n_k - n_q);
+            k = self.relative.rotate(&k, mask.offset);
+        }
+        let dropout = if train { self.dropout } else { 0.0 };
+        let sparse_kernel = is_self
+            && self.implementation == Implementation::Sparse
+            && !want_weights
+            && mask.key_padding.is_none()
+            && mask.bias.is_none()
+            && n_q == n_k;
+        let (heads_out, weights) = if sparse_kernel {
+            count(2);
+            let out = pattern::sliding_window_attention(
+                &q,
+                &k,
+                &v,
+                &self.pattern,
+                mask.causal,
+                self.scale,
+                &self.relative,
+                dropout,
+                train,
+            );
+            (out, None)
+        } else {
+            let explicit = want_weights || self.implementation == Implementation::Explicit;
+            let bias = self.score_bias(&q, n_k, mask, is_self);
+            // A plain causal mask over square scores is the fused kernel's own fast path.
+            let kernel_causal = !explicit && bias.is_none() && mask.causal && n_q == n_k;
+            let bias = if bias.is_none() && mask.causal && !kernel_causal {
+                mask.additive_bias(n_q, n_k, q.device(), q.kind())
+            } else {
+                bias
+            };
+            if explicit {
+                count(1);
+                let (o, w) = explicit_attention(&q, &k, &v, bias.as_ref(), self.scale, dropout, train);
+                (o, Some(w))
+            } else {
+                count(0);
+                (fused_attention(&q, &k, &v, bias.as_ref(), kernel_causal, self.scale, dropout), None)
+            }
+        };
+        // Concatenate the heads and mix them with Ω_c (UDL's MhSa).
+        let merged = heads_out.transpose(1, 2).contiguous().view([b, n_q, self.heads * self.head_dim]);
+        Attended { output: self.out.forward(&merged), weights: if want_weights { weights } else { None } }
+    }
+
+    /// Everything that shapes the scores beyond q·k, as one additive bias: the pattern and causal mask, key
+    /// padding, and the relative position bias. `None` when at most a plain causal mask applies (the caller
+    /// adds it, or lets the fused kernel apply its own).
+    fn score_bias(&self, q: &Tensor, n_k: i64, mask: &Mask, is_self: bool) -> Option<Tensor> {
+        let n_q = q.size()[2];
+        let device = q.device();
+        let pattern_mask = if is_self && !self.pattern.is_dense() {
+            pattern::allowed(&self.pattern, n_k, mask.causal, device).map(|a| a.narrow(0, n_k - n_q, n_q))
+        } else {
+            None
+        };
+        let relative = if is_self && !self.relative.is_none() {
+            let i = Tensor::arange_start(n_k - n_q, n_k, (Kind::Int64, device)).view([n_q, 1]);
+            let j = Tensor::arange(n_k, (Kind::Int64, device)).view([1, n_k]);
+            self.relative.score_bias(q, &(i - j), mask.causal, self.scale).or_else(|| self.relative.grid_bias(n_q, n_k))
+        } else {
+            None
+        };
+        if pattern_mask.is_none() && relative.is_none() && mask.key_padding.is_none() && mask.bias.is_none() {
+            return None;
+        }
+        // The pattern's mask already includes causality; otherwise take causal + padding from `mask`.
+        let mut bias = match &pattern_mask {
+            Some(allowed) => {
+                let mut b = Tensor::zeros([n_q, n_k], (q.kind(), device))
+                    .masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
+                if let Some(pad) = mask.key_padding {
+                    let padding = Mask { causal: false, key_padding: Some(pad), offset: 0, bias: None };
+                    // Broadcasting grows the bias to (B, 1, N_q, N_k): not an in-place add.
+                    b = &b + padding.additive_bias(n_q, n_k, device, q.kind()).unwrap();
+                }
+                b
+            }
+            None => mask
+                .additive_bias(n_q, n_k, device, q.kind())
+                .unwrap_or_else(|| Tensor::zeros([1, 1, 1, 1], (q.kind(), device))),
+        };
+        if let Some(r) = relative {
+            bias = &bias + r; // broadcasts to (B, H, N_q, N_k)
+        }
+        if let Some(extra) = mask.bias {
+            bias = &bias + extra;
+        }
+        Some(bias)
+    }
+}
+
+/// softmax(q kᵀ · scale + bias) v, written out. q: (B, H, N_q, d), k and v: (B, H, N_k, d).
+/// Returns the output (B, H, N_q, d) and the weights (B, H, N_q, N_k) (before dropout).
+pub fn explicit_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    scale: f64,
+    dropout: f64,
+    train: bool,
+) -> (Tensor, Tensor) {
+    let mut scores = q.matmul(&k.transpose(-2, -1)) * scale;
+    if let Some(bias) = bias {
+        scores += bias;
+    }
+    let weights = scores.softmax(-1, scores.kind());
+    let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };
+    (dropped.matmul(v), weights)
+}
+
+/// The same maths through libtorch's fused kernel. `is_causal` asks the kernel for its own causal mask (square
+/// scores, no `bias`).
+pub fn fused_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    is_causal: bool,
+    scale: f64,
+    dropout: f64,
+) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, bias, dropout, is_causal, Some(scale), false)
+}
+
+/// Mean entropy (nats) of the attention rows and mean of each row's largest weight: how peaked the softmax is.
+/// Rows are over the allowed keys only (masked weights are exactly 0 and contribute nothing).
+pub fn weight_statistics(weights: &Tensor) -> (f64, f64) {
+    let w = weights.to_kind(Kind::Float);
+    let plogp = &w * w.clamp_min(1e-30).log();
+    let entropy = -plogp.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
+    let max_weight = w.amax(-1, false).mean(Kind::Float);
+    (entropy.double_value(&[]), max_weight.double_value(&[]))
+}

@@ -1,0 +1,165 @@
+//! Sparse attention patterns (UDL §12.9: convolutional and dilated windows, selected tokens that attend
+//! globally, extra global tokens) and their truly sparse kernel.
+//!
+//! A pattern allows query i to see key j when any part allows it:
+//! - `window` w with `dilation` d: |i − j| ≤ w·d and d divides i − j (the token itself always);
+//! - global positions: the first `global_tokens` positions (extra learned tokens a model prepends) and every
+//!   `global_every`-th position after them (e.g. the first token of each block) attend to all and are attended
+//!   by all.
+//!
+//! A causal model intersects this with j ≤ i. No window and no selected positions means dense attention.
+//!
+//! Two implementations compute the same thing. Mask-based: the allowed matrix becomes a −∞ bias on the full
+//! N×N scores (simple, O(N²) time and memory whatever the pattern). Sparse (`sliding_window_attention`): the
+//! sequence is cut into blocks of w queries that each score only their own and neighbouring blocks of keys
+//! (the dilation is handled by regrouping positions by their residue mod d first), plus a column per global
+//! key and a dense row per global query: time and memory grow with N·(w + globals), not N².
+use tch::{Kind, Tensor};
+
+use super::relative::Relative;
+use crate::transformer::spec::Pattern;
+
+/// Finite stand-in for −∞ in the sparse kernel: padded query rows have no valid key, and a finite value keeps
+/// their (discarded) softmax free of NaN, which would otherwise leak into the backward pass.
+const MASKED: f64 = -1e9;
+
+/// (N, N) boolean: true where query i may attend to key j under `pattern`; `None` for dense non-causal
+/// attention.
+pub fn allowed(pattern: &Pattern, n: i64, causal: bool, device: tch::Device) -> Option<Tensor> {
+    let i = Tensor::arange(n, (Kind::Int64, device)).view([n, 1]);
+    let j = Tensor::arange(n, (Kind::Int64, device)).view([1, n]);
+    let dist = &i - &j;
+    let mut allowed = if pattern.is_dense() {
+        if !causal {
+            return None;
+        }
+        dist.ones_like().to_kind(Kind::Bool)
+    } else {
+        let w = pattern.window.unwrap_or(0);
+        let d = pattern.dilation;
+        let mut band = dist.abs().le(w * d).logical_and(&dist.remainder(d).eq(0));
+        let globals = pattern.global_positions(n);
+        if !globals.is_empty() {
+            let g = Tensor::zeros([n], (Kind::Bool, device)).index_fill(0, &Tensor::from_slice(&globals).to(device), 1);
+            band = band.logical_or(&g.view([n, 1])).logical_or(&g.view([1, n]));
+        }
+        band
+    };
+    if causal {
+        allowed = allowed.logical_and(&dist.ge(0));
+    }
+    Some(allowed)
+}
+
+/// Attention under a windowed pattern (plus its global positions), computed block by block.
+/// q, k, v: (B, H, N, d) self-attention inputs (q and k already rotated for RoPE); the result is (B, H, N, d)
+/// and equals the mask-based computation of the same pattern.
+#[allow(clippy::too_many_arguments)]
+pub fn sliding_window_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pattern: &Pattern,
+    causal: bool,
+    scale: f64,
+    relative: &Relative,
+    dropout: f64,
+    train: bool,
+) -> Tensor {
+    let w = pattern.window.expect("the sparse kernel needs a window");
+    let d = pattern.dilation;
+    let (b, h, n, dh) = q.size4().unwrap();
+    let device = q.device();
+    let kind = q.kind();
+    // Regroup positions by residue mod d: residue r, index s <-> position s·d + r. A dilated window is then a
+    // plain window of w neighbours (each side) within each residue class.
+    let m = (n + d - 1) / d;
+    let blocks = (m + w - 1) / w;
+    let m_pad = blocks * w;
+    let regroup = |t: &Tensor| regroup_rows(t, n, d, m, m_pad);
+    let (qg, kg, vg) = (regroup(q), regroup(k), regroup(v));
+    // Keys for each query block: the previous block, its own, and (non-causal) the next one.
+    let span = if causal { 2 } else { 3 };
+    let pad_right = if causal { 0 } else { w };
+    let unfold = |t: &Tensor| -> Tensor {
+        t.constant_pad_nd([0, 0, w, pad_right]).unfold(3, span * w, w).transpose(-1, -2)
+        // (B, H, d, blocks, span·w, dh)
+    };
+    let (k_blocks, v_blocks) = (unfold(&kg), unfold(&vg));
+    let q_blocks = qg.view([b, h, d, blocks, w, dh]);
+    let mut scores = q_blocks.matmul(&k_blocks.transpose(-1, -2)) * scale; // (B, H, d, blocks, w, span·w)
+
+    // Offsets in residue steps: query a of block c is at c·w + a, key t of its span at (c − 1)·w + t.
+    let a = Tensor::arange(w, (Kind::Int64, device)).view([w, 1]);
+    let t = Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]);
+    let steps = &a + w - &t; // (w, span·w): query index minus key index within the residue class
+    let mut allowed = steps.abs().le(w);
+    if causal {
+        allowed = allowed.logical_and(&steps.ge(0));
+    }
+    // Keys that fall outside the sequence (block padding, the residue class running past N) are invalid.
+    let c = Tensor::arange(blocks, (Kind::Int64, device)).view([blocks, 1]);
+    let key_index = (&c - 1) * w + Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]); // (blocks, span·w)
+    let r = Tensor::arange(d, (Kind::Int64, device)).view([d, 1, 1]);
+    let key_pos = key_index.unsqueeze(0) * d + &r; // (d, blocks, span·w)
+    let key_ok = key_index.ge(0).unsqueeze(0).logical_and(&key_index.lt(m).unsqueeze(0)).logical_and(&key_pos.lt(n));
+    let valid = allowed.view([1, 1, w, span * w]).logical_and(&key_ok.unsqueeze(2)); // (d, blocks, w, span·w)
+    if let Some(bias) = relative.score_bias(&q_blocks, &(&steps * d), causal, scale) {
+        scores += bias;
+    }
+    scores = scores.masked_fill(&valid.logical_not(), MASKED);
+
+    let globals = pattern.global_positions(n);
+    let g_idx = Tensor::from_slice(&globals).to(device);
+    let out = if globals.is_empty() {
+        let p = scores.softmax(-1, kind).dropout(dropout, train);
+        p.matmul(&v_blocks)
+    } else {
+        // Every query also scores the global keys, except those its window already covers.
+        let g = globals.len() as i64;
+        let (k_glob, v_glob) = (k.index_select(2, &g_idx), v.index_select(2, &g_idx)); // (B, H, g, dh)
+        let mut g_scores = q.matmul(&k_glob.transpose(-1, -2)) * scale; // (B, H, N, g)
+        let i = Tensor::arange(n, (Kind::Int64, device)).view([n, 1]);
+        let g_dist = &i - g_idx.view([1, g]); // (N, g)
+        if let Some(bias) = relative.score_bias(q, &g_dist, causal, scale) {
+            g_scores += bias;
+        }
+        let in_window = g_dist.abs().le(w * d).logical_and(&g_dist.remainder(d).eq(0));
+        let mut g_ok = in_window.logical_not();
+        if causal {
+            g_ok = g_ok.logical_and(&g_dist.ge(0));
+        }
+        let g_scores = g_scores.masked_fill(&g_ok.logical_not(), MASKED);
+        let g_scores = regroup(&g_scores).view([b, h, d, blocks, w, g]);
+        let joint = Tensor::cat(&[&scores, &g_scores], -1).softmax(-1, kind).dropout(dropout, train);
+        let p_window = joint.narrow(-1, 0, span * w);
+        let p_global = joint.narrow(-1, span * w, g);
+        p_window.matmul(&v_blocks) + p_global.matmul(&v_glob.view([b, h, 1, 1, g, dh]))
+    };
+    // Back to positions: (B, H, d, blocks·w, dh) -> (B, H, m, d, dh) -> (B, H, N, dh).
+    let out = out.view([b, h, d, m_pad, dh]).narrow(3, 0, m).transpose(2, 3).contiguous().view([b, h, m * d, dh]);
+    let mut out = out.narrow(2, 0, n);
+    if !globals.is_empty() {
+        // Global queries see every key (up to themselves when causal): a dense row each.
+        let q_glob = q.index_select(2, &g_idx);
+        let mut rows = q_glob.matmul(&k.transpose(-1, -2)) * scale; // (B, H, g, N)
+        let j = Tensor::arange(n, (Kind::Int64, device)).view([1, n]);
+        let row_dist = g_idx.view([-1, 1]) - j; // (g, N)
+        if let Some(bias) = relative.score_bias(&q_glob, &row_dist, causal, scale) {
+            rows += bias;
+        }
+        if causal {
+            rows = rows.masked_fill(&row_dist.lt(0), MASKED);
+        }
+        let row_out = rows.softmax(-1, kind).dropout(dropout, train).matmul(v);
+        out = out.index_copy(2, &g_idx, &row_out);
+    }
+    out
+}
+
+/// (B, H, N, X) laid out by position -> (B, H, d, m_pad, X) laid out by residue class, as the kernel's blocks.
+fn regroup_rows(t: &Tensor, n: i64, d: i64, m: i64, m_pad: i64) -> Tensor {
+    let (b, h, _, x) = t.size4().unwrap();
+    let padded = t.constant_pad_nd([0, 0, 0, m * d - n]);
+    padded.view([b, h, m, d, x]).transpose(2, 3).constant_pad_nd([0, 0, 0, m_pad - m])
+}

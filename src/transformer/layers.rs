@@ -1,0 +1,273 @@
+//! The Transformer layer (UDL §12.4): a multi-head attention unit and a per-token FFN, each a residual
+//! branch, with LayerNorm after each addition (post-LN, as in UDL and Vaswani et al.) or inside each branch
+//! (pre-LN, as in GPT-2). An optional cross-attention unit sits between them for decoders that read an
+//! encoder's output (UDL §12.8). [`Stack`] runs a whole stack the way every sequence model does: absolute
+//! positions where `position.at` says, global tokens, dropout, the layers, a final norm.
+use tch::nn::{self, Module};
+use tch::Tensor;
+
+use super::attention::{Grid, Mask, MultiHeadAttention};
+use super::positions::{AbsolutePositions, ConvPosEnc};
+use super::spec::{AbsoluteAt, Activation, TransformerSpec};
+
+/// How a model initialises and normalises its layers (a model's convention, not an ablation knob).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerInit {
+    /// Initial standard deviation of the projections that write into the residual stream.
+    pub residual_std: f64,
+    /// LayerNorm's ε (PyTorch's default 1e-5; BERT checkpoints use 1e-12).
+    pub norm_eps: f64,
+}
+
+impl Default for LayerInit {
+    fn default() -> Self {
+        Self { residual_std: 0.02, norm_eps: 1e-5 }
+    }
+}
+
+/// One residual branch with its LayerNorm: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`, dropout on
+/// the branch's output.
+#[derive(Debug)]
+pub struct Residual {
+    norm: nn::LayerNorm,
+    pre_ln: bool,
+    dropout: f64,
+}
+
+impl Residual {
+    pub fn new(vs: nn::Path, d_model: i64, spec: &TransformerSpec, norm_eps: f64) -> Self {
+        let cfg = nn::LayerNormConfig { eps: norm_eps, ..Default::default() };
+        Self { norm: nn::layer_norm(vs, vec![d_model], cfg), pre_ln: spec.pre_ln, dropout: spec.dropout }
+    }
+
+    pub fn forward(&self, x: &Tensor, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+        let drop = |y: Tensor| if self.dropout > 0.0 { y.dropout(self.dropout, train) } else { y };
+        if self.pre_ln {
+            x + drop(f(&self.norm.forward(x)))
+        } else {
+            self.norm.forward(&(x + drop(f(x))))
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct FeedForward {
+    up: nn::Linear,
+    down: nn::Linear,
+    activation: Activation,
+}
+
+impl FeedForward {
+    pub fn new(vs: nn::Path, d_model: i64, hidden: i64, activation: Activation, down_init_std: f64) -> Self {
+        let lin = |std: f64| nn::LinearConfig {
+            ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+            bs_init: Some(nn::Init::Const(0.0)),
+            bias: true,
+        };
+        Self {
+            up: nn::linear(&vs / "up", d_model, hidden, lin(0.02)),
+            down: nn::linear(&vs / "down", hidden, d_model, lin(down_init_std)),
+            activation,
+        }
+    }
+}
+
+impl Module for FeedForward {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let h = self.up.forward(x);
+        let h = match self.activation {
+            Activation::Relu => h.relu(),
+            Activation::Gelu => h.gelu("none"),
+        };
+        self.down.forward(&h)
+    }
+}
+
+pub struct TransformerLayer {
+    self_attention: MultiHeadAttention,
+    norm_attention: Residual,
+    cross: Option<(MultiHeadAttention, Residual)>,
+    ffn: FeedForward,
+    norm_ffn: Residual,
+}
+
+/// What a layer hands back besides its output when asked: the self-attention weights (B, H, N, N).
+pub struct LayerOutput {
+    pub output: Tensor,
+    pub self_weights: Option<Tensor>,
+}
+
+impl TransformerLayer {
+    /// A layer of `spec` (its relative position scheme in the self-attention unit, placed on `grid` for a
+    /// 2-D scheme), with a cross-attention unit when `cross_attention`.
+    pub fn new(
+        vs: nn::Path,
+        spec: &TransformerSpec,
+        cross_attention: bool,
+        init: LayerInit,
+        grid: Option<Grid>,
+    ) -> Self {
+        let d = spec.d_model;
+        let self_attention =
+            MultiHeadAttention::new(&vs / "attn", d, &spec.attention, &spec.position, grid, init.residual_std);
+        let norm_attention = Residual::new(&vs / "norm_attn", d, spec, init.norm_eps);
+        let cross = cross_attention.then(|| {
+            let mha = MultiHeadAttention::plain(&vs / "cross", d, &spec.attention, init.residual_std);
+            (mha, Residual::new(&vs / "norm_cross", d, spec, init.norm_eps))
+        });
+        Self {
+            self_attention,
+            norm_attention,
+            cross,
+            ffn: FeedForward::new(&vs / "ffn", d, spec.ffn_hidden, spec.activation, init.residual_std),
+            norm_ffn: Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps),
+        }
+    }
+
+    /// Whether this layer cross-attends to an encoder's output.
+    pub fn has_cross_attention(&self) -> bool {
+        self.cross.is_some()
+    }
+
+    /// `qk_add` (N, D) is an absolute position encoding for the query/key inputs only. `memory` and its mask
+    /// are the encoder output and its padding, for layers built with cross-attention (others ignore it).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        qk_add: Option<&Tensor>,
+        memory: Option<(&Tensor, &Mask)>,
+        train: bool,
+        want_weights: bool,
+    ) -> LayerOutput {
+        let mut self_weights = None;
+        let x = self.norm_attention.forward(x, train, |h| {
+            let a = self.self_attention.self_attend(h, mask, qk_add, train, want_weights);
+            self_weights = a.weights;
+            a.output
+        });
+        let x = match (&self.cross, memory) {
+            (Some((cross, residual)), Some((mem, mem_mask))) => {
+                residual.forward(&x, train, |h| cross.cross_attend(h, mem, mem_mask, train, false).output)
+            }
+            _ => x,
+        };
+        let output = self.norm_ffn.forward(&x, train, |h| self.ffn.forward(h));
+        LayerOutput { output, self_weights }
+    }
+}
+
+/// Extra learned tokens prepended to every sequence (a sparse pattern's global tokens): they attend to all
+/// and are attended by all, and carry no position.
+pub struct GlobalTokens(Option<Tensor>);
+
+impl GlobalTokens {
+    pub fn new(vs: &nn::Path, count: i64, d_model: i64) -> Self {
+        Self(
+            (count > 0).then(|| vs.var("global_tokens", &[count, d_model], nn::Init::Randn { mean: 0.0, stdev: 0.02 })),
+        )
+    }
+
+    pub fn count(&self) -> i64 {
+        self.0.as_ref().map_or(0, |t| t.size()[0])
+    }
+}
+
+/// A stack of layers with what surrounds it in every sequence model. Models create the parts in their own
+/// order (initialisation draws from one generator, so the order is part of a model's definition).
+pub struct Stack {
+    pub positions: AbsolutePositions,
+    pub at: AbsoluteAt,
+    /// BERT's LayerNorm of the summed embeddings, before dropout.
+    pub embedding_norm: Option<nn::LayerNorm>,
+    pub global_tokens: GlobalTokens,
+    pub layers: Vec<TransformerLayer>,
+    /// `pe: conv` on an image grid: a convolutional position encoding before every layer (its grid's
+    /// `lead` counts the tokens before the grid other than global tokens, e.g. a `<cls>` token).
+    pub conv_positions: Option<(Vec<ConvPosEnc>, Grid)>,
+    pub final_norm: Option<nn::LayerNorm>,
+    pub dropout: f64,
+}
+
+/// The layers of `spec` under `vs / name / i`; layer i cross-attends when `cross(i)`.
+pub fn layers(
+    vs: &nn::Path,
+    spec: &TransformerSpec,
+    count: i64,
+    cross: impl Fn(i64) -> bool,
+    init: LayerInit,
+    grid: Option<Grid>,
+) -> Vec<TransformerLayer> {
+    (0..count).map(|i| TransformerLayer::new(vs / i, spec, cross(i), init, grid)).collect()
+}
+
+/// A LayerNorm of width `d` when `on`.
+pub fn final_norm(vs: nn::Path, d: i64, on: bool, eps: f64) -> Option<nn::LayerNorm> {
+    on.then(|| nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() }))
+}
+
+impl Stack {
+    /// Runs `x` (B, N, D): embedded tokens before any position encoding. Returns the final states (B, N, D)
+    /// and, when asked, every layer's self-attention weights (over the global tokens too: they come first).
+    /// `mask.key_padding` covers the N tokens; global tokens are always real.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        memory: Option<(&Tensor, &Mask)>,
+        train: bool,
+        want_weights: bool,
+    ) -> (Tensor, Vec<Tensor>) {
+        let (b, n, _) = x.size3().unwrap();
+        let mut x = x.shallow_clone();
+        let table = self.positions.table(n);
+        if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
+            x = &x + t;
+        }
+        if let Some(norm) = &self.embedding_norm {
+            x = norm.forward(&x);
+        }
+        let g = self.global_tokens.count();
+        // Global tokens carry no position: the encodings added inside the layers are zero for them.
+        let table = table.map(|t| if g > 0 { t.constant_pad_nd([0, 0, g, 0]) } else { t });
+        let padding;
+        let mut mask =
+            Mask { causal: mask.causal, key_padding: mask.key_padding, offset: mask.offset, bias: mask.bias };
+        if let Some(tokens) = &self.global_tokens.0 {
+            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, g, -1], false), x], 1);
+            if let Some(pad) = mask.key_padding {
+                padding = Tensor::cat(&[pad.ones_like().narrow(1, 0, 1).expand([b, g], false), pad.shallow_clone()], 1);
+                mask.key_padding = Some(&padding);
+            }
+        }
+        if self.dropout > 0.0 {
+            x = x.dropout(self.dropout, train);
+        }
+        let mut weights = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Some((convs, grid)) = &self.conv_positions {
+                x = convs[i].forward(&x, grid.side, grid.lead + g);
+            }
+            let qk_add = match self.at {
+                AbsoluteAt::EveryLayer => {
+                    if let Some(t) = &table {
+                        x = &x + t;
+                    }
+                    None
+                }
+                AbsoluteAt::Qk => table.as_ref(),
+                AbsoluteAt::Input => None,
+            };
+            let out = layer.forward(&x, &mask, qk_add, memory, train, want_weights);
+            x = out.output;
+            weights.extend(out.self_weights);
+        }
+        if g > 0 {
+            x = x.narrow(1, g, n);
+        }
+        if let Some(norm) = &self.final_norm {
+            x = norm.forward(&x);
+        }
+        (x, weights)
+    }
+}

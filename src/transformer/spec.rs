@@ -1,0 +1,286 @@
+//! The plain settings the Transformer core is built from. They know nothing of recipes: the recipe layer
+//! resolves a run's `transformer:` section into them (kind defaults applied, nothing optional left), and
+//! every model file takes them as they are. This module needs no libtorch, so the recipe loader can use the
+//! enums without it.
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    Relu,
+    Gelu,
+}
+
+/// Where positions come from (UDL §12.3.1 and the Annotated Transformer's notes).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionEncoding {
+    /// No positions: the model sees a bag of tokens.
+    None,
+    /// Vaswani et al.'s fixed sinusoids, added to the token embeddings.
+    Sinusoidal,
+    /// A learned table of position vectors, added to the token embeddings.
+    Learned,
+    /// Shaw et al.: a learned vector per clipped offset, dotted with the query.
+    Shaw,
+    /// T5: a learned scalar per head and log-spaced offset bucket, added to the scores.
+    T5,
+    /// ALiBi: a fixed per-head penalty proportional to the distance.
+    Alibi,
+    /// RoPE: queries and keys rotated by their position.
+    Rope,
+    /// A learned scalar per head for each 2-D offset (Δrow, Δcol) between two tokens of an image grid
+    /// (Swin's relative position bias; over a ViT's whole patch grid, BEiT's).
+    #[serde(rename = "bias_2d")]
+    Bias2d,
+    /// A depthwise 3×3 convolution of the token grid added before every block (DaViT's and CPVT's
+    /// convolutional position encoding).
+    Conv,
+}
+
+impl PositionEncoding {
+    /// Encodings added to the token embeddings (as opposed to acting on attention scores or q/k).
+    pub fn is_absolute(self) -> bool {
+        matches!(self, PositionEncoding::Sinusoidal | PositionEncoding::Learned)
+    }
+
+    /// Encodings that need a 2-D token grid.
+    pub fn is_2d(self) -> bool {
+        matches!(self, PositionEncoding::Bias2d | PositionEncoding::Conv)
+    }
+}
+
+/// Where an absolute encoding enters the stack.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AbsoluteAt {
+    /// Added once to the embeddings.
+    Input,
+    /// Added to every layer's input.
+    EveryLayer,
+    /// Added to the inputs of the query and key projections in every layer, never to the values.
+    Qk,
+}
+
+/// What the raw scores q·k are multiplied by before the softmax.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    /// 1/√D_q, UDL §12.3.2.
+    SqrtDk,
+    /// No scaling.
+    None,
+    Factor(f64),
+}
+
+impl Scale {
+    /// The factor the raw scores are multiplied by, for heads of size `head_dim`.
+    pub fn factor(self, head_dim: i64) -> f64 {
+        match self {
+            Scale::SqrtDk => 1.0 / (head_dim as f64).sqrt(),
+            Scale::None => 1.0,
+            Scale::Factor(f) => f,
+        }
+    }
+}
+
+impl Serialize for Scale {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Scale::SqrtDk => s.serialize_str("sqrt_dk"),
+            Scale::None => s.serialize_str("none"),
+            Scale::Factor(f) => s.serialize_f64(*f),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Scale {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Scale;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("sqrt_dk, none, or a positive number")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Scale, E> {
+                match v {
+                    "sqrt_dk" => Ok(Scale::SqrtDk),
+                    "none" => Ok(Scale::None),
+                    _ => Err(E::custom(format!("unknown scale `{v}`; expected sqrt_dk, none, or a positive number"))),
+                }
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Scale, E> {
+                if v > 0.0 && v.is_finite() {
+                    Ok(Scale::Factor(v))
+                } else {
+                    Err(E::custom(format!("scale must be sqrt_dk, none, or a positive number, got {v}")))
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Scale, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Scale, E> {
+                self.visit_f64(v as f64)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Which computation of the same maths runs.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// Fused unless attention weights are asked for.
+    Auto,
+    /// libtorch's fused `scaled_dot_product_attention`, masks as its bias.
+    Fused,
+    /// Scores, bias, softmax and weighted sum written out.
+    Explicit,
+    /// The blocked window kernel: cost grows with N·window instead of N².
+    Sparse,
+}
+
+/// A sparse attention pattern (UDL §12.9): the union of a (dilated) window and global positions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pattern {
+    /// Each token attends to `window` neighbours on each side (only earlier ones in a causal model).
+    pub window: Option<i64>,
+    /// Neighbours are `dilation` positions apart (1: contiguous).
+    pub dilation: i64,
+    /// Every `global_every`-th position after the global tokens attends to all and is attended by all.
+    pub global_every: Option<i64>,
+    /// Extra learned tokens the model prepends, global likewise.
+    pub global_tokens: i64,
+}
+
+impl Pattern {
+    pub fn dense() -> Self {
+        Self { window: None, dilation: 1, global_every: None, global_tokens: 0 }
+    }
+
+    /// Nothing restricts which keys a query may see (beyond causality).
+    pub fn is_dense(&self) -> bool {
+        self.window.is_none() && self.global_every.is_none()
+    }
+
+    /// Sorted positions (< n) that attend globally.
+    pub fn global_positions(&self, n: i64) -> Vec<i64> {
+        let g = self.global_tokens.min(n);
+        let mut out: Vec<i64> = (0..g).collect();
+        if let Some(every) = self.global_every {
+            out.extend((g..n).filter(|p| (p - g) % every == 0));
+        }
+        out
+    }
+}
+
+/// Position encoding and its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionSpec {
+    pub encoding: PositionEncoding,
+    pub at: AbsoluteAt,
+    pub rope_theta: f64,
+    pub rope_fraction: f64,
+    pub shaw_max_distance: i64,
+    pub t5_buckets: i64,
+    pub t5_max_distance: i64,
+}
+
+impl PositionSpec {
+    /// Every parameter at its usual value.
+    pub fn of(encoding: PositionEncoding) -> Self {
+        Self {
+            encoding,
+            at: AbsoluteAt::Input,
+            rope_theta: 10000.0,
+            rope_fraction: 1.0,
+            shaw_max_distance: 16,
+            t5_buckets: 32,
+            t5_max_distance: 128,
+        }
+    }
+}
+
+/// One multi-head attention unit: `heads` heads of `head_dim` dimensions each (their concatenation need not
+/// be the model width: the output projection maps it back).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionSpec {
+    pub heads: i64,
+    pub head_dim: i64,
+    pub scale: Scale,
+    pub implementation: Implementation,
+    pub dropout: f64,
+    /// Biases β_q, β_k, β_v and on the output projection.
+    pub bias: bool,
+    pub pattern: Pattern,
+}
+
+impl AttentionSpec {
+    /// Dense attention with biases, √d_k scaling and no dropout; heads of `d_model / heads` dimensions.
+    pub fn standard(d_model: i64, heads: i64) -> Self {
+        Self {
+            heads,
+            head_dim: d_model / heads,
+            scale: Scale::SqrtDk,
+            implementation: Implementation::Auto,
+            dropout: 0.0,
+            bias: true,
+            pattern: Pattern::dense(),
+        }
+    }
+
+    /// Width of the concatenated heads.
+    pub fn inner(&self) -> i64 {
+        self.heads * self.head_dim
+    }
+}
+
+/// Everything a stack of Transformer layers is built from (UDL §12.4), shared by every model file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerSpec {
+    pub d_model: i64,
+    pub layers: i64,
+    pub ffn_hidden: i64,
+    pub activation: Activation,
+    /// false: post-LN `norm(x + f(x))` (UDL §12.4, Vaswani et al.); true: pre-LN `x + f(norm(x))`.
+    pub pre_ln: bool,
+    /// A LayerNorm after the last layer.
+    pub final_norm: bool,
+    /// Dropout on the embeddings and on every residual branch.
+    pub dropout: f64,
+    pub attention: AttentionSpec,
+    pub position: PositionSpec,
+    /// The longest sequence (and the rows of a learned position table).
+    pub block_size: i64,
+    /// The output layer shares the token embedding matrix.
+    pub tie_embeddings: bool,
+}
+
+impl TransformerSpec {
+    /// A small standard stack: GELU, post-LN, learned positions, dense attention (tests, examples).
+    pub fn small(d_model: i64, layers: i64, heads: i64, block_size: i64) -> Self {
+        Self {
+            d_model,
+            layers,
+            ffn_hidden: 4 * d_model,
+            activation: Activation::Gelu,
+            pre_ln: false,
+            final_norm: true,
+            dropout: 0.0,
+            attention: AttentionSpec::standard(d_model, heads),
+            position: PositionSpec::of(PositionEncoding::Learned),
+            block_size,
+            tie_embeddings: false,
+        }
+    }
+
+    /// The same settings with the width (and with it the FFN and every head count) scaled by `factor`, heads
+    /// keeping their size: a later stage of a hierarchical model (Swin, DaViT).
+    pub fn widened(&self, factor: i64) -> Self {
+        let mut s = self.clone();
+        s.d_model *= factor;
+        s.ffn_hidden *= factor;
+        s.attention.heads *= factor;
+        s
+    }
+}

@@ -1,0 +1,255 @@
+//! Every knob of the Transformer section on every kind of model: setting it changes the model's output on
+//! a fixed input, or the recipe is refused with one line naming the key and the kind. Nothing is silently
+//! ignored. The refusals are listed below and must stay exactly those (each argued in the README).
+use ablate::recipe::{parse, Kind};
+use ablate::tasks::{task, Built};
+use ablate::transformer::attention::path_counts;
+use tch::{nn, Device, Kind as DType, Tensor};
+
+/// A small model of each kind (data settings only where the kind's validation needs them).
+fn base(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Lm => "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\n",
+        Kind::Bert => {
+            "kind: bert\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\ndata: {tokenizer: wordpiece, vocab_size: 100}\n"
+        }
+        Kind::Translate => {
+            "kind: translate\ntransformer: {d_model: 32, heads: 4, block_size: 16}\ndata: {tokenizer: bpe, vocab_size: 300}\n"
+        }
+        Kind::Vit => "kind: vit\ntransformer: {d_model: 32, layers: 2, heads: 4}\nvision: {patch_size: 7}\n",
+        Kind::Swin => "kind: swin\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [1, 1], window: 7}\n",
+        Kind::Davit => "kind: davit\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [2, 1], window: 7}\n",
+        Kind::ImageGpt => {
+            "kind: image_gpt\ntransformer: {d_model: 32, layers: 2, heads: 4}\nvision: {patch_size: 4}\nimage_gpt: {palette: 8}\n"
+        }
+    }
+}
+
+/// (key, value, settings both models share): every knob of the Transformer section, each set away from its
+/// default. `None` for the value means "the kind's default, flipped" (a boolean).
+const KNOBS: &[(&str, Option<&str>, &str)] = &[
+    ("transformer.d_model", Some("48"), ""),
+    ("transformer.layers", Some("3"), ""),
+    ("transformer.heads", Some("8"), ""),
+    ("transformer.head_dim", Some("12"), ""),
+    ("transformer.ffn_hidden", Some("40"), ""),
+    ("transformer.activation", None, ""),
+    ("transformer.pre_ln", None, ""),
+    ("transformer.final_norm", None, ""),
+    ("transformer.dropout", Some("0.3"), ""),
+    ("transformer.pe", Some("none"), ""),
+    ("transformer.pe", Some("sinusoidal"), ""),
+    ("transformer.pe", Some("learned"), ""),
+    ("transformer.pe", Some("shaw"), ""),
+    ("transformer.pe", Some("t5"), ""),
+    ("transformer.pe", Some("alibi"), ""),
+    ("transformer.pe", Some("rope"), ""),
+    ("transformer.pe", Some("bias_2d"), ""),
+    ("transformer.pe", Some("conv"), ""),
+    ("transformer.position.at", Some("every_layer"), "transformer.pe: learned"),
+    ("transformer.position.at", Some("qk"), "transformer.pe: learned"),
+    ("transformer.position.rope_theta", Some("100.0"), "transformer.pe: rope"),
+    ("transformer.position.rope_fraction", Some("0.5"), "transformer.pe: rope"),
+    ("transformer.position.shaw_max_distance", Some("2"), "transformer.pe: shaw"),
+    ("transformer.position.t5_buckets", Some("8"), "transformer.pe: t5"),
+    // With 8 buckets the offsets of a 16-token block reach the log-spaced buckets that max_distance shapes.
+    ("transformer.position.t5_max_distance", Some("8"), "transformer.pe: t5, transformer.position.t5_buckets: 8"),
+    ("transformer.attention.scale", Some("none"), ""),
+    ("transformer.attention.scale", Some("0.05"), ""),
+    ("transformer.attention.implementation", Some("explicit"), ""),
+    ("transformer.attention.implementation", Some("sparse"), "transformer.attention.pattern.window: 2"),
+    ("transformer.attention.dropout", Some("0.3"), ""),
+    ("transformer.attention.bias", Some("false"), ""),
+    ("transformer.attention.pattern.window", Some("2"), ""),
+    ("transformer.attention.pattern.dilation", Some("2"), "transformer.attention.pattern.window: 2"),
+    ("transformer.attention.pattern.global_every", Some("3"), ""),
+    ("transformer.attention.pattern.global_tokens", Some("2"), ""),
+    ("transformer.block_size", Some("24"), ""),
+    ("transformer.tie_embeddings", None, ""),
+];
+
+/// The refusals: (kind, key, value or "" for any): where a knob cannot act, argued in the README.
+const REFUSED: &[(Kind, &str, &str)] = &[
+    // The encoder–decoder's depth is two numbers.
+    (Kind::Translate, "transformer.layers", ""),
+    // Text is one-dimensional.
+    (Kind::Lm, "transformer.pe", "bias_2d"),
+    (Kind::Lm, "transformer.pe", "conv"),
+    (Kind::Bert, "transformer.pe", "bias_2d"),
+    (Kind::Bert, "transformer.pe", "conv"),
+    (Kind::Translate, "transformer.pe", "bias_2d"),
+    (Kind::Translate, "transformer.pe", "conv"),
+    // A 3×3 convolution would read the pixels ImageGPT predicts.
+    (Kind::ImageGpt, "transformer.pe", "conv"),
+    // Image models read their grid, not a text window; classifiers have no output vocabulary.
+    (Kind::Vit, "transformer.block_size", ""),
+    (Kind::Swin, "transformer.block_size", ""),
+    (Kind::Davit, "transformer.block_size", ""),
+    (Kind::ImageGpt, "transformer.block_size", ""),
+    (Kind::Vit, "transformer.tie_embeddings", ""),
+    (Kind::Swin, "transformer.tie_embeddings", ""),
+    (Kind::Davit, "transformer.tie_embeddings", ""),
+    // Hierarchical models: depth per stage, 2-D windows instead of 1-D patterns, stages that change width.
+    (Kind::Swin, "transformer.layers", ""),
+    (Kind::Davit, "transformer.layers", ""),
+    (Kind::Swin, "transformer.attention.pattern.window", ""),
+    (Kind::Davit, "transformer.attention.pattern.window", ""),
+    (Kind::Swin, "transformer.attention.pattern.dilation", ""),
+    (Kind::Davit, "transformer.attention.pattern.dilation", ""),
+    (Kind::Swin, "transformer.attention.pattern.global_every", ""),
+    (Kind::Davit, "transformer.attention.pattern.global_every", ""),
+    (Kind::Swin, "transformer.attention.pattern.global_tokens", ""),
+    (Kind::Davit, "transformer.attention.pattern.global_tokens", ""),
+    (Kind::Swin, "transformer.attention.implementation", "sparse"),
+    (Kind::Davit, "transformer.attention.implementation", "sparse"),
+    (Kind::Swin, "transformer.position.at", ""),
+    (Kind::Davit, "transformer.position.at", ""),
+];
+
+fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
+    REFUSED.iter().any(|&(k, rk, rv)| k == kind && rk == key && (rv.is_empty() || rv == value))
+}
+
+/// A recipe of `kind` whose single variant sets `settings` (dotted key, YAML value).
+fn recipe(kind: Kind, settings: &[(String, String)]) -> String {
+    let mut text = base(kind).to_string();
+    if !settings.is_empty() {
+        let body: Vec<String> = settings.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        text.push_str(&format!("variants:\n  - {{{}}}\n", body.join(", ")));
+    }
+    text
+}
+
+/// The (shared) context settings as (key, value) pairs.
+fn context(extra: &str) -> Vec<(String, String)> {
+    extra
+        .split_terminator(", ")
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let (k, v) = s.split_once(": ").unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// Builds the run's model with every parameter drawn at random (so that zero-initialised biases and unit
+/// norms count), after copying what `from` has under the same name and shape.
+fn build(cfg: &ablate::recipe::Config, from: Option<&nn::VarStore>) -> (nn::VarStore, Box<dyn Built>) {
+    tch::manual_seed(7);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = task(cfg.kind).build(cfg, &vs.root(), 50);
+    tch::no_grad(|| {
+        let theirs = from.map(|f| f.variables()).unwrap_or_default();
+        let mut names: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, mut var) in names {
+            match theirs.get(&name).filter(|t| t.size() == var.size()) {
+                Some(t) => var.copy_(t),
+                None => {
+                    var.copy_(&(Tensor::randn(var.size(), (DType::Float, Device::Cpu)) * 0.3));
+                }
+            }
+        }
+    });
+    (vs, model)
+}
+
+fn output(model: &dyn Built, train: bool) -> Tensor {
+    tch::manual_seed(11);
+    tch::no_grad(|| model.forward_example(2, train))
+}
+
+#[test]
+fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_line() {
+    let mut matrix = String::new();
+    let mut failures = Vec::new();
+    for kind in Kind::ALL {
+        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+        for &(key, value, extra) in KNOBS {
+            let value = match value {
+                Some(v) => v.to_string(),
+                None => {
+                    let t = &defaults.transformer;
+                    match key {
+                        "transformer.activation" => {
+                            if t.activation == ablate::recipe::Activation::Relu { "gelu" } else { "relu" }.to_string()
+                        }
+                        "transformer.pre_ln" => (!t.pre_ln).to_string(),
+                        "transformer.final_norm" => (!defaults.final_norm()).to_string(),
+                        "transformer.tie_embeddings" => (!t.tie_embeddings).to_string(),
+                        other => panic!("no flip for {other}"),
+                    }
+                }
+            };
+            let shared = context(extra);
+            let mut settings = shared.clone();
+            settings.push((key.to_string(), value.clone()));
+            let what = format!("{kind} {key}={value}");
+            // A setting equal to the kind's default would test nothing.
+            let a = match parse(&recipe(kind, &shared), "a.yaml", "a", false) {
+                Ok(r) => r.runs[0].config.clone(),
+                Err(e) => {
+                    // The shared context itself is refused (e.g. a 1-D pattern on Swin): so is the knob.
+                    assert!(refused_expected(kind, key, &value), "{what}: context refused: {e}");
+                    matrix.push_str(&format!("{what}: refused (context)\n"));
+                    continue;
+                }
+            };
+            match parse(&recipe(kind, &settings), "b.yaml", "b", false) {
+                Err(e) => {
+                    let line = e.to_string();
+                    assert_eq!(line.lines().count(), 1, "{what}: {line}");
+                    if !refused_expected(kind, key, &value) {
+                        failures.push(format!("{what}: refused unexpectedly: {line}"));
+                    } else if !(line.contains(key) || line.contains(&value)) {
+                        failures.push(format!("{what}: the refusal does not name the key: {line}"));
+                    }
+                    matrix.push_str(&format!("{what}: refused: {line}\n"));
+                }
+                Ok(r) => {
+                    let b = r.runs[0].config.clone();
+                    if refused_expected(kind, key, &value) {
+                        failures.push(format!("{what}: accepted, but it is listed as refused"));
+                        continue;
+                    }
+                    if a == b {
+                        // The kind's own default (Swin's bias_2d, DaViT's conv): the other values test the knob.
+                        matrix.push_str(&format!("{what}: the default\n"));
+                        continue;
+                    }
+                    let (vs_a, model_a) = build(&a, None);
+                    let (_vs_b, model_b) = build(&b, Some(&vs_a));
+                    let train = key.ends_with("dropout");
+                    let out_a = output(model_a.as_ref(), train);
+                    let before = path_counts();
+                    let out_b = output(model_b.as_ref(), train);
+                    let after = path_counts();
+                    let acts = if key.ends_with("implementation") {
+                        // All implementations compute the same numbers: what shows the knob acts is which one ran.
+                        let path = if value == "explicit" { 1 } else { 2 };
+                        let same =
+                            out_a.size() == out_b.size() && (&out_a - &out_b).abs().max().double_value(&[]) < 1e-3;
+                        after[path] > before[path] && same
+                    } else {
+                        out_a.size() != out_b.size() || (&out_a - &out_b).abs().max().double_value(&[]) > 1e-6
+                    };
+                    if !acts {
+                        failures.push(format!("{what}: accepted but the output did not change"));
+                    }
+                    matrix.push_str(&format!("{what}: acts\n"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}\n\nmatrix:\n{matrix}", failures.join("\n"));
+    // The whole matrix, for `cargo test --test knobs -- --nocapture`.
+    println!("{matrix}");
+    // Every refusal listed happens (no stale entries).
+    for &(kind, key, value) in REFUSED {
+        let prefix = format!("{kind} {key}={}", if value.is_empty() { "" } else { value });
+        assert!(
+            matrix.lines().any(|l| l.starts_with(&prefix) && l.contains("refused")),
+            "{kind} {key} {value} is listed as refused but was not tried or not refused\n{matrix}"
+        );
+    }
+}
