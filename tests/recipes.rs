@@ -44,6 +44,11 @@ fn a_sweep_expands_to_the_grid_times_the_seeds() {
         load("sweep:\n  transformer.heads: [2]\n").unwrap().runs[0].config_hash,
         load("transformer:\n  heads: 2\n").unwrap().runs[0].config_hash
     );
+    // Writing a default down computes the same run: same hash. Anything the run reads that differs does not.
+    let hash = |text: &str| load(text).unwrap().runs[0].config_hash.clone();
+    assert_eq!(hash("transformer:\n  pe: learned\n"), hash("train:\n  steps: 2000\n"));
+    assert_ne!(hash("transformer:\n  pe: rope\n"), hash("transformer:\n  pe: learned\n"));
+    assert_ne!(hash("train:\n  seed: 3\n"), hash("train:\n  seed: 0\n"));
 }
 
 #[test]

@@ -591,9 +591,23 @@ pub fn read_value(config: &Config) -> Value {
     value
 }
 
-/// Short hash of a run's columns.
+/// Bumped whenever a default of the schema changes (`Config::defaults`, `Config::resolve`): runs that
+/// relied on the old default then hash differently and train again.
+const DEFAULTS_VERSION: &str = "defaults v1";
+
+/// Short hash of what a run computes: the columns it reads whose values differ from its kind's defaults,
+/// and the version of those defaults. A knob added later at a default that keeps the old behaviour leaves
+/// every earlier run's hash (and so its place in `runs.csv`) as it was.
 pub fn config_hash(config: &Config) -> String {
-    let text: String = columns(config).iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let mut defaults = Config::defaults(config.kind);
+    defaults.resolve();
+    let default_columns: std::collections::HashMap<String, String> = columns(&defaults).into_iter().collect();
+    let mut text = format!("{DEFAULTS_VERSION}\nkind={}\n", config.kind);
+    for (k, v) in columns(config) {
+        if default_columns.get(&k) != Some(&v) {
+            text.push_str(&format!("{k}={v}\n"));
+        }
+    }
     Sha256::digest(text.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 

@@ -1,4 +1,4 @@
-//! Relative position schemes (the seed's 12.3.1 "relative position encodings"; the Annotated Transformer
+//! Relative position schemes (UDL §12.3.1 "relative position encodings"; the Annotated Transformer
 //! notes' Shaw, T5, ALiBi and RoPE). Each depends only on the offset i − j between a query at position i and a
 //! key at position j, never on i or j themselves:
 //! - Shaw et al. 2018: a learned vector a_{clip(j−i)} per clipped offset; score += q_i · a_{clip(j−i)} (the
