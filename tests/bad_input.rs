@@ -58,6 +58,7 @@ const CASES: &[(&str, usize, &str)] = &[
     ("sweep:\n  transformer.pe:\n    - none\n    - learnt\n", 4, "transformer.pe"),
     ("sweep:\n  kind: [lm, gpt]\n", 2, "kind: unknown variant `gpt`"),
     ("seeds: []\n", 1, "seeds: the list is empty"),
+    ("sweep:\n  train.seed: [1, 2]\n", 2, "list the seeds in `seeds:`"),
     ("seeds: [1, -2]\n", 1, "seeds"),
     ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),
     ("unexpected: 1\n", 1, "unknown field `unexpected`"),
@@ -94,7 +95,7 @@ const CASES: &[(&str, usize, &str)] = &[
     // Found by cargo fuzz: listing the divisors of an absurd width used to take forever.
     ("transformer:\n  d_model: 1999999999999999\n", 2, "transformer.d_model: must be at most 1048576"),
     ("kind: vit\nvision:\n  image_size: 999999999999\n", 3, "vision.image_size: must be at most 65536"),
-    ("sweep:\n  train.seed: [0,1,2,3,4,5,6,7,8,9]\n  train.lr: [1,2,3,4,5,6,7,8,9,10]\n  transformer.layers: [1,2,3,4,5,6,7,8,9,10]\n  train.steps: [1,2,3,4,5,6,7,8,9,10]\n  train.batch_size: [1,2,3,4,5,6,7,8,9,10]\n  train.warmup_steps: [1,2,3,4,5,6,7,8,9,10]\n", 1, "1000000 runs; at most 100000"),
+    ("sweep:\n  train.min_lr: [0,1,2,3,4,5,6,7,8,9]\n  train.lr: [1,2,3,4,5,6,7,8,9,10]\n  transformer.layers: [1,2,3,4,5,6,7,8,9,10]\n  train.steps: [1,2,3,4,5,6,7,8,9,10]\n  train.batch_size: [1,2,3,4,5,6,7,8,9,10]\n  train.warmup_steps: [1,2,3,4,5,6,7,8,9,10]\n", 1, "1000000 runs; at most 100000"),
     ("train:\n  precision: fp8\n", 2, "`fp32`, `bf16`, `fp16`"),
     ("train:\n  checkpoint_every: 0\n", 2, "train.checkpoint_every: must be at least 1"),
     ("sweep:\n  train.precision: [fp32, half]\n", 2, "train.precision"),

@@ -225,7 +225,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
-    serde_yaml::from_str::<TypedSections>(text).map_err(|e| {
+    let typed = serde_yaml::from_str::<TypedSections>(text).map_err(|e| {
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
@@ -234,7 +234,8 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))
         }
         Some(s) => s.clone(),
-        None => vec![TrainConfig::default().seed],
+        // Without a list, the one run's seed is train.seed as written.
+        None => vec![typed.train.unwrap_or_default().seed],
     };
     // The user's sections, as one tree laid over each run's kind defaults.
     let mut written = Mapping::new();
@@ -259,6 +260,12 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
     let check = |key: &str, source: &str| -> Result<(), RecipeError> {
         if key == "kind" {
             return Ok(());
+        }
+        if key == "train.seed" && !source.starts_with("smoke.") {
+            return Err(err(
+                lines.line(source),
+                format!("{source}: list the seeds in `seeds:` (every run is repeated once per seed)"),
+            ));
         }
         check_path(&template, key).map_err(|m| err(lines.line(source), format!("{source}: {m}")))
     };
