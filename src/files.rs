@@ -2,6 +2,7 @@
 //! temporary file is left behind on any error path.
 use anyhow::{Context, Result};
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// A temporary file next to `path` (same file system, so it can be renamed onto it), deleted unless
@@ -9,9 +10,12 @@ use std::path::Path;
 pub fn temporary_beside(path: &Path) -> Result<tempfile::NamedTempFile> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let extension = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    // Results are for others to read too: tempfile's own default is private (0600).
+    let permissions = std::fs::Permissions::from_mode(0o644);
     tempfile::Builder::new()
         .prefix(".")
         .suffix(&format!(".tmp{extension}"))
+        .permissions(permissions)
         .tempfile_in(dir)
         .with_context(|| format!("writing {}: cannot create a temporary file in {}", path.display(), dir.display()))
 }
