@@ -198,6 +198,22 @@ pub struct SpanExamples {
     pub questions: Vec<String>,
 }
 
+impl SpanExamples {
+    /// Rows `idx` on `device`: a batch (without the questions' words).
+    pub fn rows(&self, idx: &Tensor, device: tch::Device) -> Self {
+        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        Self {
+            ids: pick(&self.ids),
+            segments: pick(&self.segments),
+            padding: pick(&self.padding),
+            context: pick(&self.context),
+            start: pick(&self.start),
+            end: pick(&self.end),
+            questions: Vec::new(),
+        }
+    }
+}
+
 /// The location task's word normalisation: lower case, and every character but letters, digits and
 /// apostrophes made a space (`heart—a` → `heart a`, `light,”` → `light`).
 pub fn normalise(word: &str) -> String {

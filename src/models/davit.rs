@@ -11,39 +11,25 @@ use tch::{Kind, Tensor};
 use super::spec::{BlockKind, StagedSpec};
 use super::swin::{window_partition, window_reverse};
 use super::ImageClassifier;
-use crate::transformer::attention::{Grid, Mask, MultiHeadAttention};
-use crate::transformer::layers::{self, FeedForward, LayerInit, Residual};
+use crate::transformer::attention::{Grid, Mask};
+use crate::transformer::layers::{self, AttentionBlock};
 use crate::transformer::positions::{AbsolutePositions, ConvPosEnc};
 use crate::transformer::spec::{PositionEncoding, TransformerSpec};
 
 struct Block {
     kind: BlockKind,
     cpe: Option<[ConvPosEnc; 2]>,
-    attention_branch: Residual,
-    attn: MultiHeadAttention,
-    ffn_branch: Residual,
-    mlp: FeedForward,
+    block: AttentionBlock,
     grid: i64,
     window: i64,
 }
 
 impl Block {
     fn new(vs: nn::Path, kind: BlockKind, t: &TransformerSpec, grid: i64, window: i64) -> Self {
-        let (d, init) = (t.d_model, LayerInit::default());
+        let d = t.d_model;
         let cpe = (t.position.encoding == PositionEncoding::Conv)
             .then(|| [ConvPosEnc::new(&vs / "cpe" / 0, d), ConvPosEnc::new(&vs / "cpe" / 1, d)]);
-        let attention_branch = Residual::new(&vs / "norm1", d, t, init.norm_eps);
-        let window_grid = Some(Grid { side: window, lead: 0 });
-        Self {
-            kind,
-            cpe,
-            attention_branch,
-            attn: MultiHeadAttention::new(&vs / "attn", d, &t.attention, &t.position, window_grid, init.residual_std),
-            ffn_branch: Residual::new(&vs / "norm2", d, t, init.norm_eps),
-            mlp: FeedForward::new(&vs / "mlp", d, t.ffn_hidden, t.activation, init.residual_std),
-            grid,
-            window,
-        }
+        Self { kind, cpe, block: AttentionBlock::new(&vs, t, Some(Grid { side: window, lead: 0 })), grid, window }
     }
 
     fn positions(&self, x: &Tensor, which: usize) -> Tensor {
@@ -57,27 +43,26 @@ impl Block {
     fn forward(&self, x: &Tensor, train: bool, want_weights: bool) -> (Tensor, Option<Tensor>) {
         let x = self.positions(x, 0);
         let mut weights = None;
-        let x = self.attention_branch.forward(&x, train, |h| match self.kind {
+        let x = self.block.attend(&x, train, |attn, h| match self.kind {
             BlockKind::Spatial => {
                 let (b, n, c) = h.size3().unwrap();
                 let (g, w) = (self.grid, self.window);
                 // Pad the grid to a multiple of the window (the padding takes part as keys, as in timm).
                 let padded = (g + w - 1) / w * w;
                 let grid = h.view([b, g, g, c]).constant_pad_nd([0, 0, 0, padded - g, 0, padded - g]);
-                let a = self.attn.self_attend(&window_partition(&grid, w), &Mask::default(), None, train, want_weights);
+                let a = attn.self_attend(&window_partition(&grid, w), &Mask::default(), None, train, want_weights);
                 weights = a.weights;
                 let out = window_reverse(&a.output, w, padded, padded).slice(1, 0, g, 1).slice(2, 0, g, 1);
                 out.contiguous().view([b, n, c])
             }
             BlockKind::Channel => {
-                let a = self.attn.channel_attend(h, train, want_weights);
+                let a = attn.channel_attend(h, train, want_weights);
                 weights = a.weights;
                 a.output
             }
         });
         let x = self.positions(&x, 1);
-        let x = self.ffn_branch.forward(&x, train, |h| self.mlp.forward(h));
-        (x, weights)
+        (self.block.feed_forward(&x, train), weights)
     }
 }
 

@@ -10,8 +10,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::spec::StagedSpec;
 use super::ImageClassifier;
-use crate::transformer::attention::{Grid, Mask, MultiHeadAttention};
-use crate::transformer::layers::{self, FeedForward, LayerInit, Residual};
+use crate::transformer::attention::{Grid, Mask};
+use crate::transformer::layers::{self, AttentionBlock};
 use crate::transformer::positions::{AbsolutePositions, ConvPosEnc};
 use crate::transformer::spec::{PositionEncoding, TransformerSpec};
 
@@ -59,10 +59,7 @@ pub fn shifted_window_mask(h: i64, w: i64, window: i64, shift: i64, device: Devi
 
 struct SwinBlock {
     cpe: Option<ConvPosEnc>,
-    attention_branch: Residual,
-    attn: MultiHeadAttention,
-    ffn_branch: Residual,
-    mlp: FeedForward,
+    block: AttentionBlock,
     grid: i64,
     window: i64,
     shift: i64,
@@ -71,16 +68,10 @@ struct SwinBlock {
 
 impl SwinBlock {
     fn new(vs: nn::Path, t: &TransformerSpec, grid: i64, window: i64, shift: i64) -> Self {
-        let (d, init) = (t.d_model, LayerInit::default());
-        let cpe = (t.position.encoding == PositionEncoding::Conv).then(|| ConvPosEnc::new(&vs / "cpe", d));
-        let attention_branch = Residual::new(&vs / "norm1", d, t, init.norm_eps);
-        let window_grid = Some(Grid { side: window, lead: 0 });
+        let cpe = (t.position.encoding == PositionEncoding::Conv).then(|| ConvPosEnc::new(&vs / "cpe", t.d_model));
         Self {
             cpe,
-            attention_branch,
-            attn: MultiHeadAttention::new(&vs / "attn", d, &t.attention, &t.position, window_grid, init.residual_std),
-            ffn_branch: Residual::new(&vs / "norm2", d, t, init.norm_eps),
-            mlp: FeedForward::new(&vs / "mlp", d, t.ffn_hidden, t.activation, init.residual_std),
+            block: AttentionBlock::new(&vs, t, Some(Grid { side: window, lead: 0 })),
             grid,
             window,
             shift,
@@ -96,7 +87,7 @@ impl SwinBlock {
         };
         let (b, n, c) = x.size3().unwrap();
         let mut weights = None;
-        let x = self.attention_branch.forward(&x, train, |h| {
+        let x = self.block.attend(&x, train, |attn, h| {
             let mut h = h.view([b, self.grid, self.grid, c]);
             if self.shift > 0 {
                 h = h.roll([-self.shift, -self.shift], [1, 2]);
@@ -106,7 +97,7 @@ impl SwinBlock {
             // of `windows`); the relative position bias is the attention unit's own.
             let bias = self.shift_mask.as_ref().map(|m| m.unsqueeze(1).repeat([b, 1, 1, 1]));
             let mask = Mask { bias: bias.as_ref(), ..Mask::default() };
-            let attended = self.attn.self_attend(&windows, &mask, None, train, want_weights);
+            let attended = attn.self_attend(&windows, &mask, None, train, want_weights);
             weights = attended.weights;
             let mut h = window_reverse(&attended.output, self.window, self.grid, self.grid);
             if self.shift > 0 {
@@ -114,8 +105,7 @@ impl SwinBlock {
             }
             h.view([b, n, c])
         });
-        let x = self.ffn_branch.forward(&x, train, |h| self.mlp.forward(h));
-        (x, weights)
+        (self.block.feed_forward(&x, train), weights)
     }
 }
 

@@ -304,7 +304,7 @@ impl SpanPredictor {
     }
 
     /// Start and end logits (B, N), −∞ outside the passage (`context`).
-    pub fn logits(&self, bert: &Encoder, x: &SpanBatch, train: bool) -> (Tensor, Tensor) {
+    pub fn logits(&self, bert: &Encoder, x: &SpanExamples, train: bool) -> (Tensor, Tensor) {
         let hidden = bert.forward(&x.ids, Some(&x.segments), Some(&x.padding), train);
         let both = self.head.forward(&hidden).to_kind(Kind::Float);
         let outside = x.context.logical_not();
@@ -326,30 +326,6 @@ impl SpanPredictor {
         let allowed = length.ge(0).logical_and(&length.lt(self.max_tokens));
         let best = scores.masked_fill(&allowed.logical_not(), f64::NEG_INFINITY).view([-1, n * n]).argmax(-1, false);
         Vec::<i64>::try_from(best.to_device(Device::Cpu)).unwrap_or_default().iter().map(|b| (b / n, b % n)).collect()
-    }
-}
-
-/// A batch of span rows on the device, with their answers' start and end positions.
-pub struct SpanBatch {
-    pub ids: Tensor,
-    pub segments: Tensor,
-    pub padding: Tensor,
-    pub context: Tensor,
-    pub start: Tensor,
-    pub end: Tensor,
-}
-
-impl SpanBatch {
-    fn rows(x: &SpanExamples, idx: &Tensor, device: Device) -> Self {
-        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
-        Self {
-            ids: pick(&x.ids),
-            segments: pick(&x.segments),
-            padding: pick(&x.padding),
-            context: pick(&x.context),
-            start: pick(&x.start),
-            end: pick(&x.end),
-        }
     }
 }
 
@@ -467,7 +443,7 @@ struct Locating<'a> {
 
 impl Objective for Locating<'_> {
     fn training_loss(&self) -> Tensor {
-        let b = SpanBatch::rows(self.train, &random_rows(self.train.ids.size()[0], self.batch), self.device);
+        let b = self.train.rows(&random_rows(self.train.ids.size()[0], self.batch), self.device);
         let (s, e) = self.span.logits(self.bert, &b, true);
         SpanPredictor::loss(&s, &e, &b.start, &b.end)
     }
@@ -477,7 +453,7 @@ impl Objective for Locating<'_> {
         let n = self.test.ids.size()[0];
         let (mut loss, mut predicted) = (0.0, Vec::new());
         for idx in eval_batches(n) {
-            let b = SpanBatch::rows(self.test, &idx, self.device);
+            let b = self.test.rows(&idx, self.device);
             let (s, e) = self.span.logits(self.bert, &b, false);
             let l = SpanPredictor::loss(&s, &e, &b.start, &b.end);
             loss += l.double_value(&[]) * idx.size()[0] as f64;

@@ -83,6 +83,40 @@ impl Module for FeedForward {
     }
 }
 
+/// The block of a windowed vision model (Swin, DaViT): an attention branch whose token mixing the model
+/// supplies (attention inside windows, over channels), then an FFN branch, each a [`Residual`]. The two are
+/// separate calls so a model can act between them (DaViT's second convolutional position encoding).
+pub struct AttentionBlock {
+    attention_branch: Residual,
+    pub attn: MultiHeadAttention,
+    ffn_branch: Residual,
+    mlp: FeedForward,
+}
+
+impl AttentionBlock {
+    /// timm's names: `norm1`, `attn`, `norm2`, `mlp`; `grid` places the tokens of a 2-D position scheme.
+    pub fn new(vs: &nn::Path, spec: &TransformerSpec, grid: Option<Grid>) -> Self {
+        let (d, init) = (spec.d_model, LayerInit::default());
+        let attention_branch = Residual::new(vs / "norm1", d, spec, init.norm_eps);
+        Self {
+            attention_branch,
+            attn: MultiHeadAttention::new(vs / "attn", d, &spec.attention, &spec.position, grid, init.residual_std),
+            ffn_branch: Residual::new(vs / "norm2", d, spec, init.norm_eps),
+            mlp: FeedForward::new(vs / "mlp", d, spec.ffn_hidden, spec.activation, init.residual_std),
+        }
+    }
+
+    /// The attention branch, `mix` mapping the (normalised) tokens through `self.attn`.
+    pub fn attend(&self, x: &Tensor, train: bool, mix: impl FnOnce(&MultiHeadAttention, &Tensor) -> Tensor) -> Tensor {
+        self.attention_branch.forward(x, train, |h| mix(&self.attn, h))
+    }
+
+    /// The FFN branch.
+    pub fn feed_forward(&self, x: &Tensor, train: bool) -> Tensor {
+        self.ffn_branch.forward(x, train, |h| self.mlp.forward(h))
+    }
+}
+
 pub struct TransformerLayer {
     self_attention: MultiHeadAttention,
     norm_attention: Residual,
