@@ -654,26 +654,14 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 &out.join(format!("time_{}.png", pass.name())),
                 &time_series,
                 &flops_series,
-                &Axes {
-                    title: &title,
-                    x_label,
-                    y_label: "median time (ms)",
-                    x_categories: None,
-                    zoom_past_start: false,
-                },
+                &Axes { title: &title, x_label, y_label: "median time (ms)", x_categories: None },
             )?;
             let title = format!("{name}: {} peak working memory against {against}", pass.name());
             loglog_chart(
                 &out.join(format!("memory_{}.png", pass.name())),
                 &memory_series,
                 &[],
-                &Axes {
-                    title: &title,
-                    x_label,
-                    y_label: "peak memory above baseline (MB)",
-                    x_categories: None,
-                    zoom_past_start: false,
-                },
+                &Axes { title: &title, x_label, y_label: "peak memory above baseline (MB)", x_categories: None },
             )?;
         }
     }

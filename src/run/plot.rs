@@ -1,6 +1,7 @@
 //! PNG plots of a recipe's results: a metric against step (one line per variant, mean ± std band across
 //! seeds) and the final metric against the swept value. Files are drawn to a temporary name and renamed.
 use anyhow::{anyhow, Result};
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,7 +22,9 @@ fn register_font() {
     });
 }
 
-const PALETTE: [RGBColor; 10] = [
+/// Eight colours (Tableau's, without the grey and olive that wash out) times three dash styles: 24 series
+/// that no two look alike.
+const PALETTE: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -29,10 +32,21 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
-    RGBColor(127, 127, 127),
-    RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+
+/// Dash length and gap in pixels of series `i`'s line: solid, dashed, dotted, by the round of the palette.
+fn dash(i: usize) -> Option<(u32, u32)> {
+    match (i / PALETTE.len()) % 3 {
+        0 => None,
+        1 => Some((10, 6)),
+        _ => Some((3, 4)),
+    }
+}
+
+fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
 
 /// One line of a chart: label and points (x, mean, std).
 pub struct Series {
@@ -76,96 +90,221 @@ pub struct Axes<'a> {
     pub title: &'a str,
     pub x_label: &'a str,
     pub y_label: &'a str,
-    /// Category names for the x positions 0, 1, 2, … (`None`: numeric x axis).
+    /// Category names for the x positions 0, 1, 2, … (`None`: numeric x axis). Categories are drawn as
+    /// points with error bars, never joined by lines.
     pub x_categories: Option<&'a [String]>,
-    /// Fit the y range to the last 90% of the x range, so an initial transient (the loss at step 0) does not
-    /// flatten the differences that matter; earlier points are still drawn, clipped.
-    pub zoom_past_start: bool,
 }
 
-/// Draws `series` as lines with ±std bands (and markers for category charts) into `path`.
+/// The width of a chart's legend panel (to the right of the data, never over it).
+const LEGEND_WIDTH: u32 = 330;
+
+/// Legend text cut to what fits its panel.
+fn fit_label(label: &str) -> String {
+    const MAX: usize = 44;
+    if label.chars().count() <= MAX {
+        label.to_string()
+    } else {
+        label.chars().take(MAX - 1).chain(std::iter::once('…')).collect()
+    }
+}
+
+/// Draws the legend of `labels` (series i in its colour and dash) into `area`.
+fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, labels: &[String]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let row = 22;
+    for (i, label) in labels.iter().enumerate() {
+        let y = 60 + row * i as i32;
+        let c = colour(i);
+        let points = vec![(8, y), (40, y)];
+        match dash(i) {
+            None => area.draw(&PathElement::new(points, c.stroke_width(3)))?,
+            Some((on, off)) => {
+                let mut x = 8;
+                while x < 40 {
+                    let end = (x + on as i32).min(40);
+                    area.draw(&PathElement::new(vec![(x, y), (end, y)], c.stroke_width(3)))?;
+                    x = end + off as i32;
+                }
+            }
+        }
+        area.draw(&Circle::new((24, y), 4, c.filled()))?;
+        area.draw(&Text::new(fit_label(label), (48, y - 8), ("sans-serif", 14)))?;
+    }
+    Ok(())
+}
+
+/// Whether the y axis should be logarithmic: every value positive, and the whole range more than five
+/// times the range past the first tenth of the x axis (an initial transient, such as the loss at step 0,
+/// that a linear axis would either clip or let flatten everything after it).
+fn wants_log_y(series: &[Series], categorical: bool) -> bool {
+    if categorical {
+        return false;
+    }
+    let pts = || series.iter().flat_map(|s| s.points.iter());
+    let (x0, x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let from = x0 + 0.1 * (x1 - x0);
+    let range = |late: bool| {
+        let (lo, hi) = pts()
+            .filter(|p| !late || p.0 >= from)
+            .fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1 - p.2), hi.max(p.1 + p.2)));
+        (lo, hi)
+    };
+    let (all_lo, all_hi) = range(false);
+    let (late_lo, late_hi) = range(true);
+    all_lo > 0.0 && late_hi > late_lo && (all_hi - all_lo) > 5.0 * (late_hi - late_lo)
+}
+
+/// Draws `series` into `path`: against a numeric x axis, lines with a shaded ± band (the points' third
+/// value); against categories, each series' points with error bars, side by side. Every point lies inside
+/// the axes; the legend sits in its own panel on the right.
 pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
     register_font();
     if series.is_empty() {
         return Err(anyhow!("nothing to plot for {}", path.display()));
     }
-    let pts = || series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, _, _) in pts() {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-    }
-    let y_from = if axes.zoom_past_start { x0 + 0.1 * (x1 - x0) } else { f64::MIN };
-    for &(x, m, sd) in pts() {
-        if x >= y_from {
-            y0 = y0.min(m - sd);
-            y1 = y1.max(m + sd);
+    let categorical = axes.x_categories.is_some();
+    // Categories: series k is shifted so that error bars at one category do not overlap.
+    let dodge = |k: usize| {
+        if categorical && series.len() > 1 {
+            (k as f64 - (series.len() - 1) as f64 / 2.0) * (0.6 / series.len() as f64)
+        } else {
+            0.0
         }
-    }
-    if axes.x_categories.is_some() {
-        x0 -= 0.5;
-        x1 += 0.5;
+    };
+    let placed: Vec<Series> = series
+        .iter()
+        .enumerate()
+        .map(|(k, s)| Series {
+            label: s.label.clone(),
+            points: s.points.iter().map(|&(x, m, sd)| (x + dodge(k), m, sd)).collect(),
+        })
+        .collect();
+    let pts = || placed.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (mut y0, mut y1) = pts().fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1 - p.2), hi.max(p.1 + p.2)));
+    if let Some(c) = axes.x_categories {
+        x0 = -0.5;
+        x1 = c.len() as f64 - 0.5;
     }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let pad = ((y1 - y0).abs() * 0.05).max(1e-6);
-    let (y0, y1) = (y0 - pad, y1 + pad);
-
-    let tmp = path.with_extension("tmp.png");
-    {
-        let root = BitMapBackend::new(&tmp, (960, 600)).into_drawing_area();
+    let log = wants_log_y(&placed, categorical);
+    if log {
+        // The band's lower edge can fall to or below zero; the axis starts at the smallest positive point.
+        y0 = pts().map(|p| if p.1 - p.2 > 0.0 { p.1 - p.2 } else { p.1 }).fold(f64::MAX, f64::min);
+        let (lo, hi) = (y0.ln(), y1.ln());
+        let pad = ((hi - lo) * 0.04).max(1e-6);
+        y0 = (lo - pad).exp();
+        y1 = (hi + pad).exp();
+    } else {
+        let pad = ((y1 - y0).abs() * 0.05).max(1e-6);
+        y0 -= pad;
+        y1 += pad;
+    }
+    let y_label = if log { format!("{} (log scale)", axes.y_label) } else { axes.y_label.to_string() };
+    let labels: Vec<String> = series.iter().map(|s| s.label.clone()).collect();
+    crate::files::write_atomically_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (1280, 640)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(axes.title, ("sans-serif", 22))
-            .margin(12)
-            .x_label_area_size(45)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x0..x1, y0..y1)?;
-        let cats = axes.x_categories.map(|c| c.to_vec());
-        chart
-            .configure_mesh()
-            .x_desc(axes.x_label)
-            .y_desc(axes.y_label)
-            .label_style(("sans-serif", 14))
-            .x_label_formatter(&|x: &f64| match &cats {
-                Some(c) => {
-                    let i = x.round();
-                    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
-                        c[i as usize].clone()
-                    } else {
-                        String::new()
+        let (plot_area, legend_area) = root.split_horizontally(1280 - LEGEND_WIDTH);
+        legend(&legend_area, &labels)?;
+        let builder = |area| -> ChartBuilder<'_, '_, BitMapBackend> {
+            let mut b = ChartBuilder::on(area);
+            b.caption(axes.title, ("sans-serif", 20)).margin(12).x_label_area_size(45).y_label_area_size(80);
+            b
+        };
+        if log {
+            let mut chart = builder(&plot_area).build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
+            mesh(&mut chart, axes, &y_label)?;
+            draw_series(&mut chart, &placed, categorical)?;
+        } else {
+            let mut chart = builder(&plot_area).build_cartesian_2d(x0..x1, y0..y1)?;
+            mesh(&mut chart, axes, &y_label)?;
+            draw_series(&mut chart, &placed, categorical)?;
+        }
+        root.present()?;
+        Ok(())
+    })
+}
+
+type Chart<'a, Y> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>;
+
+fn mesh<Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
+    chart: &mut Chart<'_, Y>,
+    axes: &Axes,
+    y_label: &str,
+) -> Result<()> {
+    let category_label = |x: &f64| {
+        let cats = axes.x_categories.unwrap_or(&[]);
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < cats.len() {
+            fit_label(&cats[i as usize])
+        } else {
+            String::new()
+        }
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(axes.x_label).y_desc(y_label).label_style(("sans-serif", 14));
+    let number = |x: &f64| {
+        if x.fract() == 0.0 && x.abs() < 1e15 {
+            format!("{x:.0}")
+        } else {
+            format!("{x}")
+        }
+    };
+    match axes.x_categories {
+        Some(c) => mesh.x_labels(c.len().max(2) * 2 + 1).x_label_formatter(&category_label),
+        None => mesh.x_label_formatter(&number),
+    };
+    mesh.draw()?;
+    Ok(())
+}
+
+fn draw_series<Y: Ranged<ValueType = f64>>(
+    chart: &mut Chart<'_, Y>,
+    series: &[Series],
+    categorical: bool,
+) -> Result<()> {
+    for (i, s) in series.iter().enumerate() {
+        let c = colour(i);
+        if categorical {
+            for &(x, m, sd) in &s.points {
+                if sd > 0.0 {
+                    let (lo, hi) = (m - sd, m + sd);
+                    chart.draw_series(std::iter::once(PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(2))))?;
+                    for y in [lo, hi] {
+                        chart.draw_series(std::iter::once(PathElement::new(
+                            vec![(x - 0.04, y), (x + 0.04, y)],
+                            c.stroke_width(2),
+                        )))?;
                     }
                 }
-                None => format!("{x}"),
-            })
-            .draw()?;
-        for (i, s) in series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
-            if s.points.iter().any(|p| p.2 > 0.0) {
-                let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
-                let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
-                let band: Vec<(f64, f64)> = upper.chain(lower).collect();
-                chart.draw_series(std::iter::once(Polygon::new(band, color.mix(0.18).filled())))?;
             }
-            chart
-                .draw_series(LineSeries::new(s.points.iter().map(|&(x, m, _)| (x, m)), color.stroke_width(2)))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
-            if axes.x_categories.is_some() || s.points.len() == 1 {
-                chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, color.filled())))?;
+            chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 5, c.filled())))?;
+            continue;
+        }
+        if s.points.iter().any(|p| p.2 > 0.0) {
+            let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
+            let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
+            let band: Vec<(f64, f64)> = upper.chain(lower).collect();
+            chart.draw_series(std::iter::once(Polygon::new(band, c.mix(0.15).filled())))?;
+        }
+        let line = s.points.iter().map(|&(x, m, _)| (x, m));
+        match dash(i) {
+            None => {
+                chart.draw_series(LineSeries::new(line, c.stroke_width(2)))?;
+            }
+            Some((on, off)) => {
+                chart.draw_series(DashedLineSeries::new(line, on, off, c.stroke_width(2)))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
-        root.present()?;
+        if s.points.len() == 1 {
+            chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, c.filled())))?;
+        }
     }
-    std::fs::rename(&tmp, path)?;
     Ok(())
 }
 
@@ -186,9 +325,8 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
     if x0 >= x1 || y0 >= y1 {
         return Err(anyhow!("nothing to plot for {}", path.display()));
     }
-    let tmp = path.with_extension("tmp.png");
-    {
-        let root = BitMapBackend::new(&tmp, (1100, 700)).into_drawing_area();
+    crate::files::write_atomically_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (1100, 700)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(axes.title, ("sans-serif", 22))
@@ -232,9 +370,8 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
             .position(SeriesLabelPosition::UpperLeft)
             .draw()?;
         root.present()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
@@ -247,9 +384,8 @@ pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Res
         return Err(anyhow!("no attention weights to draw"));
     }
     let cell = 240u32;
-    let tmp = path.with_extension("tmp.png");
-    {
-        let root = BitMapBackend::new(&tmp, (cell * heads as u32 + 20, cell * layers as u32 + 60)).into_drawing_area();
+    crate::files::write_atomically_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (cell * heads as u32 + 20, cell * layers as u32 + 60)).into_drawing_area();
         root.fill(&WHITE)?;
         let (top, body) = root.split_vertically(50);
         top.draw(&Text::new(title.to_string(), (10, 15), ("sans-serif", 20)))?;
@@ -275,9 +411,8 @@ pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Res
             }
         }
         root.present()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
@@ -325,7 +460,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         line_chart(
             &dir.join(chart_file(curve)),
             &series,
-            &Axes { title: &title, x_label: "step", y_label: &y_label, x_categories: None, zoom_past_start: true },
+            &Axes { title: &title, x_label: "step", y_label: &y_label, x_categories: None },
         )?;
     }
     // Data efficiency of pre-training objectives: held-out loss against the tokens read and against the
@@ -354,7 +489,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         line_chart(
             &dir.join(file),
             &series,
-            &Axes { title: &title, x_label: x_metric.label, y_label, x_categories: None, zoom_past_start: true },
+            &Axes { title: &title, x_label: x_metric.label, y_label, x_categories: None },
         )?;
     }
     length_generalisation_chart(dir, name, &runs, &variants, &band)?;
@@ -375,26 +510,40 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         line_chart(
             &dir.join(format!("final_{column}.png")),
             &series,
-            &Axes {
-                title: &title,
-                x_label: x_key,
-                y_label: &y_label,
-                x_categories: Some(&categories),
-                zoom_past_start: false,
-            },
+            &Axes { title: &title, x_label: x_key, y_label: &y_label, x_categories: Some(&categories) },
         )?;
     }
     Ok(())
+}
+
+/// The value of swept `key` in run `r`. A swept section (e.g. `data.images`) has no column of its own: its
+/// columns whose values differ between runs stand in (`dataset=mnist train_fraction=1`), and failing those
+/// the run's variant label.
+fn swept_value(runs: &[BTreeMap<String, String>], r: &BTreeMap<String, String>, key: &str) -> String {
+    if let Some(v) = r.get(key) {
+        return v.clone();
+    }
+    let prefix = format!("{key}.");
+    let varying: Vec<String> = r
+        .iter()
+        .filter(|(column, _)| column.starts_with(&prefix))
+        .filter(|(column, value)| runs.iter().any(|other| other.get(*column) != Some(*value)))
+        .map(|(column, value)| format!("{}={value}", &column[prefix.len()..]))
+        .collect();
+    if varying.is_empty() {
+        r.get("label").cloned().unwrap_or_default()
+    } else {
+        varying.join(" ")
+    }
 }
 
 /// Distinct values of `key` in `runs.csv`, in first-seen order (the x positions of the final-metric plot).
 fn x_categories(runs: &[BTreeMap<String, String>], key: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in runs {
-        if let Some(v) = r.get(key).or_else(|| r.get("label")) {
-            if !out.contains(v) {
-                out.push(v.clone());
-            }
+        let v = swept_value(runs, r, key);
+        if !out.contains(&v) {
+            out.push(v);
         }
     }
     out
@@ -415,16 +564,16 @@ fn final_metric_series(
         } else {
             other_keys
                 .iter()
-                .map(|k| {
-                    format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.get(k).map(String::as_str).unwrap_or(""))
+                .map(|k| match r.get(k) {
+                    Some(v) => format!("{}={v}", k.rsplit('.').next().unwrap_or(k)),
+                    None => swept_value(runs, r, k),
                 })
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        // A swept section (e.g. `model.attention`) has no column of its own: its variant label stands in.
-        let x = r.get(x_key).or_else(|| r.get("label"));
-        let (Some(x), Some(Ok(v))) = (x, r.get(column).map(|v| v.parse::<f64>())) else { continue };
-        let xi = cats.iter().position(|c| c == x).expect("category listed");
+        let Some(Ok(v)) = r.get(column).map(|v| v.parse::<f64>()) else { continue };
+        let x = swept_value(runs, r, x_key);
+        let Some(xi) = cats.iter().position(|c| *c == x) else { continue };
         let idx = match groups.iter().position(|g| g.0 == label) {
             Some(i) => i,
             None => {
@@ -505,7 +654,80 @@ fn length_generalisation_chart(
             x_label: "evaluation length (multiple of the training block)",
             y_label: "held-out loss",
             x_categories: Some(&categories),
-            zoom_past_start: false,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn series(points: &[(f64, f64)]) -> Series {
+        Series { label: "s".into(), points: points.iter().map(|&(x, y)| (x, y, 0.0)).collect() }
+    }
+
+    #[test]
+    fn log_axis_only_for_an_initial_transient_of_positive_values() {
+        // Loss 10 at step 0, then between 1 and 1.2: a linear axis would flatten everything after step 0.
+        let transient: Vec<(f64, f64)> =
+            (0..=100).map(|s| (s as f64, if s == 0 { 10.0 } else { 1.0 + 0.2 * (s % 2) as f64 })).collect();
+        assert!(wants_log_y(&[series(&transient)], false));
+        assert!(!wants_log_y(&[series(&transient)], true), "categories never get a log axis");
+        let steady: Vec<(f64, f64)> = (0..=100).map(|s| (s as f64, 2.0 - s as f64 / 100.0)).collect();
+        assert!(!wants_log_y(&[series(&steady)], false));
+        let negative: Vec<(f64, f64)> = transient.iter().map(|&(x, y)| (x, y - 5.0)).collect();
+        assert!(!wants_log_y(&[series(&negative)], false), "a log axis cannot show values <= 0");
+    }
+
+    #[test]
+    fn a_swept_section_is_named_by_its_columns_that_vary() {
+        let runs = vec![
+            row(&[("label", "a"), ("data.images.dataset", "mnist"), ("data.images.flip", "false"), ("acc", "0.9")]),
+            row(&[("label", "b"), ("data.images.dataset", "fashion"), ("data.images.flip", "false"), ("acc", "0.8")]),
+            row(&[("label", "c"), ("data.images.dataset", "fashion"), ("data.images.flip", "false"), ("acc", "0.7")]),
+        ];
+        assert_eq!(x_categories(&runs, "data.images"), ["dataset=mnist", "dataset=fashion"]);
+        let s = final_metric_series(&runs, "data.images", &[], "acc");
+        assert_eq!(s.len(), 1);
+        let (x, mean, _) = s[0].points[1];
+        assert_eq!(x, 1.0);
+        assert!((mean - 0.75).abs() < 1e-12);
+        // A key that is a column is read as is; one with no columns at all falls back to the label.
+        assert_eq!(swept_value(&runs, &runs[0], "acc"), "0.9");
+        assert_eq!(swept_value(&runs, &runs[2], "variant"), "c");
+    }
+
+    #[test]
+    fn charts_are_drawn_with_the_legend_beside_the_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.png");
+        let many: Vec<Series> = (0..12)
+            .map(|i| Series {
+                label: format!("variant {i} with a label long enough to be cut in the legend panel"),
+                points: (0..5).map(|s| (s as f64, 1.0 + i as f64 + 1.0 / (1.0 + s as f64), 0.1)).collect(),
+            })
+            .collect();
+        line_chart(&path, &many, &Axes { title: "t", x_label: "step", y_label: "loss", x_categories: None }).unwrap();
+        let cats: Vec<String> = (0..5).map(|i| format!("c{i}")).collect();
+        let cat_path = dir.path().join("d.png");
+        line_chart(&cat_path, &many, &Axes { title: "t", x_label: "k", y_label: "loss", x_categories: Some(&cats) })
+            .unwrap();
+        for p in [&path, &cat_path] {
+            let bytes = std::fs::read(p).unwrap();
+            assert_eq!(&bytes[1..4], b"PNG");
+            // Width and height from the IHDR chunk.
+            let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+            let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+            assert_eq!((w, h), (1280, 640));
+        }
+        // No temporary file is left beside the charts.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        assert!(line_chart(&path, &[], &Axes { title: "t", x_label: "", y_label: "", x_categories: None }).is_err());
+        assert_eq!(fit_label("short"), "short");
+        assert_eq!(fit_label(&"x".repeat(60)).chars().count(), 44);
+    }
 }

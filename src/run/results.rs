@@ -311,7 +311,24 @@ pub fn read_curves(path: &Path) -> Result<Curves> {
 
 /// `runs.csv` as a list of column -> value maps.
 pub fn read_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
-    let mut reader = csv::Reader::from_path(path)?;
+    let mut reader = csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
     let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
-    reader.records().map(|r| Ok(header.iter().cloned().zip(r?.iter().map(String::from)).collect())).collect()
+    // Plots and summaries group runs by these; a table without them (hand-made, or from an older ablate)
+    // is refused here rather than failing deep inside a chart.
+    for needed in ["run_id", "label", "status"] {
+        if !header.iter().any(|h| h == needed) {
+            bail!(
+                "{} has no `{needed}` column: it was not written by this version of ablate (rerun the recipe)",
+                path.display()
+            );
+        }
+    }
+    // Rows of the wrong length are refused by the reader itself (it is not `flexible`).
+    reader
+        .records()
+        .map(|r| {
+            let r = r.with_context(|| format!("{} is malformed", path.display()))?;
+            Ok(header.iter().cloned().zip(r.iter().map(String::from)).collect())
+        })
+        .collect()
 }
