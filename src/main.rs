@@ -36,10 +36,33 @@ struct Cli {
     run: RunArgs,
 }
 
+/// Changes to the recipe on the command line, validated like the file and recorded with the results.
+#[derive(clap::Args, Clone, Default)]
+struct OverrideArgs {
+    /// Overrides applied to every run, e.g. `train.steps=300 transformer.d_model=256` (YAML values:
+    /// `transformer.pe=rope`, `data.images={dataset: mnist}`). A swept key given here stops being swept.
+    #[arg(value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Adds or replaces a sweep axis, e.g. `--sweep transformer.heads=1,4,16` (repeatable).
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Vec<String>,
+    /// Replaces the recipe's seeds, e.g. `--seeds 0,1,2`.
+    #[arg(long, value_name = "S1,S2,...")]
+    seeds: Option<String>,
+}
+
+impl OverrideArgs {
+    fn parse(&self) -> anyhow::Result<recipe::Overrides> {
+        Ok(recipe::Overrides::parse(&self.set, &self.sweep, self.seeds.as_deref())?)
+    }
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// Recipe file (looked up under recipes/ when not found as given).
     recipe: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: OverrideArgs,
     /// Shrink every run to seconds (few steps, small model and data) keeping the sweep's shape.
     #[arg(long)]
     smoke: bool,
@@ -49,7 +72,8 @@ struct RunArgs {
     /// auto (CUDA when available), cpu, cuda, or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Output directory (default: results/<recipe name>, or target/smoke/<name> with --smoke).
+    /// Output directory (default: runs/<recipe name>, with a suffix naming any overrides; target/smoke/...
+    /// with --smoke). The committed reference results are in results/<name>: write there only on purpose.
     #[arg(long)]
     out: Option<PathBuf>,
     /// No progress bar or per-run lines.
@@ -75,12 +99,16 @@ enum Command {
     /// Check a recipe and list the runs it expands to, without training.
     Check {
         recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
         #[arg(long)]
         smoke: bool,
     },
     /// Combine the shards of a sharded run (`--shard`, Slurm array tasks) into <out> and draw the plots.
     Merge {
         recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
         #[arg(long)]
         out: Option<PathBuf>,
         #[arg(long)]
@@ -89,6 +117,8 @@ enum Command {
     /// Write Slurm scripts for a recipe: an array job of N shards and a merge job that runs after them.
     Slurm {
         recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
         /// Number of array tasks (shards).
         #[arg(long)]
         shards: usize,
@@ -117,15 +147,35 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
-    /// Print a markdown table of a recipe's results: per variant, mean ± std over seeds of the final metrics.
+    /// Print a markdown table of a recipe's results: per variant n, mean ± sample std and 95% CI over seeds of
+    /// the final metrics; with --baseline, paired differences against one variant and their t-test.
     Summary {
         recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Compare every variant with this one, paired by seed: `heads=1` (a swept key, by its last part or
+        /// its full name) or a variant's label.
+        #[arg(long)]
+        baseline: Option<String>,
+    },
+    /// Compare a run directory with reference results (default: the committed results/<name>): per variant,
+    /// whether its final metrics reproduce the reference's, and by which test. Writes reproduction.csv.
+    Reproduce {
+        recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        reference: Option<PathBuf>,
     },
     /// Redraw a recipe's plots from the CSV files in its output directory.
     Plot {
         recipe: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -237,56 +287,79 @@ fn main() -> ExitCode {
         tch::set_num_threads(threads as i32);
     }
     let result = match cli.command {
-        Some(Command::Check { recipe, smoke }) => check(&recipe, smoke),
-        Some(Command::Plot { recipe, out }) => plot(&recipe, out),
+        Some(Command::Check { recipe, overrides, smoke }) => check(&recipe, &overrides, smoke),
+        Some(Command::Plot { recipe, overrides, out }) => plot(&recipe, &overrides, out),
         Some(Command::Describe { preset, list }) => describe(preset.as_deref(), list),
-        Some(Command::Summary { recipe, out }) => (|| {
+        Some(Command::Summary { recipe, overrides, out, baseline }) => (|| {
             let path = find_recipe(&recipe)?;
-            let recipe = recipe::load(&path, false)?;
-            let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
-            print!("{}", ablate::run::summary::summary_table(&out, &recipe)?);
+            let recipe = recipe::load_with(&path, false, &overrides.parse()?)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe));
+            print!("{}", ablate::run::summary::summary_table(&out, &recipe, baseline.as_deref())?);
             Ok(())
         })(),
-        Some(Command::Merge { recipe, out, smoke }) => (|| {
+        Some(Command::Reproduce { recipe, overrides, out, reference }) => (|| {
             let path = find_recipe(&recipe)?;
-            let recipe = recipe::load(&path, smoke)?;
-            let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
+            let recipe = recipe::load_with(&path, false, &overrides.parse()?)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe));
+            let reference = reference.unwrap_or_else(|| reference_dir(&path, &recipe.name));
+            let Some(verdicts) = ablate::run::reproduce::compare(&recipe, &out, &reference)? else {
+                anyhow::bail!("{} has no runs.csv to compare with", reference.display());
+            };
+            ablate::run::reproduce::write(&verdicts, &out.join("reproduction.csv"))?;
+            for line in ablate::run::reproduce::lines(&verdicts, &reference) {
+                println!("{line}");
+            }
+            Ok(())
+        })(),
+        Some(Command::Merge { recipe, overrides, out, smoke }) => (|| {
+            let path = find_recipe(&recipe)?;
+            let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe));
             ablate::run::scale::merge(&recipe, &out, false).map(|_| ())
         })(),
-        Some(Command::Slurm { recipe, shards, out, smoke, device, cpus_per_task, gpus_per_task, partition, time }) => {
-            (|| {
-                let path = find_recipe(&recipe)?;
-                let recipe = recipe::load(&path, smoke)?;
-                if shards == 0 {
-                    anyhow::bail!("--shards must be at least 1");
-                }
-                if cpus_per_task == 0 {
-                    anyhow::bail!("--cpus-per-task must be at least 1");
-                }
-                device_or_exit(&device)?;
-                let out = out.unwrap_or_else(|| default_out(&recipe.name, smoke));
-                let plan = ablate::run::scale::SlurmPlan {
-                    recipe_path: &path,
-                    out: &out,
-                    shards,
-                    smoke,
-                    device: &device,
-                    cpus_per_task,
-                    gpus_per_task,
-                    partition: partition.as_deref(),
-                    time: time.as_deref(),
-                };
-                let submit = ablate::run::scale::write_slurm_scripts(&recipe, &plan)?;
-                println!(
-                    "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",
-                    recipe.runs.len(),
-                    submit.display(),
-                    submit.with_file_name("array.sbatch").display(),
-                    path.display()
-                );
-                Ok(())
-            })()
-        }
+        Some(Command::Slurm {
+            recipe,
+            overrides,
+            shards,
+            out,
+            smoke,
+            device,
+            cpus_per_task,
+            gpus_per_task,
+            partition,
+            time,
+        }) => (|| {
+            let path = find_recipe(&recipe)?;
+            let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
+            if shards == 0 {
+                anyhow::bail!("--shards must be at least 1");
+            }
+            if cpus_per_task == 0 {
+                anyhow::bail!("--cpus-per-task must be at least 1");
+            }
+            device_or_exit(&device)?;
+            let out = out.unwrap_or_else(|| default_out(&recipe));
+            let plan = ablate::run::scale::SlurmPlan {
+                recipe_path: &path,
+                out: &out,
+                shards,
+                smoke,
+                device: &device,
+                cpus_per_task,
+                gpus_per_task,
+                partition: partition.as_deref(),
+                time: time.as_deref(),
+            };
+            let submit = ablate::run::scale::write_slurm_scripts(&recipe, &plan)?;
+            println!(
+                "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",
+                recipe.runs.len(),
+                submit.display(),
+                submit.with_file_name("array.sbatch").display(),
+                path.display()
+            );
+            Ok(())
+        })(),
         Some(Command::Generate { checkpoint, prompt, tokens, decoding, temperature, top_k, width, seed, device }) => {
             let decoding = match decoding {
                 DecodingArg::Greedy => Ok(Decoding::Greedy),
@@ -468,7 +541,7 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
         anyhow::anyhow!("`{name}` is neither a preset ({}) nor a recipe", ablate::recipe::presets::PRESETS.join(", "))
     })?;
     let recipe = recipe::load(&path, false)?;
-    let results_root = default_out(&recipe.name, false).parent().map(Path::to_path_buf).unwrap_or_default();
+    let results_root = default_out(&recipe).parent().map(Path::to_path_buf).unwrap_or_default();
     let mut data = DataCache::new(&results_root, false);
     println!("| run | kind | params | forward GFLOPs | per |");
     println!("|---|---|---|---|---|");
@@ -500,16 +573,27 @@ fn find_recipe(name: &Path) -> anyhow::Result<PathBuf> {
             file: name.display().to_string(),
             line: 0,
             message: "no such recipe (looked as given and under recipes/)".into(),
+            argument: None,
         })
     })
 }
 
-fn default_out(name: &str, smoke: bool) -> PathBuf {
-    if smoke {
-        PathBuf::from("target/smoke").join(name)
+/// Where a recipe's runs go by default: `runs/<name>` (`target/smoke/<name>` with --smoke), with a suffix
+/// naming the overrides, so runs with and without them never share a directory. The committed reference
+/// results in `results/<name>` are only written with an explicit --out.
+fn default_out(recipe: &recipe::Recipe) -> PathBuf {
+    let root = if recipe.smoke { "target/smoke" } else { "runs" };
+    let name = if recipe.overrides.is_empty() {
+        recipe.name.clone()
     } else {
-        PathBuf::from("results").join(name)
-    }
+        format!("{}+{}", recipe.name, recipe.overrides.slug())
+    };
+    PathBuf::from(root).join(name)
+}
+
+/// Output directory of a complexity benchmark (no overrides).
+fn default_benchmark_out(name: &str, smoke: bool) -> PathBuf {
+    PathBuf::from(if smoke { "target/smoke" } else { "runs" }).join(name)
 }
 
 fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -517,7 +601,13 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
     if ablate::run::complexity::is_complexity_recipe(&path) {
         let recipe = ablate::run::complexity::load(&path, args.smoke)?;
         let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
-        let out = args.out.clone().unwrap_or_else(|| default_out(&name, args.smoke));
+        if !args.overrides.set.is_empty() || !args.overrides.sweep.is_empty() || args.overrides.seeds.is_some() {
+            anyhow::bail!(
+                "{}: a complexity benchmark takes no overrides (edit its lengths and variants in the file)",
+                path.display()
+            );
+        }
+        let out = args.out.clone().unwrap_or_else(|| default_benchmark_out(&name, args.smoke));
         if args.shard.is_some() || args.workers.is_some() || args.devices.is_some() {
             anyhow::bail!(
                 "{}: a complexity benchmark times one point at a time on one device; --shard, --workers and --devices do not apply",
@@ -528,9 +618,9 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         device_or_exit(&args.device)?;
         return ablate::run::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
     }
-    let recipe = recipe::load(&path, args.smoke)?;
+    let recipe = recipe::load_with(&path, args.smoke, &args.overrides.parse()?)?;
     let device = device_or_exit(&args.device)?;
-    let out = args.out.clone().unwrap_or_else(|| default_out(&recipe.name, args.smoke));
+    let out = args.out.clone().unwrap_or_else(|| default_out(&recipe));
     let workers = match (&args.devices, args.workers) {
         (Some(list), _) => Some(list.clone()),
         (None, Some(n)) => Some(vec![args.device.clone(); n]),
@@ -546,13 +636,25 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let threads = args.threads.unwrap_or((cores / devices.len()).max(1));
         let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
-        return ablate::run::scale::run_workers(&recipe, &plan, args.quiet);
+        ablate::run::scale::run_workers(&recipe, &plan, args.quiet)?;
+    } else {
+        let opts = SweepOptions { out: &out, device, force: args.force, quiet: args.quiet, shard: args.shard };
+        run_recipe(&recipe, &opts)?;
+        if args.shard.is_some() {
+            return Ok(());
+        }
     }
-    let opts = SweepOptions { out: &out, device, force: args.force, quiet: args.quiet, shard: args.shard };
-    run_recipe(&recipe, &opts)
+    ablate::run::reproduce::report(&recipe, &out, &reference_dir(&path, &recipe.name), args.quiet)
 }
 
-fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
+/// The committed reference results of a recipe: `results/<name>` beside the `recipes/` folder it is in.
+fn reference_dir(recipe_path: &Path, name: &str) -> PathBuf {
+    let folder = recipe_path.parent().unwrap_or(Path::new("."));
+    let root = folder.parent().unwrap_or(Path::new("."));
+    root.join("results").join(name)
+}
+
+fn check(name: &Path, overrides: &OverrideArgs, smoke: bool) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
     if ablate::run::complexity::is_complexity_recipe(&path) {
         let r = ablate::run::complexity::load(&path, smoke)?;
@@ -566,7 +668,7 @@ fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let recipe = recipe::load(&path, smoke)?;
+    let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
     let kinds: Vec<String> = recipe.kinds().iter().map(|k| k.to_string()).collect();
     println!("{}: ok, {} runs (kind {})", path.display(), recipe.runs.len(), kinds.join(", "));
     for r in &recipe.runs {
@@ -575,7 +677,7 @@ fn check(name: &Path, smoke: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
+fn plot(name: &Path, overrides: &OverrideArgs, out: Option<PathBuf>) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
     if ablate::run::complexity::is_complexity_recipe(&path) {
         anyhow::bail!(
@@ -584,7 +686,7 @@ fn plot(name: &Path, out: Option<PathBuf>) -> anyhow::Result<()> {
             path.display()
         );
     }
-    let recipe = recipe::load(&path, false)?;
-    let out = out.unwrap_or_else(|| default_out(&recipe.name, false));
+    let recipe = recipe::load_with(&path, false, &overrides.parse()?)?;
+    let out = out.unwrap_or_else(|| default_out(&recipe));
     plot_results(&out, &recipe)
 }

@@ -171,14 +171,3 @@ pub fn attention_probes() -> Vec<Metric> {
         Metric::curve("val/attn_max_weight", "mean of each row's largest attention weight", "", false),
     ]
 }
-
-/// Mean and sample standard deviation (n − 1 in the denominator; 0 for a single value).
-pub fn mean_std(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    if values.len() < 2 {
-        return (mean, 0.0);
-    }
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, var.sqrt())
-}

@@ -1,5 +1,5 @@
 //! Recipe loading, sweep expansion, error reporting and the result files of a (tiny) real run.
-use ablate::recipe::{parse, Recipe, RecipeError};
+use ablate::recipe::{parse, parse_with, Overrides, Recipe, RecipeError};
 use ablate::run::results::read_runs;
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use std::path::PathBuf;
@@ -230,12 +230,45 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
 
     // The summary: one row per variant, the mean of its seeds' final held-out loss.
-    let table = ablate::run::summary::summary_table(&out, &recipe).unwrap();
-    let lines: Vec<&str> = table.lines().collect();
-    assert_eq!(lines.len(), 4, "{table}");
+    let table = ablate::run::summary::summary_table(&out, &recipe, None).unwrap();
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| heads=")).collect();
+    assert_eq!(rows.len(), 2, "{table}");
     let heads1: Vec<f64> = runs[..2].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
     let mean = (heads1[0] + heads1[1]) / 2.0;
-    assert!(lines[2].starts_with(&format!("| heads=1 | 2 | {mean:.4} ± ")), "{table}");
+    assert!(rows[0].starts_with(&format!("| heads=1 | 2 | {mean:.4} ± ")), "{table}");
+    // With a baseline: the other variant paired with it on both seeds.
+    let heads2: Vec<f64> = runs[2..].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
+    let difference = (heads2[0] - heads1[0] + heads2[1] - heads1[1]) / 2.0;
+    let table = ablate::run::summary::summary_table(&out, &recipe, Some("heads=1")).unwrap();
+    assert!(table.contains("Paired against `heads=1`"), "{table}");
+    let paired_row = table.lines().find(|l| l.starts_with("| heads=2 | held-out loss")).expect("paired row");
+    assert!(paired_row.contains(&format!("| 2 | {difference:+.4} [")), "{table}");
+    for bad in ["heads=3", "nonsense=1", "heads"] {
+        let e = ablate::run::summary::summary_table(&out, &recipe, Some(bad)).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("--baseline {bad}:")) && !e.contains('\n'), "{e}");
+    }
+
+    // The directory is the reference for a rerun elsewhere: the same runs reproduce it, and runs with an
+    // override are not compared with it (their configuration differs).
+    let again = dir.join("again");
+    run_recipe(&recipe, &SweepOptions { out: &again, ..opts }).unwrap();
+    let verdicts = ablate::run::reproduce::compare(&recipe, &again, &out).unwrap().unwrap();
+    assert_eq!(verdicts.len(), 4, "2 variants × held-out loss and perplexity");
+    assert!(verdicts.iter().all(|v| v.verdict == "reproduces"), "{verdicts:?}");
+    let longer = Overrides::parse(&["train.steps=7".to_string()], &[], Some("0")).unwrap();
+    let longer = parse_with(&tiny_recipe(&dir), "tiny.yaml", "tiny", false, &longer).unwrap();
+    // Rows of other configurations are never mixed into a directory: refused before training.
+    let e = run_recipe(&longer, &opts).unwrap_err().to_string();
+    assert!(e.contains("holds run `transformer.heads=1 seed=0` with a different configuration"), "{e}");
+    let elsewhere = dir.join("longer");
+    run_recipe(&longer, &SweepOptions { out: &elsewhere, ..opts }).unwrap();
+    let resolved = std::fs::read_to_string(elsewhere.join("recipe.resolved.yaml")).unwrap();
+    assert!(resolved.contains("overrides:\n- train.steps=7\n- --seeds 0\n"), "{resolved}");
+    let verdicts = ablate::run::reproduce::compare(&longer, &elsewhere, &out).unwrap().unwrap();
+    assert!(
+        verdicts.iter().all(|v| v.verdict == "not comparable" && v.rule.contains("train.steps 7 vs 6")),
+        "{verdicts:?}"
+    );
 
     // --force starts over.
     run_recipe(&recipe, &SweepOptions { force: true, ..opts }).unwrap();

@@ -1,8 +1,9 @@
 //! Where each key of a recipe is: the line a one-line error points at.
 use std::collections::HashMap;
 
-/// Line numbers (1-based) of every key and sequence item in a YAML document, by dotted path.
-pub struct LineMap(HashMap<String, usize>);
+/// Line numbers (1-based) of every key and sequence item in a YAML document, by dotted path; and the
+/// paths a command-line argument overrides, which errors blame on the argument instead.
+pub struct LineMap(HashMap<String, usize>, HashMap<String, String>);
 
 impl LineMap {
     pub fn build(text: &str) -> Result<Self, (usize, String)> {
@@ -75,7 +76,23 @@ impl LineMap {
         }
         let mut recv = Recv { stack: Vec::new(), lines: HashMap::new() };
         Parser::new_from_str(text).load(&mut recv, false).map_err(|e| (e.marker().line(), e.info().to_string()))?;
-        Ok(LineMap(recv.lines))
+        Ok(LineMap(recv.lines, HashMap::new()))
+    }
+
+    /// Blames `path` and everything below it on `argument`.
+    pub fn blame_argument(&mut self, path: &str, argument: &str) {
+        self.1.insert(path.to_string(), argument.to_string());
+    }
+
+    /// The argument that set `path` or an enclosing key, if one did.
+    pub fn argument(&self, path: &str) -> Option<&str> {
+        let mut p = path;
+        loop {
+            if let Some(a) = self.1.get(p) {
+                return Some(a);
+            }
+            p = &p[..p.rfind('.')?];
+        }
     }
 
     pub fn has(&self, path: &str) -> bool {

@@ -12,11 +12,13 @@ use std::path::{Path, PathBuf};
 
 pub mod convert;
 pub mod lines;
+pub mod overrides;
 pub mod presets;
 pub mod reads;
 pub mod schema;
 pub mod validate;
 
+pub use overrides::Overrides;
 pub use schema::*;
 pub use validate::{divisors, Invalid, MAX_D_MODEL};
 
@@ -29,6 +31,8 @@ pub struct RecipeError {
     pub file: String,
     pub line: usize,
     pub message: String,
+    /// The command-line argument to blame instead of a place in the file (an override).
+    pub argument: Option<String>,
 }
 
 impl RecipeError {
@@ -40,9 +44,10 @@ impl RecipeError {
             .chars()
             .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
             .collect();
-        match self.line {
-            0 => format!("{}: {message}", self.file),
-            line => format!("{}:{line}: {message}", self.file),
+        match (&self.argument, self.line) {
+            (Some(argument), _) => format!("argument `{argument}`: {message}"),
+            (None, 0) => format!("{}: {message}", self.file),
+            (None, line) => format!("{}:{line}: {message}", self.file),
         }
     }
 }
@@ -127,6 +132,8 @@ pub struct Recipe {
     pub seeds: Vec<u64>,
     pub runs: Vec<RunSpec>,
     pub smoke: bool,
+    /// The command line's changes to the file.
+    pub overrides: Overrides,
 }
 
 impl Recipe {
@@ -159,16 +166,22 @@ pub fn resolve_path(name: &Path, recipes_dir: Option<&Path>) -> Option<PathBuf> 
 }
 
 pub fn load(path: &Path, smoke: bool) -> Result<Recipe, RecipeError> {
+    load_with(path, smoke, &Overrides::default())
+}
+
+/// Loads a recipe with command-line overrides laid over it.
+pub fn load_with(path: &Path, smoke: bool, overrides: &Overrides) -> Result<Recipe, RecipeError> {
     let file = path.display().to_string();
     if path.is_dir() {
-        return Err(RecipeError { file, line: 0, message: "is a directory, not a recipe file".into() });
+        return Err(RecipeError { file, line: 0, message: "is a directory, not a recipe file".into(), argument: None });
     }
     let text = std::fs::read_to_string(path).map_err(|e| RecipeError {
         file: file.clone(),
         line: 0,
         message: format!("cannot read recipe: {e}"),
+        argument: None,
     })?;
-    parse(&text, &file, path.file_stem().and_then(|s| s.to_str()).unwrap_or("recipe"), smoke)
+    parse_with(&text, &file, path.file_stem().and_then(|s| s.to_str()).unwrap_or("recipe"), smoke, overrides)
 }
 
 /// Every config key of every kind, with defaults: what a dotted key in `sweep`, `variants` or `smoke` is
@@ -212,16 +225,34 @@ struct Setting {
 
 /// Parses and expands a recipe given as text (`file` names it in errors, `stem` is the default name).
 pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, RecipeError> {
+    parse_with(text, file, stem, smoke, &Overrides::default())
+}
+
+/// [`parse`] with command-line overrides: `key=value` settings applied to every run after everything
+/// else, `--sweep` axes and `--seeds`. A problem they cause names the argument.
+pub fn parse_with(
+    text: &str,
+    file: &str,
+    stem: &str,
+    smoke: bool,
+    overrides: &Overrides,
+) -> Result<Recipe, RecipeError> {
     // Lines as YAML counts them (a lone carriage return ends a line too). A construct left open is only
     // noticed past the end of the file; such errors point at its last line.
     let last_line = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
-    let lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
+    let mut lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
         file: file.into(),
         line: line.clamp(1, last_line),
         message: format!("YAML syntax error: {message}"),
+        argument: None,
     })?;
-    let err = |line: usize, message: String| RecipeError { file: file.into(), line: line.clamp(1, last_line), message };
-    let parsed: RecipeFile = serde_yaml::from_str(text).map_err(|e| {
+    let err = |line: usize, message: String| RecipeError {
+        file: file.into(),
+        line: line.clamp(1, last_line),
+        message,
+        argument: None,
+    };
+    let mut parsed: RecipeFile = serde_yaml::from_str(text).map_err(|e| {
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
@@ -229,10 +260,57 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         let line = e.location().map(|l| l.line()).unwrap_or(1);
         err(line, explain_serde_error(&e.to_string()))
     })?;
-    let seeds = match &parsed.seeds {
-        Some(s) if s.is_empty() => {
-            return Err(err(lines.line("seeds"), "seeds: the list is empty; give at least one seed".into()))
+    // The command line's overrides, laid over the file; each path they touch is blamed on its argument.
+    for (key, values, argument) in &overrides.sweep {
+        let key_value = Value::from(key.as_str());
+        parsed.sweep.insert(key_value, Value::Sequence(values.clone()));
+        lines.blame_argument(&format!("sweep.{key}"), argument);
+    }
+    for (key, _, argument) in &overrides.set {
+        let fixed = |k: &str| k == key || k.starts_with(&format!("{key}."));
+        let inside = |k: &str| key.starts_with(&format!("{k}."));
+        let swept: Vec<String> = parsed.sweep.keys().filter_map(|k| k.as_str().map(String::from)).collect();
+        for k in swept {
+            if fixed(&k) {
+                if overrides.sweep.iter().any(|(s, _, _)| *s == k) {
+                    let message = format!("`{k}` is also swept by --sweep; give one");
+                    return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
+                }
+                if k != *key {
+                    let message =
+                        format!("sets all of `{key}`, which the recipe sweeps `{k}` inside; override `{k}` itself");
+                    return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
+                }
+                // The key is fixed: its axis goes.
+                parsed.sweep.remove(k.as_str());
+            }
         }
+        for (i, variant) in parsed.variants.iter().enumerate() {
+            if let Some(k) =
+                variant.keys().filter_map(|k| k.as_str()).find(|k| *k != "label" && (fixed(k) || inside(k)))
+            {
+                let message = format!(
+                    "variants.{i} sets `{k}`; overriding it would change that variant behind its label (edit the recipe instead)"
+                );
+                return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
+            }
+        }
+        lines.blame_argument(key, argument);
+    }
+    if let Some((list, argument)) = &overrides.seeds {
+        parsed.seeds = Some(list.clone());
+        lines.blame_argument("seeds", argument);
+    }
+    let lines = lines;
+    // A problem at a recipe path: on the command line if an override set it, else at its line.
+    let at = |source: &str, message: String| -> RecipeError {
+        match lines.argument(source) {
+            Some(argument) => RecipeError { file: file.into(), line: 0, message, argument: Some(argument.to_string()) },
+            None => err(lines.line(source), message),
+        }
+    };
+    let seeds = match &parsed.seeds {
+        Some(s) if s.is_empty() => return Err(at("seeds", "seeds: the list is empty; give at least one seed".into())),
         Some(s) => s.clone(),
         // Without a list, the one run's seed is train.seed as written.
         None => vec![typed.train.unwrap_or_default().seed],
@@ -253,7 +331,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
                 written.insert(Value::from(*name), v.clone());
             }
             Some(Value::Null) | None => {}
-            Some(_) => return Err(err(lines.line(name), format!("{name}: expected a section of keys"))),
+            Some(_) => return Err(at(name, format!("{name}: expected a section of keys"))),
         }
     }
     let template = schema_template();
@@ -262,12 +340,12 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             return Ok(());
         }
         if key == "train.seed" && !source.starts_with("smoke.") {
-            return Err(err(
-                lines.line(source),
+            return Err(at(
+                source,
                 format!("{source}: list the seeds in `seeds:` (every run is repeated once per seed)"),
             ));
         }
-        check_path(&template, key).map_err(|m| err(lines.line(source), format!("{source}: {m}")))
+        check_path(&template, key).map_err(|m| at(source, format!("{source}: {m}")))
     };
     // A setting's value on its own must be a valid value of its key: a type error points at it.
     let type_check = |setting: &Setting| -> Result<(), RecipeError> {
@@ -276,7 +354,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         serde_yaml::from_value::<Config>(value).map(|_| ()).map_err(|e| {
             let msg = explain_serde_error(&e.to_string());
             let msg = if msg.starts_with(&setting.key) { msg } else { format!("{}: {msg}", setting.key) };
-            err(lines.line(&setting.source), msg)
+            at(&setting.source, msg)
         })
     };
 
@@ -285,21 +363,13 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
     let mut sweep_keys = Vec::new();
     for (k, v) in &parsed.sweep {
         let Some(key) = k.as_str() else {
-            return Err(err(
-                lines.line("sweep"),
-                "sweep: keys must be dotted config paths like transformer.heads".into(),
-            ));
+            return Err(at("sweep", "sweep: keys must be dotted config paths like transformer.heads".into()));
         };
         let source = format!("sweep.{key}");
         check(key, &source)?;
         let values = match v {
             Value::Sequence(values) if !values.is_empty() => values,
-            _ => {
-                return Err(err(
-                    lines.line(&source),
-                    format!("{source}: expected a non-empty list of values, e.g. [1, 2, 4]"),
-                ))
-            }
+            _ => return Err(at(&source, format!("{source}: expected a non-empty list of values, e.g. [1, 2, 4]"))),
         };
         sweep_keys.push(key.to_string());
         let settings: Vec<Setting> = values
@@ -322,7 +392,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             for (k, v) in variant {
                 let source = format!("variants.{i}.{}", k.as_str().unwrap_or_default());
                 let Some(key) = k.as_str() else {
-                    return Err(err(lines.line(&source), "variants: keys must be dotted config paths".into()));
+                    return Err(at(&source, "variants: keys must be dotted config paths".into()));
                 };
                 if key == "label" {
                     label = Some(value_text(v));
@@ -341,10 +411,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
                     .join(" ")
             });
             if variant_labels.contains(&label) {
-                return Err(err(
-                    lines.line(&format!("variants.{i}")),
-                    format!("variants: two variants are labelled `{label}`"),
-                ));
+                return Err(at(&format!("variants.{i}"), format!("variants: two variants are labelled `{label}`")));
             }
             variant_labels.push(label);
             variants.push(settings);
@@ -362,6 +429,14 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         type_check(&setting)?;
         smoke_settings.push(setting);
     }
+    // `key=value` overrides act last, on every run, over sweep, variants and smoke alike.
+    let mut override_settings = Vec::new();
+    for (key, value, _) in &overrides.set {
+        check(key, key)?;
+        let setting = Setting { key: key.clone(), value: value.clone(), source: key.clone() };
+        type_check(&setting)?;
+        override_settings.push(setting);
+    }
 
     // A typo such as a long list under several keys can multiply into more runs than any sweep means to
     // have (and than memory holds); refuse before expanding.
@@ -372,8 +447,8 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         .collect();
     let count = sizes.iter().try_fold(seeds.len() as u128, |n, &a| n.checked_mul(a as u128)).unwrap_or(u128::MAX);
     if count > MAX_RUNS {
-        return Err(err(
-            lines.line("sweep"),
+        return Err(at(
+            "sweep",
             format!(
                 "sweep: the grid times the seeds is {count} runs; at most {MAX_RUNS} (split the recipe, or shard it)"
             ),
@@ -401,10 +476,11 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
             if smoke {
                 settings.extend(smoke_settings.iter());
             }
+            settings.extend(override_settings.iter());
             let kind_setting = settings.iter().rev().find(|s| s.key == "kind");
             let kind = match kind_setting {
                 Some(s) => serde_yaml::from_value::<Kind>(s.value.clone())
-                    .map_err(|e| err(lines.line(&s.source), format!("kind: {}", explain_serde_error(&e.to_string()))))?,
+                    .map_err(|e| at(&s.source, format!("kind: {}", explain_serde_error(&e.to_string()))))?,
                 None => parsed.kind.ok_or_else(|| {
                     err(1, "kind: missing: say what the recipe trains (kind: lm, bert, translate, vit, swin, davit or image_gpt)".into())
                 })?,
@@ -443,7 +519,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
                     .rev()
                     .find(|(k, _)| *k == key || k.starts_with(&format!("{key}.")))
                     .map(|(_, s)| s.clone());
-                err(lines.line(source.as_deref().unwrap_or(&key)), msg)
+                at(source.as_deref().unwrap_or(&key), msg)
             })?;
             let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let label = swept
@@ -481,25 +557,25 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         }
     }
     if let Some((source, message)) = refused.into_iter().min_by_key(|(s, _)| lines.line(s)) {
-        return Err(err(lines.line(&source), message));
+        return Err(at(&source, message));
     }
 
     for (run, set) in runs.iter_mut().zip(&set_per_run) {
         // The line to blame for a problem with this run: where the key was set for it, else the swept value
         // that made the run, else the key's own line.
-        let blame = |key: &str| -> usize {
+        let blame = |key: &str| -> String {
             if let Some((_, source)) = set.iter().rev().find(|(k, _)| k == key) {
-                return lines.line(source);
+                return source.clone();
             }
-            if lines.has(key) {
-                return lines.line(key);
+            if lines.has(key) || lines.argument(key).is_some() {
+                return key.to_string();
             }
             match set.iter().rev().find(|(_, s)| s.starts_with("sweep.") || s.starts_with("variants.")) {
-                Some((_, source)) => lines.line(source),
-                None => lines.line(key),
+                Some((_, source)) => source.clone(),
+                None => key.to_string(),
             }
         };
-        run.config.validate().map_err(|inv| err(blame(&inv.key), format!("{}: {}", inv.key, inv.message)))?;
+        run.config.validate().map_err(|inv| at(&blame(&inv.key), format!("{}: {}", inv.key, inv.message)))?;
         run.config.resolve();
         run.config_hash = config_hash(&run.config);
     }
@@ -511,6 +587,7 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
         seeds,
         runs,
         smoke,
+        overrides: overrides.clone(),
     })
 }
 

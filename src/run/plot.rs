@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::Once;
 
 use super::results::{read_curves, read_runs, variants_of, Curves};
-use crate::metrics::{mean_std, Metric};
+use crate::metrics::Metric;
 use crate::recipe::Recipe;
+use crate::stats::{Estimate, CONFIDENCE};
 use crate::tasks::task;
 
 static FONT: Once = Once::new();
@@ -48,7 +49,13 @@ fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
-/// One line of a chart: label and points (x, mean, std).
+/// Mean of a sample and the half-width of its confidence interval (0 for a single value: no band).
+fn mean_interval(values: &[f64]) -> (f64, f64) {
+    let e = Estimate::of(values);
+    (e.mean, e.half_width.unwrap_or(0.0))
+}
+
+/// One line of a chart: label and points (x, mean, half-width of the band or error bar).
 pub struct Series {
     pub label: String,
     pub points: Vec<(f64, f64, f64)>,
@@ -74,8 +81,8 @@ pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metri
             .filter_map(|(s, vs)| {
                 let finite: Vec<f64> = vs.into_iter().filter(|v| v.is_finite()).collect();
                 (!finite.is_empty()).then(|| {
-                    let (m, sd) = mean_std(&finite);
-                    (s as f64, m, sd)
+                    let (m, half) = mean_interval(&finite);
+                    (s as f64, m, half)
                 })
             })
             .collect();
@@ -446,7 +453,11 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     let curves = read_curves(&dir.join("curves.csv"))?;
     let variants = variants_of(&runs);
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
-    let band = if seeds > 1 { format!(" (mean ± sample std over {seeds} seeds)") } else { String::new() };
+    let band = if seeds > 1 {
+        format!(" (mean, {:.0}% CI over n = {seeds} seeds)", 100.0 * CONFIDENCE)
+    } else {
+        String::new()
+    };
     let name = &recipe.name;
     let metrics = recipe_metrics(recipe);
     for m in metrics.iter().filter(|m| m.chart) {
@@ -590,8 +601,8 @@ fn final_metric_series(
             points: by_x
                 .into_iter()
                 .map(|(x, vs)| {
-                    let (m, sd) = mean_std(&vs);
-                    (x as f64, m, sd)
+                    let (m, half) = mean_interval(&vs);
+                    (x as f64, m, half)
                 })
                 .collect(),
         })
@@ -637,8 +648,8 @@ fn length_generalisation_chart(
                         .filter_map(|r| r.get(col).and_then(|v| v.parse::<f64>().ok()))
                         .collect();
                     (!values.is_empty()).then(|| {
-                        let (m, sd) = mean_std(&values);
-                        (x as f64, m, sd)
+                        let (m, half) = mean_interval(&values);
+                        (x as f64, m, half)
                     })
                 })
                 .collect();

@@ -94,6 +94,9 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         source: &'a str,
         description: Option<&'a str>,
         smoke: bool,
+        /// The command line's changes to the file (`train.steps=300`, `--sweep …`, `--seeds …`).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        overrides: Vec<String>,
         sweep_keys: &'a [String],
         seeds: &'a [u64],
         runs: Vec<BTreeMap<&'a str, Value>>,
@@ -114,6 +117,7 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         source: &recipe.file,
         description: recipe.description.as_deref(),
         smoke: recipe.smoke,
+        overrides: recipe.overrides.describe(),
         sweep_keys: &recipe.sweep_keys,
         seeds: &recipe.seeds,
         runs,

@@ -258,6 +258,7 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
     for (k, device) in plan.devices.iter().enumerate() {
         let mut cmd = Command::new(&exe);
         cmd.arg(plan.recipe_path)
+            .args(recipe.overrides.args())
             .arg("--shard")
             .arg(format!("{k}/{n}"))
             .arg("--device")
@@ -328,6 +329,9 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
     let smoke = if plan.smoke { " --smoke" } else { "" };
+    // The command line's overrides travel with every task, quoted for the shell.
+    let overrides: String =
+        recipe.overrides.args().iter().map(|a| format!(" '{}'", a.replace('\'', r"'\''"))).collect();
     let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
     if let Some(p) = plan.partition {
         header.push_str(&format!("#SBATCH --partition={p}\n"));
@@ -339,7 +343,7 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
         "{header}#SBATCH --array=0-{last}\n#SBATCH --cpus-per-task={cpus}\n{gpus}#SBATCH --output={log}\n\
          # Shard $SLURM_ARRAY_TASK_ID of {n}: trains every {n}th run of the recipe into {out}/shards/.\n\
          set -euo pipefail\n\
-         exec {exe} {recipe} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
+         exec {exe} {recipe}{overrides} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
          --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet\n",
         last = plan.shards - 1,
         cpus = plan.cpus_per_task,
@@ -358,7 +362,7 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
     let merge = format!(
         "{header}#SBATCH --cpus-per-task=1\n#SBATCH --output={log}\n\
          # Combines the shards into {out}/runs.csv, curves.csv and the plots.\n\
-         set -euo pipefail\nexec {exe} merge {recipe} --out {out}{smoke}\n",
+         set -euo pipefail\nexec {exe} merge {recipe}{overrides} --out {out}{smoke}\n",
         log = dir.join("merge.log").display(),
         exe = quote(&exe),
         recipe = quote(&recipe_path),

@@ -1,8 +1,9 @@
 //! Running an expanded recipe: check the output directory, load every data set and check every run before
 //! training anything, skip runs already in `runs.csv`, train the rest with a progress bar, then draw the
 //! plots from the CSV files. Everything that depends on what a run trains goes through its task.
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashSet;
 use std::path::Path;
 use tch::Device;
 
@@ -15,6 +16,7 @@ use crate::tasks::checkpoint::{self, file_stem};
 use crate::tasks::{task, DataCache, RunContext};
 use crate::train::{RunOutcome, StateFile};
 
+#[derive(Clone, Copy)]
 pub struct SweepOptions<'a> {
     pub out: &'a Path,
     pub device: Device,
@@ -53,6 +55,26 @@ pub fn run_line(id: &str, outcome: &RunOutcome, metrics: &[Metric]) -> String {
     format!("  {id}: {}", parts.join(", "))
 }
 
+/// Refuses to add runs to a directory whose `runs.csv` holds a run this recipe does not have, or has with a
+/// different configuration (the file was edited, or overrides differ): its rows would be mixed into the
+/// tables and plots as if they were variants of this recipe.
+fn refuse_foreign_rows(recipe: &Recipe, finished: &HashSet<(String, String)>, dir: &Path) -> Result<()> {
+    let mut rows: Vec<&(String, String)> = finished.iter().collect();
+    rows.sort();
+    for (id, hash) in rows {
+        let problem = match recipe.runs.iter().find(|r| r.id == *id) {
+            Some(run) if run.config_hash == *hash => continue,
+            Some(_) => "with a different configuration (the recipe or its overrides changed since)",
+            None => "which this recipe (with these overrides) does not have",
+        };
+        bail!(
+            "{} holds run `{id}` {problem}: start over with --force, or give another --out",
+            dir.join("runs.csv").display()
+        );
+    }
+    Ok(())
+}
+
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Everything that can fail on input fails here, before the first step: the output directory (before any
     // download), then data and sizes.
@@ -69,6 +91,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         // Runs already merged into the main results count as finished for every shard.
         finished.extend(ResultsDir { dir: opts.out.to_path_buf() }.finished()?);
     }
+    refuse_foreign_rows(recipe, &finished, &results.dir)?;
     let mine: Vec<_> =
         recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
     let todo: Vec<_> =

@@ -1,0 +1,212 @@
+//! After a run: does each variant reproduce the committed reference results of its recipe? Per variant and
+//! per headline quality metric, the rerun's values over seeds are tested against the reference's with the
+//! rule of [`crate::stats::agreement`] (Welch's t-test, a prediction interval, or a stated tolerance for
+//! single runs). Only runs with the reference's configuration (seed apart) are compared. The verdicts are
+//! printed and written to `reproduction.csv` beside the results.
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::plot::recipe_metrics;
+use super::results::read_runs;
+use crate::files::write_atomically;
+use crate::metrics::{cost, Metric};
+use crate::recipe::{columns, Recipe};
+use crate::stats::{agreement, Estimate};
+
+type Row = BTreeMap<String, String>;
+
+/// One variant's verdict on one metric.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub variant: String,
+    pub metric: String,
+    pub reference: Option<Estimate>,
+    pub rerun: Option<Estimate>,
+    /// `reproduces`, `differs` or `not comparable`.
+    pub verdict: &'static str,
+    pub rule: String,
+}
+
+/// The quality metrics worth comparing: headline, and not a measure of the machine (throughput, time).
+fn quality_metrics(recipe: &Recipe) -> Vec<Metric> {
+    let machine: Vec<String> = cost("").iter().filter_map(|m| m.column_name().map(String::from)).collect();
+    recipe_metrics(recipe)
+        .into_iter()
+        .filter(|m| {
+            m.headline && m.column_name().is_some() && !machine.iter().any(|c| Some(c.as_str()) == m.column_name())
+        })
+        .collect()
+}
+
+fn finite(rows: &[&Row], column: &str) -> Vec<f64> {
+    rows.iter().filter_map(|r| r.get(column)?.parse::<f64>().ok()).filter(|v| v.is_finite()).collect()
+}
+
+/// Compares the runs in `dir` with the reference results in `reference` (`None` when there is no
+/// reference `runs.csv`).
+pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<Vec<Verdict>>> {
+    let reference_csv = reference.join("runs.csv");
+    if !reference_csv.exists() {
+        return Ok(None);
+    }
+    let reference_rows = read_runs(&reference_csv)?;
+    let rows = read_runs(&dir.join("runs.csv"))?;
+    let metrics = quality_metrics(recipe);
+    let mut labels: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !labels.contains(&r["label"].as_str()) {
+            labels.push(&r["label"]);
+        }
+    }
+    let mut verdicts = Vec::new();
+    for label in labels {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r["label"] == label).collect();
+        let theirs: Vec<&Row> = reference_rows.iter().filter(|r| r["label"] == label).collect();
+        let not_comparable = |rule: String| {
+            metrics
+                .iter()
+                .map(|m| Verdict {
+                    variant: label.to_string(),
+                    metric: m.label.to_string(),
+                    reference: None,
+                    rerun: None,
+                    verdict: "not comparable",
+                    rule: rule.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
+        if theirs.is_empty() {
+            verdicts.extend(not_comparable("the reference has no such variant".into()));
+            continue;
+        }
+        // The reference runs with this variant's configuration, the seed apart.
+        let Some(spec) = recipe.runs.iter().find(|r| r.label == label) else { continue };
+        let config: Vec<(String, String)> =
+            columns(&spec.config).into_iter().filter(|(k, _)| k != "train.seed").collect();
+        let same = |r: &Row| config.iter().all(|(k, v)| r.get(k) == Some(v));
+        let matching: Vec<&Row> = theirs.iter().copied().filter(|r| same(r)).collect();
+        if matching.is_empty() {
+            let differences: Vec<String> = config
+                .iter()
+                .filter(|(k, v)| theirs[0].get(k) != Some(v))
+                .take(3)
+                .map(|(k, v)| format!("{k} {v} vs {}", theirs[0].get(k).map_or("(absent)", String::as_str)))
+                .collect();
+            verdicts.extend(not_comparable(format!(
+                "configuration differs from the reference: {}",
+                differences.join(", ")
+            )));
+            continue;
+        }
+        for m in &metrics {
+            let column = m.column_name().expect("quality metrics are columns");
+            let (new, old) = (finite(&mine, column), finite(&matching, column));
+            if new.is_empty() || old.is_empty() {
+                continue;
+            }
+            let a = agreement(&old, &new);
+            verdicts.push(Verdict {
+                variant: label.to_string(),
+                metric: m.label.to_string(),
+                reference: Some(Estimate::of(&old)),
+                rerun: Some(Estimate::of(&new)),
+                verdict: if a.reproduces { "reproduces" } else { "differs" },
+                rule: a.rule,
+            });
+        }
+    }
+    Ok(Some(verdicts))
+}
+
+fn describe(e: &Option<Estimate>) -> String {
+    match e {
+        None => "–".into(),
+        Some(e) if e.n == 1 => format!("{:.4} (n 1)", e.mean),
+        Some(e) => format!("{:.4} ± {:.4} (n {})", e.mean, e.std, e.n),
+    }
+}
+
+/// One line per variant: `reproduces` when every metric does, else the first metric that differs.
+pub fn lines(verdicts: &[Verdict], reference: &Path) -> Vec<String> {
+    let mut out = vec![format!("ablate: compared with the reference results in {}:", reference.display())];
+    let mut seen: Vec<&str> = Vec::new();
+    for v in verdicts {
+        if seen.contains(&v.variant.as_str()) {
+            continue;
+        }
+        seen.push(&v.variant);
+        let mine: Vec<&Verdict> = verdicts.iter().filter(|w| w.variant == v.variant).collect();
+        let worst = mine.iter().find(|w| w.verdict != "reproduces").unwrap_or(&mine[0]);
+        let line = if worst.verdict == "not comparable" {
+            format!("  {}: not comparable ({})", v.variant, worst.rule)
+        } else {
+            format!(
+                "  {}: {} ({} {} vs reference {}; {})",
+                v.variant,
+                if worst.verdict == "reproduces" { "reproduces" } else { "DIFFERS" },
+                worst.metric,
+                describe(&worst.rerun),
+                describe(&worst.reference),
+                worst.rule
+            )
+        };
+        out.push(line);
+    }
+    out
+}
+
+/// Writes `reproduction.csv`: variant, metric, both sides' n, mean and std, verdict and rule.
+pub fn write(verdicts: &[Verdict], path: &Path) -> Result<()> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record([
+        "variant",
+        "metric",
+        "reference_n",
+        "reference_mean",
+        "reference_std",
+        "rerun_n",
+        "rerun_mean",
+        "rerun_std",
+        "verdict",
+        "rule",
+    ])?;
+    let cells = |e: &Option<Estimate>| match e {
+        Some(e) => [e.n.to_string(), format!("{:.6}", e.mean), format!("{:.6}", e.std)],
+        None => [String::new(), String::new(), String::new()],
+    };
+    for v in verdicts {
+        let [rn, rm, rs] = cells(&v.reference);
+        let [n, m, s] = cells(&v.rerun);
+        w.write_record([&v.variant, &v.metric, &rn, &rm, &rs, &n, &m, &s, v.verdict, &v.rule])?;
+    }
+    let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    write_atomically(path, &bytes)
+}
+
+/// Compares, prints and writes, when `reference` holds results and is not `dir` itself.
+pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool) -> Result<()> {
+    let same = match (dir.canonicalize(), reference.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same || recipe.smoke {
+        return Ok(());
+    }
+    // A reference that cannot be read (from an older ablate, damaged) costs the comparison, not the run.
+    let verdicts = match compare(recipe, dir, reference) {
+        Ok(Some(verdicts)) => verdicts,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            eprintln!("ablate: no comparison with the reference in {}: {e:#}", reference.display());
+            return Ok(());
+        }
+    };
+    write(&verdicts, &dir.join("reproduction.csv"))?;
+    if !quiet {
+        for line in lines(&verdicts, reference) {
+            eprintln!("{line}");
+        }
+    }
+    Ok(())
+}

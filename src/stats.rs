@@ -1,0 +1,239 @@
+//! The statistics a results table reports: the sample mean and standard deviation of a variant's seeds, a
+//! Student-t confidence interval for its mean, a paired comparison with a baseline variant over shared
+//! seeds, and the test that decides whether a rerun reproduces a reference. Torch-free.
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+/// The confidence level of every interval ablate reports.
+pub const CONFIDENCE: f64 = 0.95;
+
+/// Mean and sample standard deviation (n − 1 in the denominator; 0 for a single value).
+pub fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// The two-sided `CONFIDENCE` quantile of Student's t with `df` degrees of freedom (12.706 for df = 1,
+/// 4.303 for df = 2).
+pub fn t_critical(df: f64) -> f64 {
+    let t = StudentsT::new(0.0, 1.0, df).expect("df > 0");
+    t.inverse_cdf(0.5 + CONFIDENCE / 2.0)
+}
+
+/// Two-sided p-value of a t statistic with `df` degrees of freedom.
+fn two_sided_p(t: f64, df: f64) -> f64 {
+    if t.is_nan() {
+        return f64::NAN;
+    }
+    if t.is_infinite() {
+        return 0.0;
+    }
+    let dist = StudentsT::new(0.0, 1.0, df).expect("df > 0");
+    (2.0 * dist.cdf(-t.abs())).min(1.0)
+}
+
+/// A sample described for a table: n, mean, sample std and the half-width of the confidence interval of
+/// the mean (`None` below two values, where no interval exists).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub n: usize,
+    pub mean: f64,
+    pub std: f64,
+    pub half_width: Option<f64>,
+}
+
+impl Estimate {
+    pub fn of(values: &[f64]) -> Estimate {
+        let (mean, std) = mean_std(values);
+        let n = values.len();
+        let half_width = (n >= 2).then(|| t_critical(n as f64 - 1.0) * std / (n as f64).sqrt());
+        Estimate { n, mean, std, half_width }
+    }
+}
+
+/// A variant against a baseline over the seeds both ran: per-seed differences (variant − baseline), their
+/// mean with its confidence interval, and the paired t-test's two-sided p-value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Paired {
+    pub seeds: Vec<u64>,
+    pub differences: Vec<f64>,
+    pub difference: Estimate,
+    pub t: f64,
+    pub p: f64,
+}
+
+/// Pairs `variant` with `baseline` by seed. `None` below two shared seeds (no spread to test against).
+pub fn paired(baseline: &[(u64, f64)], variant: &[(u64, f64)]) -> Option<Paired> {
+    let mut seeds = Vec::new();
+    let mut differences = Vec::new();
+    for &(seed, v) in variant {
+        if let Some(&(_, b)) = baseline.iter().find(|(s, _)| *s == seed) {
+            seeds.push(seed);
+            differences.push(v - b);
+        }
+    }
+    if differences.len() < 2 {
+        return None;
+    }
+    let difference = Estimate::of(&differences);
+    let se = difference.std / (difference.n as f64).sqrt();
+    let t = if se > 0.0 {
+        difference.mean / se
+    } else if difference.mean == 0.0 {
+        // Identical on every seed: no evidence of a difference.
+        0.0
+    } else {
+        f64::INFINITY.copysign(difference.mean)
+    };
+    let p = two_sided_p(t, difference.n as f64 - 1.0);
+    Some(Paired { seeds, differences, difference, t, p })
+}
+
+/// Welch's unequal-variance t-test of two independent samples (each of at least two values): the two-sided
+/// p-value of "same mean".
+pub fn welch_p(a: &[f64], b: &[f64]) -> f64 {
+    let (ea, eb) = (Estimate::of(a), Estimate::of(b));
+    let (va, vb) = (ea.std.powi(2) / ea.n as f64, eb.std.powi(2) / eb.n as f64);
+    let se2 = va + vb;
+    if se2 == 0.0 {
+        return if ea.mean == eb.mean { 1.0 } else { 0.0 };
+    }
+    let t = (ea.mean - eb.mean) / se2.sqrt();
+    let df = se2.powi(2) / (va.powi(2) / (ea.n as f64 - 1.0) + vb.powi(2) / (eb.n as f64 - 1.0));
+    two_sided_p(t, df)
+}
+
+/// Whether a rerun's values of a metric agree with a reference's, and the rule that decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agreement {
+    pub reproduces: bool,
+    pub rule: String,
+}
+
+/// Relative tolerance for comparing single runs, where no spread is known: what bit-level differences
+/// between CPUs and libtorch builds move a final metric by, with room to spare.
+pub const SINGLE_RUN_TOLERANCE: f64 = 0.01;
+
+/// Decides whether `new` reproduces `reference` (both the values of one metric over seeds):
+/// - both with ≥ 2 values: Welch's t-test, reproduces unless p < 1 − `CONFIDENCE`;
+/// - one side a single value, the other ≥ 2: the single value must lie in the other side's
+///   `CONFIDENCE` prediction interval for one new observation, mean ± t·s·√(1 + 1/n);
+/// - single values on both sides: within `SINGLE_RUN_TOLERANCE` relative (absolute below 1e-9).
+pub fn agreement(reference: &[f64], new: &[f64]) -> Agreement {
+    let alpha = 1.0 - CONFIDENCE;
+    match (reference.len(), new.len()) {
+        (0, _) | (_, 0) => Agreement { reproduces: false, rule: "no values to compare".into() },
+        (1, 1) => {
+            let (r, v) = (reference[0], new[0]);
+            let rel = (v - r).abs() / r.abs().max(1e-9);
+            Agreement {
+                reproduces: rel <= SINGLE_RUN_TOLERANCE,
+                rule: format!("single runs, {:.2}% apart (tolerance {}%)", 100.0 * rel, 100.0 * SINGLE_RUN_TOLERANCE),
+            }
+        }
+        (1, _) | (_, 1) => {
+            let (single, sample, which) =
+                if new.len() == 1 { (new[0], reference, "reference") } else { (reference[0], new, "rerun") };
+            let e = Estimate::of(sample);
+            let half = t_critical(e.n as f64 - 1.0) * e.std * (1.0 + 1.0 / e.n as f64).sqrt();
+            Agreement {
+                reproduces: (single - e.mean).abs() <= half,
+                rule: format!(
+                    "{}% prediction interval of the {which}'s {} seeds: [{:.4}, {:.4}]",
+                    100.0 * CONFIDENCE,
+                    e.n,
+                    e.mean - half,
+                    e.mean + half
+                ),
+            }
+        }
+        _ => {
+            let p = welch_p(reference, new);
+            Agreement { reproduces: p >= alpha, rule: format!("Welch t-test p = {}", format_p(p)) }
+        }
+    }
+}
+
+/// A p-value as papers print it: three significant digits, `< 0.001` below that.
+pub fn format_p(p: f64) -> String {
+    if p.is_nan() {
+        "–".into()
+    } else if p < 0.001 {
+        "< 0.001".into()
+    } else {
+        format!("{p:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Reference values computed once with SciPy 1.17.1 and NumPy:
+    //   scipy.stats.t.ppf(0.975, df) for df 1, 2, 4
+    //   numpy.std([2.41, 2.45, 2.38], ddof=1)
+    //   scipy.stats.ttest_rel([2.30, 2.39, 2.33, 2.41], [2.41, 2.45, 2.38, 2.50])
+    //   scipy.stats.ttest_ind([0.91, 0.93, 0.92], [0.88, 0.90, 0.86, 0.89], equal_var=False)
+    const TTEST_REL_T: f64 = -5.628616053819832;
+    const TTEST_REL_P: f64 = 0.01109156763977864;
+    const WELCH_P: f64 = 0.015752005371269615;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs().max(1e-12)
+    }
+
+    #[test]
+    fn t_quantiles_match_scipy() {
+        for (df, expected) in [(1.0, 12.706204736174694), (2.0, 4.302652729749462), (4.0, 2.7764451051977934)] {
+            assert!(close(t_critical(df), expected, 1e-9), "df {df}: {}", t_critical(df));
+        }
+    }
+
+    #[test]
+    fn sample_std_and_interval() {
+        let e = Estimate::of(&[2.41, 2.45, 2.38]);
+        assert!(close(e.mean, 2.4133333333333336, 1e-12));
+        // numpy.std(x, ddof=1)
+        assert!(close(e.std, 0.035118845842842, 1e-9));
+        assert!(close(e.half_width.unwrap(), 4.302652729749464 * 0.035118845842842 / 3f64.sqrt(), 1e-9));
+        assert_eq!(Estimate::of(&[1.0]).half_width, None);
+    }
+
+    #[test]
+    fn paired_test_matches_scipy_ttest_rel() {
+        let baseline = [(0, 2.41), (1, 2.45), (2, 2.38), (3, 2.50)];
+        let variant = [(0, 2.30), (1, 2.39), (2, 2.33), (3, 2.41), (9, 1.0)];
+        let p = paired(&baseline, &variant).unwrap();
+        assert_eq!(p.seeds, [0, 1, 2, 3], "seed 9 has no baseline to pair with");
+        assert!(close(p.t, TTEST_REL_T, 1e-9), "t {}", p.t);
+        assert!(close(p.p, TTEST_REL_P, 1e-6), "p {}", p.p);
+        assert!(paired(&baseline, &[(0, 1.0)]).is_none());
+        let same = paired(&baseline, &baseline).unwrap();
+        assert_eq!((same.t, same.p), (0.0, 1.0));
+    }
+
+    #[test]
+    fn welch_matches_scipy() {
+        let a = [0.91, 0.93, 0.92];
+        let b = [0.88, 0.90, 0.86, 0.89];
+        assert!(close(welch_p(&a, &b), WELCH_P, 1e-6), "p {}", welch_p(&a, &b));
+    }
+
+    #[test]
+    fn agreement_rules() {
+        assert!(agreement(&[0.9], &[0.905]).reproduces);
+        assert!(!agreement(&[0.9], &[0.95]).reproduces);
+        // 0.92 ± 4.303·0.01·√(4/3) = [0.870, 0.970]
+        assert!(agreement(&[0.91, 0.92, 0.93], &[0.95]).reproduces);
+        assert!(!agreement(&[0.91, 0.92, 0.93], &[0.99]).reproduces);
+        assert!(agreement(&[0.91, 0.93, 0.92], &[0.92, 0.915, 0.925]).reproduces);
+        assert!(!agreement(&[0.91, 0.93, 0.92], &[0.88, 0.90, 0.86, 0.89]).reproduces);
+        assert!(!agreement(&[], &[1.0]).reproduces);
+        assert_eq!(format_p(0.0004), "< 0.001");
+        assert_eq!(format_p(0.04321), "0.043");
+    }
+}
