@@ -66,3 +66,38 @@ ablate_build() {
   (cd "$ABLATE_ROOT" && cargo build --release --quiet "$@") ||
     ablate_die "the build failed (see the compiler's message above)"
 }
+
+# The test suite's references besides torch: PyPI's tensorboard (its reader checks ablate's event files) and
+# Chromium from Debian (it renders the HTML report). Installed once, like torch; ablate itself needs neither.
+ABLATE_TENSORBOARD_VERSION=2.21.0
+
+ablate_setup_tensorboard() {
+  local dir="${ABLATE_TENSORBOARD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/tensorboard-$ABLATE_TENSORBOARD_VERSION}"
+  if [[ ! -d "$dir/tensorboard" ]]; then
+    echo "ablate: installing tensorboard $ABLATE_TENSORBOARD_VERSION (the reader the event-file test checks against) into $dir" >&2
+    rm -rf "$dir.partial"
+    mkdir -p "$(dirname "$dir")"
+    if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
+        --target "$dir.partial" "tensorboard==$ABLATE_TENSORBOARD_VERSION" >&2; then
+      rm -rf "$dir.partial"
+      ablate_die "installing tensorboard $ABLATE_TENSORBOARD_VERSION from PyPI failed (see pip's message above)"
+    fi
+    mv "$dir.partial" "$dir"
+  fi
+  export ABLATE_TENSORBOARD_PYTHONPATH="$dir"
+}
+
+ablate_setup_chromium() {
+  local found
+  found="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
+  if [[ -z "$found" ]]; then
+    [[ $(id -u) -eq 0 ]] ||
+      ablate_die "the HTML report test needs a headless Chromium: install it (e.g. 'sudo apt-get install chromium') or set ABLATE_CHROMIUM"
+    echo "ablate: installing chromium from Debian (the HTML report test renders the report with it)" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null ||
+      ablate_die "installing chromium with apt-get failed"
+    found="$(command -v chromium)"
+  fi
+  export ABLATE_CHROMIUM="${ABLATE_CHROMIUM:-$found}"
+}

@@ -171,7 +171,8 @@ enum Command {
         #[arg(long)]
         reference: Option<PathBuf>,
     },
-    /// Redraw a recipe's plots from the CSV files in its output directory.
+    /// Redraw a recipe's plots and its HTML report from the CSV files in its output directory, and write any
+    /// missing TensorBoard event files.
     Plot {
         recipe: PathBuf,
         #[command(flatten)]
@@ -306,6 +307,7 @@ fn main() -> ExitCode {
                 anyhow::bail!("{} has no runs.csv to compare with", reference.display());
             };
             ablate::run::reproduce::write(&verdicts, &out.join("reproduction.csv"))?;
+            ablate::run::report::write_report(&out, &recipe)?;
             for line in ablate::run::reproduce::lines(&verdicts, &reference) {
                 println!("{line}");
             }
@@ -688,5 +690,7 @@ fn plot(name: &Path, overrides: &OverrideArgs, out: Option<PathBuf>) -> anyhow::
     }
     let recipe = recipe::load_with(&path, false, &overrides.parse()?)?;
     let out = out.unwrap_or_else(|| default_out(&recipe));
-    plot_results(&out, &recipe)
+    plot_results(&out, &recipe)?;
+    ablate::run::tensorboard::export(&out, &recipe)?;
+    ablate::run::report::write_report(&out, &recipe)
 }

@@ -4,8 +4,10 @@
 pub mod bench;
 pub mod complexity;
 pub mod plot;
+pub mod report;
 pub mod reproduce;
 pub mod results;
 pub mod scale;
 pub mod summary;
 pub mod sweep;
+pub mod tensorboard;

@@ -203,6 +203,7 @@ pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool) -> Res
         }
     };
     write(&verdicts, &dir.join("reproduction.csv"))?;
+    super::report::write_report(dir, recipe)?;
     if !quiet {
         for line in lines(&verdicts, reference) {
             eprintln!("{line}");

@@ -191,9 +191,17 @@ impl ResultsDir {
                 }
             }
         }
-        let grids = self.dir.join("completions");
-        if grids.is_dir() {
-            std::fs::remove_dir_all(&grids)?;
+        for derived in ["completions", "tensorboard"] {
+            let path = self.dir.join(derived);
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            }
+        }
+        for derived in ["reproduction.csv", "index.html"] {
+            let path = self.dir.join(derived);
+            if path.exists() {
+                std::fs::remove_file(&path)?;
+            }
         }
         Ok(())
     }

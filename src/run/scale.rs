@@ -211,6 +211,8 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
     write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
     plot_results(out, recipe)?;
+    super::tensorboard::export(out, recipe)?;
+    super::report::write_report(out, recipe)?;
     let missing = recipe.runs.len() - ids.len();
     if !quiet {
         eprintln!(

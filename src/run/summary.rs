@@ -40,25 +40,50 @@ fn seed_values(runs: &[Row], ids: &[String], column: &str) -> Vec<(u64, f64)> {
         .collect()
 }
 
-/// The summary of `dir`: the per-variant table, then, with `baseline` (`heads=1`, `transformer.heads=1`
-/// or a variant's label), the paired comparison against it.
+/// One table of a summary: a sentence saying how to read it, the column names, the cells.
+pub struct Table {
+    pub note: String,
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn markdown(&self) -> String {
+        let mut out =
+            format!("{}\n\n| {} |\n|{}\n", self.note, self.header.join(" | "), "---|".repeat(self.header.len()));
+        for row in &self.rows {
+            out.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        out
+    }
+}
+
+/// The summary of `dir` as markdown: the per-variant table, then, with `baseline` (`heads=1`,
+/// `transformer.heads=1` or a variant's label), the paired comparison against it.
 pub fn summary_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Result<String> {
+    let tables = summary_tables(dir, recipe, baseline)?;
+    Ok(tables.iter().map(Table::markdown).collect::<Vec<_>>().join("\n"))
+}
+
+/// [`summary_table`]'s tables.
+pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Result<Vec<Table>> {
     let path = dir.join("runs.csv");
     let runs = read_runs(&path).with_context(|| format!("no results to summarise in {}", dir.display()))?;
     let metrics = headline_metrics(recipe, &runs);
     let variants = variants_of(&runs);
-    // Resolve the baseline before printing anything, so a bad one is one line and no table.
+    // Resolve the baseline before anything else, so a bad one is one line and no table.
     let baseline = baseline.map(|b| find_baseline(&runs, &variants, b)).transpose()?;
     let confidence = 100.0 * CONFIDENCE;
-    let mut out = format!(
+    let note = format!(
         "Per variant: n runs (seeds), then each metric as mean ± sample std [{confidence:.0}% confidence interval \
-         of the mean, Student t with n − 1 degrees of freedom].\n\n| variant | n | {} |\n|---|---|{}\n",
-        metrics.iter().map(|m| m.axis()).collect::<Vec<_>>().join(" | "),
-        "---|".repeat(metrics.len())
+         of the mean, Student t with n − 1 degrees of freedom]."
     );
+    let mut header = vec!["variant".to_string(), "n".to_string()];
+    header.extend(metrics.iter().map(|m| m.axis()));
+    let mut rows = Vec::new();
     for (label, ids) in &variants {
-        let rows = runs.iter().filter(|r| ids.contains(&r["run_id"])).count();
-        let mut cells = vec![label.clone(), rows.to_string()];
+        let n = runs.iter().filter(|r| ids.contains(&r["run_id"])).count();
+        let mut cells = vec![label.clone(), n.to_string()];
         for m in &metrics {
             let column = m.column_name().expect("filtered to columns");
             let values: Vec<f64> = seed_values(&runs, ids, column).into_iter().map(|(_, v)| v).collect();
@@ -68,24 +93,30 @@ pub fn summary_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Res
                 format_estimate(&Estimate::of(&values), m.digits)
             });
         }
-        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        rows.push(cells);
     }
+    let mut tables = vec![Table { note, header, rows }];
     if let Some(base) = baseline {
-        out.push_str(&paired_table(&runs, &variants, base, &metrics));
+        tables.push(paired_table(&runs, &variants, base, &metrics));
     }
-    Ok(out)
+    Ok(tables)
 }
 
 /// Paired differences (variant − baseline) over the seeds both ran, per headline metric.
-fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, metrics: &[Metric]) -> String {
+fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, metrics: &[Metric]) -> Table {
     let (base_label, base_ids) = &variants[base];
     let confidence = 100.0 * CONFIDENCE;
-    let mut out = format!(
-        "\nPaired against `{base_label}`: per seed the difference variant − baseline; mean difference \
-         [{confidence:.0}% CI]; two-sided paired t-test p-value. Fewer than two shared seeds: no test.\n\n\
-         | variant | metric | pairs | mean difference [{confidence:.0}% CI] | p | per-seed differences |\n\
-         |---|---|---|---|---|---|\n"
+    let note = format!(
+        "Paired against `{base_label}`: per seed the difference variant − baseline; mean difference \
+         [{confidence:.0}% CI], marked better or worse where the interval excludes 0; two-sided paired t-test \
+         p-value. Fewer than two shared seeds: no test."
     );
+    let header =
+        ["variant", "metric", "pairs", &format!("mean difference [{confidence:.0}% CI]"), "p", "per-seed differences"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let mut rows = Vec::new();
     for (i, (label, ids)) in variants.iter().enumerate() {
         if i == base {
             continue;
@@ -95,10 +126,11 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
             let b = seed_values(runs, base_ids, column);
             let v = seed_values(runs, ids, column);
             let digits = m.digits;
-            let row = match paired(&b, &v) {
+            rows.push(match paired(&b, &v) {
                 Some(p) => {
                     let h = p.difference.half_width.expect("two or more pairs");
-                    let better = if p.difference.mean == 0.0 {
+                    // A direction only where the interval excludes no difference.
+                    let better = if (p.difference.mean - h) * (p.difference.mean + h) <= 0.0 {
                         ""
                     } else if (p.difference.mean > 0.0) == m.higher_is_better {
                         " (better)"
@@ -107,27 +139,28 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
                     };
                     let diffs: Vec<String> =
                         p.seeds.iter().zip(&p.differences).map(|(s, d)| format!("seed {s}: {d:+.digits$}")).collect();
-                    format!(
-                        "| {label} | {} | {} | {:+.digits$} [{:+.digits$}, {:+.digits$}]{better} | {} | {} |",
+                    vec![
+                        label.clone(),
                         m.axis(),
-                        p.seeds.len(),
-                        p.difference.mean,
-                        p.difference.mean - h,
-                        p.difference.mean + h,
+                        p.seeds.len().to_string(),
+                        format!(
+                            "{:+.digits$} [{:+.digits$}, {:+.digits$}]{better}",
+                            p.difference.mean,
+                            p.difference.mean - h,
+                            p.difference.mean + h
+                        ),
                         format_p(p.p),
-                        diffs.join(", ")
-                    )
+                        diffs.join(", "),
+                    ]
                 }
                 None => {
                     let shared = v.iter().filter(|(s, _)| b.iter().any(|(bs, _)| bs == s)).count();
-                    format!("| {label} | {} | {shared} | – | – | – |", m.axis())
+                    vec![label.clone(), m.axis(), shared.to_string(), "–".into(), "–".into(), "–".into()]
                 }
-            };
-            out.push_str(&row);
-            out.push('\n');
+            });
         }
     }
-    out
+    Table { note, header, rows }
 }
 
 /// The index of the variant named by `spec`: a variant label, or `key=value` where `key` is a column of

@@ -157,6 +157,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
             checkpoint::save(&dir, &run.id, &run.config, vocab, trained.tokenizer.as_ref(), &trained.vs)?;
         }
         results.append(&header, run, &trained.outcome)?;
+        super::tensorboard::export(&results.dir, recipe)?;
         if !opts.quiet {
             let line = run_line(&run.id, &trained.outcome, &kind.metrics(&run.config));
             // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
@@ -179,6 +180,9 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         return Ok(());
     }
     plot_results(&results.dir, recipe)?;
+    // Runs finished by an earlier, interrupted sweep get their event files too.
+    super::tensorboard::export(&results.dir, recipe)?;
+    super::report::write_report(&results.dir, recipe)?;
     if !opts.quiet {
         eprintln!("ablate: wrote {}", results.dir.display());
     }
