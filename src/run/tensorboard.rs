@@ -387,8 +387,10 @@ mod tests {
     fn masked_crc_matches_tfrecord() {
         // CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720 appendix B.4).
         assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
-        let crc: u32 = 0xE306_9283;
-        assert_eq!(masked_crc(b"123456789"), ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8));
+        // tensorboard.compat.tensorflow_stub.pywrap_tensorflow.masked_crc32c of the same bytes, and of the
+        // length field of a 3-byte record.
+        assert_eq!(masked_crc(b"123456789"), 0xc78a_b0e5);
+        assert_eq!(masked_crc(&3u64.to_le_bytes()), 0x0e49_99b0);
     }
 
     #[test]
