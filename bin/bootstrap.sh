@@ -63,8 +63,15 @@ ablate_setup_torch() {
 ablate_build() {
   command -v cargo >/dev/null 2>&1 ||
     ablate_die "cargo is missing: install the Rust toolchain (https://rustup.rs) and run again"
-  (cd "$ABLATE_ROOT" && cargo build --release --quiet "$@") ||
-    ablate_die "the build failed (see the compiler's message above)"
+  if [[ ! -x "$ABLATE_ROOT/target/release/ablate" ]]; then
+    # The first build compiles every dependency: say so, and let cargo show its progress.
+    echo "ablate: first build (release, with every dependency): about 6 minutes on 2 cores; later builds take seconds" >&2
+    (cd "$ABLATE_ROOT" && cargo build --release "$@") ||
+      ablate_die "the build failed (see the compiler's message above)"
+  else
+    (cd "$ABLATE_ROOT" && cargo build --release --quiet "$@") ||
+      ablate_die "the build failed (see the compiler's message above)"
+  fi
 }
 
 # The test suite's references besides torch: PyPI's tensorboard (its reader checks ablate's event files) and
