@@ -682,11 +682,13 @@ fn check(name: &Path, overrides: &OverrideArgs, smoke: bool) -> anyhow::Result<(
 fn plot(name: &Path, overrides: &OverrideArgs, out: Option<PathBuf>) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
     if ablate::run::complexity::is_complexity_recipe(&path) {
-        anyhow::bail!(
-            "{}: a complexity benchmark draws its plots as it runs; run `ablate {}` to measure and plot again",
-            path.display(),
-            path.display()
-        );
+        if !overrides.set.is_empty() || !overrides.sweep.is_empty() || overrides.seeds.is_some() {
+            anyhow::bail!("{}: a complexity benchmark takes no overrides", path.display());
+        }
+        let recipe = ablate::run::complexity::load(&path, false)?;
+        let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
+        let out = out.unwrap_or_else(|| default_benchmark_out(&name, false));
+        return ablate::run::complexity::replot(&recipe, &out);
     }
     let recipe = recipe::load_with(&path, false, &overrides.parse()?)?;
     let out = out.unwrap_or_else(|| default_out(&recipe));

@@ -6,8 +6,9 @@
 //! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: the child
 //! reads its resident-set high-water mark (`VmHWM`), which is real on the CPU too, and a point that runs out
 //! of memory or time is killed and recorded as such while the sweep goes on.
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -511,6 +512,61 @@ pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quie
     Ok(())
 }
 
+/// Redraws the plots of a finished benchmark from its `points.csv`, matching each row to the recipe's point
+/// by variant, pass and length.
+pub fn replot(recipe: &ComplexityRecipe, out: &Path) -> Result<()> {
+    let spec = &recipe.complexity;
+    let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
+    let path = out.join("points.csv");
+    let mut reader =
+        csv::Reader::from_path(&path).with_context(|| format!("no benchmark results in {}", out.display()))?;
+    let mut measured: HashMap<(String, String, i64), csv::StringRecord> = HashMap::new();
+    let header = reader.headers()?.clone();
+    let column = |name: &str| {
+        header.iter().position(|h| h == name).ok_or_else(|| anyhow!("{}: no column {name}", path.display()))
+    };
+    let (variant_at, pass_at, n_at, status_at) = (column("variant")?, column("pass")?, column("n")?, column("status")?);
+    let (median_at, min_at, peak_at, working_at) =
+        (column("median_ms")?, column("min_ms")?, column("peak_mb")?, column("working_mb")?);
+    for record in reader.records() {
+        let record = record?;
+        let n: i64 = record[n_at].parse().with_context(|| format!("{}: bad length", path.display()))?;
+        measured.insert((record[variant_at].to_string(), record[pass_at].to_string(), n), record);
+    }
+    let mut rows = Vec::new();
+    for variant in &spec.variants {
+        for &pass in &spec.passes {
+            for &n in &spec.lengths {
+                let Some(record) = measured.get(&(variant.label.clone(), pass.name().to_string(), n)) else {
+                    bail!(
+                        "{} has no point for {} {} N={n}: rerun the benchmark",
+                        path.display(),
+                        variant.label,
+                        pass.name()
+                    );
+                };
+                let number =
+                    |i: usize| record[i].parse::<f64>().with_context(|| format!("{}: bad number", path.display()));
+                let outcome = match &record[status_at] {
+                    "ok" => Outcome::Ok(PointResult {
+                        median_ms: number(median_at)?,
+                        min_ms: number(min_at)?,
+                        peak_mb: number(peak_at)?,
+                        working_mb: number(working_at)?,
+                    }),
+                    "timeout" => Outcome::Timeout,
+                    "out_of_memory" => Outcome::OutOfMemory,
+                    other => Outcome::Failed(other.trim_start_matches("failed: ").to_string()),
+                };
+                rows.push(Row { variant: variant.label.clone(), pass, spec: spec.point(variant, pass, n), outcome });
+            }
+        }
+    }
+    // slopes.csv stays as measured: points.csv keeps three decimals, so slopes recomputed from it can move
+    // in the third decimal; the legends show two.
+    plot_all(out, &name, spec, &rows).map(|_| ())
+}
+
 fn write_csv(path: &Path, rows: &[Row]) -> Result<()> {
     let mut w = csv::Writer::from_writer(Vec::new());
     w.write_record([
@@ -643,10 +699,8 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 .iter()
                 .map(|&n| (n as f64, analytic_flops(&spec.point(variant, pass, n)) / rate * 1000.0, 0.0))
                 .collect();
-            flops_series.push(Series {
-                label: format!("analytic FLOPs, {} (at {:.0} GFLOP/s)", variant.label, rate / 1e9),
-                points: pts,
-            });
+            flops_series
+                .push(Series { label: format!("FLOPs ÷ {:.0} GFLOP/s, {}", rate / 1e9, variant.label), points: pts });
         }
         if rate > 0.0 && !time_series.is_empty() {
             let title = format!("{name}: {} time against {against}", pass.name());

@@ -103,30 +103,63 @@ pub struct Axes<'a> {
 }
 
 /// The width of a chart's legend panel (to the right of the data, never over it).
-const LEGEND_WIDTH: u32 = 330;
+const LEGEND_WIDTH: u32 = 400;
 
-/// Legend text cut to what fits its panel.
+/// Characters of legend text that fit one line of its panel.
+const LEGEND_LINE: usize = 50;
+
+/// Text cut to `LEGEND_LINE` characters, with an ellipsis when cut.
 fn fit_label(label: &str) -> String {
-    const MAX: usize = 44;
-    if label.chars().count() <= MAX {
+    if label.chars().count() <= LEGEND_LINE {
         label.to_string()
     } else {
-        label.chars().take(MAX - 1).chain(std::iter::once('…')).collect()
+        label.chars().take(LEGEND_LINE - 1).chain(std::iter::once('…')).collect()
     }
 }
 
-/// Draws the legend of `labels` (series i in its colour and dash) into `area`.
-fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, labels: &[String]) -> Result<()>
+/// A legend label on at most two lines: broken at the last space that fits, the rest cut if still too long.
+fn wrap_label(label: &str) -> Vec<String> {
+    let chars: Vec<char> = label.chars().collect();
+    if chars.len() <= LEGEND_LINE {
+        return vec![label.to_string()];
+    }
+    let head: String = chars[..LEGEND_LINE].iter().collect();
+    let cut = head.rfind(' ').filter(|&i| i > 0).unwrap_or(head.len());
+    let first = head[..cut].to_string();
+    let rest = label[first.len()..].trim_start();
+    vec![first, fit_label(rest)]
+}
+
+/// One legend row: label, colour, dash (`None`: solid) and whether the series has point markers.
+struct LegendEntry {
+    label: String,
+    colour: RGBColor,
+    dash: Option<(u32, u32)>,
+    marker: bool,
+}
+
+/// The legend entries of `labels` drawn as line charts draw series i: its colour and dash, with a marker.
+fn series_entries(labels: &[String]) -> Vec<LegendEntry> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| LegendEntry { label: label.clone(), colour: colour(i), dash: dash(i), marker: true })
+        .collect()
+}
+
+/// Draws the legend `entries` into `area` (the panel beside the data).
+fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, entries: &[LegendEntry]) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     let row = 22;
-    for (i, label) in labels.iter().enumerate() {
-        let y = 60 + row * i as i32;
-        let c = colour(i);
-        let points = vec![(8, y), (40, y)];
-        match dash(i) {
-            None => area.draw(&PathElement::new(points, c.stroke_width(3)))?,
+    let mut y = 60 - row;
+    for entry in entries {
+        y += row;
+        let lines = wrap_label(&entry.label);
+        let c = entry.colour;
+        match entry.dash {
+            None => area.draw(&PathElement::new(vec![(8, y), (40, y)], c.stroke_width(3)))?,
             Some((on, off)) => {
                 let mut x = 8;
                 while x < 40 {
@@ -136,8 +169,14 @@ where
                 }
             }
         }
-        area.draw(&Circle::new((24, y), 4, c.filled()))?;
-        area.draw(&Text::new(fit_label(label), (48, y - 8), ("sans-serif", 14)))?;
+        if entry.marker {
+            area.draw(&Circle::new((24, y), 4, c.filled()))?;
+        }
+        for (k, line) in lines.iter().enumerate() {
+            let indent = if k == 0 { 48 } else { 60 };
+            area.draw(&Text::new(line.clone(), (indent, y - 8 + 17 * k as i32), ("sans-serif", 14)))?;
+        }
+        y += 17 * (lines.len() as i32 - 1);
     }
     Ok(())
 }
@@ -217,7 +256,7 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
         let root = BitMapBackend::new(tmp, (1280, 640)).into_drawing_area();
         root.fill(&WHITE)?;
         let (plot_area, legend_area) = root.split_horizontally(1280 - LEGEND_WIDTH);
-        legend(&legend_area, &labels)?;
+        legend(&legend_area, &series_entries(&labels))?;
         let builder = |area| -> ChartBuilder<'_, '_, BitMapBackend> {
             let mut b = ChartBuilder::on(area);
             b.caption(axes.title, ("sans-serif", 20)).margin(12).x_label_area_size(45).y_label_area_size(80);
@@ -316,7 +355,7 @@ fn draw_series<Y: Ranged<ValueType = f64>>(
 }
 
 /// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
-/// into time) as dashed lines.
+/// into time) as grey dashed lines; the legend in a panel beside the data.
 pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
     register_font();
     let all = series.iter().chain(references).flat_map(|s| s.points.iter());
@@ -332,50 +371,55 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
     if x0 >= x1 || y0 >= y1 {
         return Err(anyhow!("nothing to plot for {}", path.display()));
     }
+    // Ticks at the measured x values (sequence lengths, image sides), which rarely fall on decades.
+    let mut ticks: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(|x| *x > 0.0).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    // 1, 2, 5 times each power of ten in range: labels at every decade and between them.
+    let y_ticks: Vec<f64> = ((y0 * 0.8).log10().floor() as i32..=(y1 * 1.25).log10().ceil() as i32)
+        .flat_map(|d| [1.0, 2.0, 5.0].map(|k| k * 10f64.powi(d)))
+        .filter(|y| (y0 * 0.8..=y1 * 1.25).contains(y))
+        .collect();
+    const GREYS: [RGBColor; 3] = [RGBColor(70, 70, 70), RGBColor(130, 130, 130), RGBColor(180, 180, 180)];
+    let mut entries = series_entries(&series.iter().map(|s| s.label.clone()).collect::<Vec<_>>());
+    for (i, s) in references.iter().enumerate() {
+        entries.push(LegendEntry { label: s.label.clone(), colour: GREYS[i % 3], dash: Some((6, 4)), marker: false });
+    }
     crate::files::write_atomically_with(path, |tmp| {
-        let root = BitMapBackend::new(tmp, (1100, 700)).into_drawing_area();
+        let root = BitMapBackend::new(tmp, (1280, 700)).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(axes.title, ("sans-serif", 22))
+        let (plot_area, legend_area) = root.split_horizontally(1280 - LEGEND_WIDTH);
+        legend(&legend_area, &entries)?;
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(axes.title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(45)
             .y_label_area_size(80)
-            .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())?;
+            .build_cartesian_2d(
+                (x0 * 0.9..x1 * 1.1).log_scale().with_key_points(ticks.clone()),
+                (y0 * 0.8..y1 * 1.25).log_scale().with_key_points(y_ticks.clone()),
+            )?;
         chart
             .configure_mesh()
-            .x_desc(axes.x_label)
-            .y_desc(axes.y_label)
+            .x_desc(format!("{} (log scale)", axes.x_label))
+            .y_desc(format!("{} (log scale)", axes.y_label))
             .label_style(("sans-serif", 14))
             .x_label_formatter(&|x: &f64| format!("{x:.0}"))
             .y_label_formatter(&|y: &f64| format!("{y}"))
             .draw()?;
         for (i, s) in series.iter().enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
-            chart
-                .draw_series(LineSeries::new(s.points.iter().map(|&(x, y, _)| (x, y)), color.stroke_width(2)))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
-            chart.draw_series(s.points.iter().map(|&(x, y, _)| Circle::new((x, y), 3, color.filled())))?;
+            let c = colour(i);
+            let line = s.points.iter().map(|&(x, y, _)| (x, y));
+            match dash(i) {
+                None => chart.draw_series(LineSeries::new(line, c.stroke_width(2)))?,
+                Some((on, off)) => chart.draw_series(DashedLineSeries::new(line, on, off, c.stroke_width(2)))?,
+            };
+            chart.draw_series(s.points.iter().map(|&(x, y, _)| Circle::new((x, y), 3, c.filled())))?;
         }
         for (i, s) in references.iter().enumerate() {
-            let color = BLACK.mix(0.35 + 0.3 * i as f64);
-            chart
-                .draw_series(DashedLineSeries::new(
-                    s.points.iter().map(|&(x, y, _)| (x, y)),
-                    6,
-                    4,
-                    color.stroke_width(2),
-                ))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            let line = s.points.iter().map(|&(x, y, _)| (x, y));
+            chart.draw_series(DashedLineSeries::new(line, 6, 4, GREYS[i % 3].stroke_width(2)))?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 13))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
         root.present()?;
         Ok(())
     })
@@ -739,6 +783,11 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
         assert!(line_chart(&path, &[], &Axes { title: "t", x_label: "", y_label: "", x_categories: None }).is_err());
         assert_eq!(fit_label("short"), "short");
-        assert_eq!(fit_label(&"x".repeat(60)).chars().count(), 44);
+        assert_eq!(fit_label(&"x".repeat(60)).chars().count(), LEGEND_LINE);
+        let long = "DaViT-T (windows of 7 + channel groups) (slope 2.11) and some more words to wrap";
+        let lines = wrap_label(long);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].len() <= LEGEND_LINE && long.starts_with(&lines[0]) && long.ends_with(&lines[1]));
+        assert_eq!(wrap_label("short"), ["short"]);
     }
 }
