@@ -38,3 +38,50 @@ pub fn write_atomically_with(path: &Path, write: impl FnOnce(&Path) -> Result<()
     tmp.persist(path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+/// An advisory lock on an output directory (`flock` on `<dir>/.ablate.lock`, which holds the owner's pid),
+/// so that two processes never write one directory. Released when the last handle in this process is dropped
+/// or the process ends, however it ends; locking a directory this process already holds shares the lock.
+pub struct DirLock {
+    _file: std::fs::File,
+    dir: std::path::PathBuf,
+}
+
+static HELD: std::sync::Mutex<Vec<std::sync::Weak<DirLock>>> = std::sync::Mutex::new(Vec::new());
+
+impl DirLock {
+    pub fn acquire(dir: &Path) -> Result<std::sync::Arc<DirLock>> {
+        let canonical = dir.canonicalize().with_context(|| format!("cannot open {}", dir.display()))?;
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|w| w.strong_count() > 0);
+        if let Some(mine) = held.iter().filter_map(|w| w.upgrade()).find(|l| l.dir == canonical) {
+            return Ok(mine);
+        }
+        let path = canonical.join(".ablate.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: `flock` only reads the descriptor, which `file` keeps open for the call and beyond.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if !locked {
+            let owner = std::fs::read_to_string(&path).unwrap_or_default();
+            let owner = owner.trim();
+            anyhow::bail!(
+                "{} is in use by another ablate process{}: wait for it to finish, or give another --out",
+                dir.display(),
+                if owner.is_empty() { String::new() } else { format!(" (pid {owner})") }
+            );
+        }
+        file.set_len(0)?;
+        write!(file, "{}", std::process::id())?;
+        file.flush()?;
+        let lock = std::sync::Arc::new(DirLock { _file: file, dir: canonical });
+        held.push(std::sync::Arc::downgrade(&lock));
+        Ok(lock)
+    }
+}

@@ -419,12 +419,17 @@ fn main() -> ExitCode {
             })()
         }
         None => match &cli.run.recipe {
-            Some(recipe) => run(recipe, &cli.run),
+            Some(recipe) => ablate::train::stop_on_signals().and_then(|()| run(recipe, &cli.run)),
             None => Err(anyhow::anyhow!("no recipe given: try `ablate recipes/heads.yaml` or `ablate --help`")),
         },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.chain().any(|c| c.is::<ablate::train::Interrupted>()) => {
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("ablate: {}", chain.join(": "));
+            ExitCode::from(ablate::train::EXIT_INTERRUPTED)
+        }
         Err(e) => {
             // One line: what is wrong and where (recipe errors carry file:line already).
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();

@@ -9,7 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::files::write_atomically;
+use crate::files::{write_atomically, DirLock};
 use crate::metrics::Metric;
 use crate::recipe::{columns, read_value, Recipe, RunSpec};
 use crate::tasks::task;
@@ -152,19 +152,27 @@ pub fn variants_of(runs: &[BTreeMap<String, String>]) -> Vec<(String, Vec<String
     variants
 }
 
-/// The output directory of one recipe.
+/// The output directory of one recipe. A writer holds its lock: a second process is refused at start.
 pub struct ResultsDir {
     pub dir: PathBuf,
+    _lock: Option<std::sync::Arc<DirLock>>,
 }
 
 impl ResultsDir {
+    /// Creates the directory if needed and takes its lock (see [`DirLock`]).
     pub fn create(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
         let probe = dir.join(".write-test");
         File::create(&probe).with_context(|| format!("the output directory {} is not writable", dir.display()))?;
         let _ = std::fs::remove_file(probe);
-        Ok(Self { dir: dir.to_path_buf() })
+        let lock = DirLock::acquire(dir)?;
+        Ok(Self { dir: dir.to_path_buf(), _lock: Some(lock) })
+    }
+
+    /// A directory only read (the merged results a shard consults), without its lock.
+    pub fn reader(dir: &Path) -> Self {
+        Self { dir: dir.to_path_buf(), _lock: None }
     }
 
     pub fn runs_csv(&self) -> PathBuf {
@@ -212,6 +220,7 @@ impl ResultsDir {
         if !path.exists() {
             return Ok(HashSet::new());
         }
+        repair_torn_tail(&path)?;
         let mut reader = csv::Reader::from_path(&path)?;
         let mut done = HashSet::new();
         for row in reader.records() {
@@ -228,6 +237,7 @@ impl ResultsDir {
         if !path.exists() {
             return Ok(());
         }
+        repair_torn_tail(&path)?;
         let ids: HashSet<&str> = finished.iter().map(|(id, _)| id.as_str()).collect();
         let mut reader = csv::Reader::from_path(&path)?;
         let header = reader.headers()?.clone();
@@ -275,6 +285,45 @@ impl ResultsDir {
         }
         Ok(())
     }
+}
+
+/// A CSV file whose last record was cut short (a write interrupted by power loss or a full disk: the file
+/// does not end with a line break, or its last line has the wrong number of fields) loses that record, and
+/// only it: the damaged file is kept beside it as `<name>.torn-<unix time>`, and one line says so. The run
+/// that record belonged to never committed (`runs.csv` is written last), so it trains again.
+pub fn repair_torn_tail(path: &Path) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // Complete records end with a line break; a file cut short keeps what precedes its last one.
+    let mut keep =
+        if bytes.ends_with(b"\n") { bytes.len() } else { bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) };
+    // A last line that ends but has the wrong number of fields (cut inside a quoted field) goes too.
+    let mut reader = csv::ReaderBuilder::new().flexible(true).has_headers(false).from_reader(&bytes[..keep]);
+    let records: Vec<csv::ByteRecord> =
+        reader.byte_records().collect::<std::result::Result<_, _>>().unwrap_or_default();
+    if let (Some(header), Some(last)) = (records.first(), records.last()) {
+        if records.len() > 1 && last.len() != header.len() {
+            let start = last.position().map_or(keep, |p| p.byte() as usize);
+            keep = start.min(keep);
+        }
+    }
+    if keep == bytes.len() {
+        return Ok(());
+    }
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let backup = path.with_file_name(format!("{name}.torn-{stamp}"));
+    std::fs::copy(path, &backup).with_context(|| format!("keeping a copy of {}", path.display()))?;
+    write_atomically(path, &bytes[..keep])?;
+    eprintln!(
+        "ablate: {} ended in a torn record ({} bytes cut short); dropped it, kept the damaged file as {}",
+        path.display(),
+        bytes.len() - keep,
+        backup.display()
+    );
+    Ok(())
 }
 
 /// Appends rows to a CSV file, writing the header if the file is new; refuses if the existing header differs.

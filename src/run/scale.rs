@@ -243,8 +243,10 @@ pub struct WorkerPlan<'a> {
 pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()> {
     let exe = std::env::current_exe().context("locating the ablate binary")?;
     let n = plan.devices.len();
+    // Held until the merge: the workers write their shard directories, this process the main one.
+    let results = ResultsDir::create(plan.out)?;
     if plan.force {
-        ResultsDir::create(plan.out)?.clear()?;
+        results.clear()?;
     }
     if !quiet {
         eprintln!(
@@ -291,15 +293,34 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
         });
         children.push((k, child, forward));
     }
+    // A stop signal to this process is passed on to every worker: each saves its state and exits.
+    let mut forwarded = false;
+    while children.iter_mut().any(|(_, child, _)| matches!(child.try_wait(), Ok(None))) {
+        if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
+            for (_, child, _) in &children {
+                // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+            forwarded = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let mut failures = Vec::new();
+    let mut interrupted = false;
     for (k, mut child, forward) in children {
         let status = child.wait()?;
         let last = forward.join().unwrap_or_default();
-        if !status.success() {
+        if status.code() == Some(crate::train::EXIT_INTERRUPTED as i32) {
+            interrupted = true;
+        } else if !status.success() {
             failures.push(format!("worker {k} failed: {last}"));
         }
     }
     merge(recipe, plan.out, quiet)?;
+    if interrupted {
+        let at = format!("with the workers' states saved under {}", plan.out.join("shards").display());
+        return Err(crate::train::Interrupted(at).into());
+    }
     if !failures.is_empty() {
         bail!("{}", failures.join("; "));
     }
@@ -341,12 +362,26 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
     if let Some(t) = plan.time {
         header.push_str(&format!("#SBATCH --time={t}\n"));
     }
+    // Two minutes before the time limit (or on preemption) Slurm sends SIGTERM to this script, which passes
+    // it on; ablate finishes its step, saves the state and exits with EXIT_INTERRUPTED, and the task is
+    // requeued to continue from there.
     let array = format!(
         "{header}#SBATCH --array=0-{last}\n#SBATCH --cpus-per-task={cpus}\n{gpus}#SBATCH --output={log}\n\
+         #SBATCH --signal=B:TERM@120\n#SBATCH --requeue\n\
          # Shard $SLURM_ARRAY_TASK_ID of {n}: trains every {n}th run of the recipe into {out}/shards/.\n\
-         set -euo pipefail\n\
-         exec {exe} {recipe}{overrides} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
-         --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet\n",
+         set -uo pipefail\n\
+         {exe} {recipe}{overrides} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
+         --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet &\n\
+         pid=$!\n\
+         trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT\n\
+         wait \"$pid\"; status=$?\n\
+         # A signal interrupts the first wait; wait again for ablate to save its state and exit.\n\
+         while kill -0 \"$pid\" 2>/dev/null; do wait \"$pid\"; status=$?; done\n\
+         if [ \"$status\" -eq {interrupted} ]; then\n\
+         \x20 scontrol requeue \"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"\n\
+         fi\n\
+         exit \"$status\"\n",
+        interrupted = crate::train::EXIT_INTERRUPTED,
         last = plan.shards - 1,
         cpus = plan.cpus_per_task,
         gpus = if plan.gpus_per_task > 0 {

@@ -89,7 +89,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     results.drop_orphan_curves(&finished)?;
     if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
         // Runs already merged into the main results count as finished for every shard.
-        finished.extend(ResultsDir { dir: opts.out.to_path_buf() }.finished()?);
+        finished.extend(ResultsDir::reader(opts.out).finished()?);
     }
     refuse_foreign_rows(recipe, &finished, &results.dir)?;
     let mine: Vec<_> =

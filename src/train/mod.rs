@@ -165,7 +165,8 @@ impl StateFile {
     }
 
     /// Restores a saved state into a freshly built model and optimiser; `None` when there is no state for
-    /// this config (absent, or left by a different config under the same run id).
+    /// this config (absent, or left by a different config under the same run id). Every tensor is read and
+    /// checked against the model before any is copied, so a state that fails leaves the model as built.
     fn load(&self, vs: &mut nn::VarStore, opt: &mut AdamW) -> Result<Option<Progressed>> {
         if !self.path.exists() {
             return Ok(None);
@@ -179,15 +180,85 @@ impl StateFile {
         if progressed.config_hash != self.config_hash {
             return Ok(None);
         }
-        let _guard = tch::no_grad_guard();
-        for (name, mut var) in vs.variables() {
+        let variables = vs.variables();
+        for (name, var) in &variables {
             let saved = tensors.get(&format!("model.{name}")).with_context(|| format!("{}: no {name}", what()))?;
-            var.f_copy_(saved).with_context(what)?;
+            if saved.size() != var.size() {
+                anyhow::bail!("{}: {name} has shape {:?}, the model {:?}", what(), saved.size(), var.size());
+            }
         }
         let get = |k: &str| tensors.get(k).with_context(|| format!("{}: no {k}", what()));
-        opt.restore(get("optim.exp_avg")?, get("optim.exp_avg_sq")?, progressed.optimiser_steps)?;
+        let (m, v) = (get("optim.exp_avg")?, get("optim.exp_avg_sq")?);
+        let _guard = tch::no_grad_guard();
+        opt.restore(m, v, progressed.optimiser_steps)?;
+        for (name, mut var) in variables {
+            var.f_copy_(&tensors[&format!("model.{name}")]).with_context(what)?;
+        }
         Ok(Some(progressed))
     }
+
+    /// [`load`](Self::load), except that a state that cannot be read (torn, overwritten, from another build)
+    /// is set aside as `<file>.unreadable-<unix time>` — renamed, not deleted — and the run starts afresh
+    /// with a one-line warning: one bad file must not stop the sweep.
+    fn load_or_set_aside(&self, vs: &mut nn::VarStore, opt: &mut AdamW) -> Result<Option<Progressed>> {
+        match self.load(vs, opt) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let aside = self.path.with_file_name(format!("{name}.unreadable-{stamp}"));
+                std::fs::rename(&self.path, &aside)
+                    .with_context(|| format!("setting aside the unreadable {}", self.path.display()))?;
+                let cause = format!("{e:#}").replace('\n', " ");
+                eprintln!(
+                    "ablate: warning: {cause}; set it aside as {} and restarted the run from step 0",
+                    aside.display()
+                );
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Work stopped by SIGTERM or SIGINT with its state saved (a run after finishing a step, or a pool whose
+/// workers did so): running the same command again continues. Says what was saved where.
+#[derive(Debug)]
+pub struct Interrupted(pub String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted {}: run the same command to continue", self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Set by SIGTERM (what Slurm sends before a time limit or a preemption) and SIGINT once
+/// [`stop_on_signals`] is installed; the loop stops at the end of the step in progress.
+pub static STOP_REQUESTED: std::sync::LazyLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+
+/// The exit status of a run stopped by a signal with its state saved (EX_TEMPFAIL: try again).
+pub const EXIT_INTERRUPTED: u8 = 75;
+
+/// SIGTERM and SIGINT ask the training loop to stop after its current step and save its state; a second
+/// one ends the process at once (status 128 + the signal, as the shell's default).
+pub fn stop_on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::flag;
+    for signal in [SIGTERM, SIGINT] {
+        // Registered first, so that it sees the flag as the previous signal left it.
+        flag::register_conditional_shutdown(signal, 128 + signal, STOP_REQUESTED.clone())?;
+        flag::register(signal, STOP_REQUESTED.clone())?;
+    }
+    Ok(())
+}
+
+fn stop_requested() -> bool {
+    STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, and an
@@ -270,7 +341,7 @@ pub fn optimise(
     let mut scaler = LossScaler::for_precision(t.precision);
     let mut first_step = 0;
     let resumed = match state {
-        Some(s) => s.load(vs, &mut opt)?,
+        Some(s) => s.load_or_set_aside(vs, &mut opt)?,
         None => None,
     };
     match resumed {
@@ -314,9 +385,12 @@ pub fn optimise(
         if done % t.eval_interval == 0 && done != t.steps {
             objective.evaluate(done).record(done, &mut curves);
         }
-        if let (Some(s), Some(every)) = (state, t.checkpoint_every) {
-            // Every k steps and at the end: the final state lets a run be continued or inspected later.
-            if done % every == 0 || done == t.steps {
+        let stop = stop_requested();
+        if let Some(s) = state {
+            // Every k steps and at the end (the final state lets a run be continued or inspected later), and
+            // when a signal asks to stop.
+            let scheduled = t.checkpoint_every.is_some_and(|every| done % every == 0 || done == t.steps);
+            if scheduled || stop {
                 let progressed = Progressed {
                     config_hash: s.config_hash.clone(),
                     step: done,
@@ -327,6 +401,10 @@ pub fn optimise(
                     curves: curves.clone(),
                 };
                 s.save(vs, &opt, &progressed)?;
+            }
+            if stop {
+                let at = format!("after step {done}, its state saved in {}", s.path.display());
+                return Err(Interrupted(at).into());
             }
         }
         progress(done, last_loss);
