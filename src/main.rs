@@ -677,9 +677,17 @@ fn check(name: &Path, overrides: &OverrideArgs, smoke: bool) -> anyhow::Result<(
     }
     let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
     let kinds: Vec<String> = recipe.kinds().iter().map(|k| k.to_string()).collect();
+    let limit = ablate::tasks::memory::host_memory_bytes();
+    for r in &recipe.runs {
+        if let Some(limit) = limit {
+            ablate::tasks::memory::check_fits(&r.config, limit, "this machine")
+                .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", path.display(), r.id))?;
+        }
+    }
     println!("{}: ok, {} runs (kind {})", path.display(), recipe.runs.len(), kinds.join(", "));
     for r in &recipe.runs {
-        println!("  {} (config {})", r.id, r.config_hash);
+        let memory = ablate::tasks::memory::human(ablate::tasks::memory::training_bytes(&r.config));
+        println!("  {} (config {}, about {memory} to train)", r.id, r.config_hash);
     }
     Ok(())
 }

@@ -194,3 +194,27 @@ fn a_full_disk_fails_cleanly_and_leaves_no_temporary_file() {
     assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_impossible_size_is_refused_before_training_with_the_estimate() {
+    let dir = scratch("huge");
+    let recipe = write_recipe(&dir, 30, 1000);
+    let out = dir.join("out");
+    for command in [&["check"][..], &[][..]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ablate"));
+        cmd.args(command).arg(&recipe).arg("train.batch_size=100000000000");
+        if command.is_empty() {
+            cmd.arg("--out").arg(&out);
+        }
+        let refused = cmd.output().unwrap();
+        let log = stderr_of(&refused);
+        assert_eq!(refused.status.code(), Some(2), "an error, not an abort: {log}");
+        assert_eq!(log.lines().count(), 1, "{log}");
+        assert!(
+            log.contains("needs about") && log.contains("PB to train") && log.contains("lower train.batch_size"),
+            "{log}"
+        );
+    }
+    assert!(!out.join("runs.csv").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -96,6 +96,15 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
     let todo: Vec<_> =
         mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
+    // A run that cannot fit in memory is refused before anything is loaded or allocated.
+    if opts.device == Device::Cpu {
+        if let Some(limit) = crate::tasks::memory::host_memory_bytes() {
+            for run in &todo {
+                crate::tasks::memory::check_fits(&run.config, limit, "this machine")
+                    .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", recipe.file, run.id))?;
+            }
+        }
+    }
     // Where `$RESULTS/` checkpoints live: the directory holding this recipe's output directory.
     let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut data = DataCache::new(&results_root, opts.quiet);

@@ -26,6 +26,7 @@ pub mod checkpoint;
 pub mod classify;
 pub mod imagegpt;
 pub mod lm;
+pub mod memory;
 pub mod translate;
 
 /// The task of a kind of run.

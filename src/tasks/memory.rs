@@ -1,0 +1,180 @@
+//! A run's peak training memory, estimated from its config before anything is built: so that a run that
+//! cannot fit (a batch of 10¹¹, a block of a million tokens) is refused with one line instead of aborting
+//! the process when the allocation fails. The estimate counts what dominates, in float32:
+//! - the model's state: weights, gradients and AdamW's two moments, 16 bytes per parameter (parameters
+//!   counted from the shapes: attention and feed-forward per layer, embeddings and output layer);
+//! - activations kept for the backward pass, per example and layer: about 17 values per token and model
+//!   dimension (Korthikanti et al., 2022, "Reducing activation recomputation", counted in float32), plus
+//!   three per attention score (scores, softmax, its gradient) for the keys each query sees;
+//! - the output layer's logits over the vocabulary, three values each.
+//!
+//! It is an estimate, not a bound: libtorch's workspaces and allocator slack come on top, and the fused
+//! attention kernels keep fewer scores. It is meant to refuse what cannot possibly fit, and to say what
+//! a run needs (`ablate check`).
+use crate::recipe::{Config, Kind};
+
+/// Tokens per example, and keys each query attends to.
+fn sequence(cfg: &Config) -> (f64, f64) {
+    let t = &cfg.transformer;
+    let text_keys = |n: f64| match t.attention.pattern.window {
+        Some(w) => (2.0 * w as f64 + 1.0 + t.attention.pattern.global_tokens as f64).min(n),
+        None => n,
+    };
+    match cfg.kind {
+        Kind::Lm | Kind::Bert => {
+            let n = t.block_size as f64;
+            (n, text_keys(n))
+        }
+        // Source and target sequences, and the target's cross-attention to the source.
+        Kind::Translate => {
+            let n = t.block_size as f64;
+            (2.0 * n, 1.5 * text_keys(n))
+        }
+        Kind::Vit | Kind::ImageGpt => {
+            let v = cfg.vision.clone().unwrap_or_default();
+            let side = (v.image_size as f64 / v.patch_size.max(1) as f64).ceil();
+            let n = side * side + 1.0;
+            (n, text_keys(n))
+        }
+        Kind::Swin | Kind::Davit => {
+            let v = cfg.vision.clone().unwrap_or_default();
+            let side = v.grid(cfg.kind) as f64;
+            (side * side, (v.window * v.window) as f64)
+        }
+    }
+}
+
+/// Parameters from the shapes (an estimate close to the built model's count).
+fn parameters(cfg: &Config, vocab: f64) -> f64 {
+    let t = &cfg.transformer;
+    let d = t.d_model as f64;
+    let inner = t.head_dim.map_or(d, |h| (h * t.heads) as f64);
+    let ffn = t.ffn_hidden.map_or(4.0 * d, |f| f as f64);
+    let per_layer = |d: f64, inner: f64, ffn: f64| 4.0 * d * inner + 2.0 * d * ffn;
+    match cfg.kind {
+        Kind::Swin | Kind::Davit => {
+            // Each stage doubles the width.
+            let depths = cfg.vision.clone().unwrap_or_default().depths;
+            depths
+                .iter()
+                .enumerate()
+                .map(|(s, &n)| {
+                    n as f64
+                        * per_layer(d * 2f64.powi(s as i32), d * 2f64.powi(s as i32), 4.0 * d * 2f64.powi(s as i32))
+                })
+                .sum()
+        }
+        Kind::Translate => 2.5 * t.layers as f64 * per_layer(d, inner, ffn) + 2.0 * vocab * d,
+        _ => t.layers as f64 * per_layer(d, inner, ffn) + 2.0 * vocab * d + t.block_size as f64 * d,
+    }
+}
+
+/// The vocabulary the output layer predicts over, as far as the config says (256 for characters and
+/// pixels, whose count is known only once the data is read).
+fn vocabulary(cfg: &Config) -> f64 {
+    match cfg.kind {
+        Kind::Vit | Kind::Swin | Kind::Davit => cfg.vision.as_ref().map_or(10, |v| v.classes) as f64,
+        Kind::ImageGpt => cfg.image_gpt.as_ref().map_or(256, |g| g.palette) as f64,
+        _ => cfg.data.vocab_size.unwrap_or(256) as f64,
+    }
+}
+
+/// Estimated peak bytes of training `cfg` (see the module's comment for what is counted).
+pub fn training_bytes(cfg: &Config) -> f64 {
+    let t = &cfg.transformer;
+    let (tokens, keys) = sequence(cfg);
+    let vocab = vocabulary(cfg);
+    let layers = match cfg.kind {
+        Kind::Swin | Kind::Davit => cfg.vision.as_ref().map_or(2, |v| v.depths.iter().sum::<i64>()) as f64,
+        Kind::Translate => 2.0 * t.layers as f64,
+        _ => t.layers as f64,
+    };
+    let d = t.d_model as f64;
+    let heads = t.heads as f64;
+    let state = 16.0 * parameters(cfg, vocab);
+    let per_example = 4.0 * layers * (17.0 * tokens * d + 3.0 * heads * tokens * keys) + 12.0 * tokens * vocab;
+    state + cfg.train.batch_size as f64 * per_example
+}
+
+/// `Err` with one line when a run cannot fit `limit` bytes (the device's memory).
+pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> {
+    let needed = training_bytes(cfg);
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(format!(
+        "needs about {} to train (estimated: batch of {}, {} tokens per example, d_model {}, {} layers) but {device} has {}: \
+         lower train.batch_size, the sequence length or the model's size",
+        human(needed),
+        cfg.train.batch_size,
+        sequence(cfg).0,
+        cfg.transformer.d_model,
+        cfg.transformer.layers,
+        human(limit)
+    ))
+}
+
+/// Physical memory of this machine, from /proc/meminfo (`None` where it cannot be read).
+pub fn host_memory_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0)
+}
+
+/// Bytes as people read them: `512 MB`, `1.6 TB`.
+pub fn human(bytes: f64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < units.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if value >= 100.0 || unit == 0 {
+        format!("{value:.0} {}", units[unit])
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        crate::recipe::parse(text, "m.yaml", "m", false).unwrap().runs[0].config.clone()
+    }
+
+    #[test]
+    fn the_estimate_grows_as_the_run_does() {
+        let base = training_bytes(&config("kind: lm\n"));
+        let batch = training_bytes(&config("kind: lm\ntrain:\n  batch_size: 64\n"));
+        let small = training_bytes(&config("kind: lm\ntrain:\n  batch_size: 1\n"));
+        assert!(batch > base && base > small);
+        // Activations are linear in the batch: the state is what a batch of zero would need.
+        let b1 = small;
+        let b2 = training_bytes(&config("kind: lm\ntrain:\n  batch_size: 2\n"));
+        let b3 = training_bytes(&config("kind: lm\ntrain:\n  batch_size: 3\n"));
+        assert!(((b3 - b2) - (b2 - b1)).abs() < 1e-6 * b3);
+        // A window bounds the scores each query keeps.
+        let dense = training_bytes(&config("kind: lm\ntransformer:\n  block_size: 1024\n"));
+        let window = training_bytes(&config(
+            "kind: lm\ntransformer:\n  block_size: 1024\n  attention:\n    pattern:\n      window: 16\n",
+        ));
+        assert!(window < dense / 2.0);
+        for kind in [
+            "bert\ndata:\n  tokenizer: wordpiece\n  vocab_size: 2000",
+            "translate\ndata:\n  tokenizer: bpe\n  vocab_size: 2000",
+            "vit",
+            "swin",
+            "davit",
+            "image_gpt",
+        ] {
+            let b = training_bytes(&config(&format!("kind: {kind}\n")));
+            assert!(b > 1e6 && b < 1e11, "{kind}: {}", human(b));
+        }
+        assert_eq!(human(1.6e13), "16.0 TB");
+        assert_eq!(human(512e6), "512 MB");
+    }
+}
