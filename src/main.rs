@@ -103,6 +103,10 @@ enum Command {
         overrides: OverrideArgs,
         #[arg(long)]
         smoke: bool,
+        /// Print the runs as the rows `runs.csv` will have (CSV on stdout: who each run is and every config
+        /// column it reads; metric columns empty) instead of the list.
+        #[arg(long)]
+        columns: bool,
     },
     /// Combine the shards of a sharded run (`--shard`, Slurm array tasks) into <out> and draw the plots.
     Merge {
@@ -288,7 +292,7 @@ fn main() -> ExitCode {
         tch::set_num_threads(threads as i32);
     }
     let result = match cli.command {
-        Some(Command::Check { recipe, overrides, smoke }) => check(&recipe, &overrides, smoke),
+        Some(Command::Check { recipe, overrides, smoke, columns }) => check(&recipe, &overrides, smoke, columns),
         Some(Command::Plot { recipe, overrides, out }) => plot(&recipe, &overrides, out),
         Some(Command::Describe { preset, list }) => describe(preset.as_deref(), list),
         Some(Command::Summary { recipe, overrides, out, baseline }) => (|| {
@@ -661,7 +665,7 @@ fn reference_dir(recipe_path: &Path, name: &str) -> PathBuf {
     root.join("results").join(name)
 }
 
-fn check(name: &Path, overrides: &OverrideArgs, smoke: bool) -> anyhow::Result<()> {
+fn check(name: &Path, overrides: &OverrideArgs, smoke: bool, columns: bool) -> anyhow::Result<()> {
     let path = find_recipe(name)?;
     if ablate::run::complexity::is_complexity_recipe(&path) {
         let r = ablate::run::complexity::load(&path, smoke)?;
@@ -683,6 +687,23 @@ fn check(name: &Path, overrides: &OverrideArgs, smoke: bool) -> anyhow::Result<(
             ablate::tasks::memory::check_fits(&r.config, limit, "this machine")
                 .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", path.display(), r.id))?;
         }
+    }
+    if columns {
+        let header = ablate::run::results::recipe_header(&recipe.runs);
+        let mut w = csv::Writer::from_writer(std::io::stdout());
+        w.write_record(&header)?;
+        for r in &recipe.runs {
+            let outcome = ablate::train::RunOutcome {
+                metrics: Default::default(),
+                diverged_at: None,
+                resumed_from: 0,
+                curves: Vec::new(),
+                sample: String::new(),
+            };
+            w.write_record(ablate::run::results::row_under(&header, r, &outcome))?;
+        }
+        w.flush()?;
+        return Ok(());
     }
     println!("{}: ok, {} runs (kind {})", path.display(), recipe.runs.len(), kinds.join(", "));
     for r in &recipe.runs {
