@@ -280,6 +280,8 @@ fn main() -> ExitCode {
     // Like any Unix tool, end quietly when the reader of stdout goes away (`ablate check … | head`),
     // instead of panicking on the failed write.
     #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition at start-up, before any other thread exists;
+    // no handler of ours is involved.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }

@@ -28,6 +28,8 @@ extern "C" {
 
 fn check(error: *mut c_char, what: &str) {
     if !error.is_null() {
+        // SAFETY: a non-null result is a NUL-terminated string the shim allocated for us; it is read once
+        // and then handed back to the shim's own deallocator, exactly once.
         let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
         unsafe { ablate_free_error(error) };
         // Only reachable through a libtorch bug or a misuse of these wrappers: shapes and devices are
@@ -52,8 +54,12 @@ pub fn fused_adamw(
 ) {
     let n = params.len();
     assert!(grads.len() == n && m.len() == n && v.len() == n, "one gradient and two moments per parameter");
+    // The C signature takes `*mut` because libtorch's tensor handles are mutable; what the kernel mutates
+    // is the storage the handles share, as any in-place op on a `&Tensor` does in tch.
     let ptrs = |ts: &[Tensor]| ts.iter().map(|t| t.as_ptr() as *mut C_tensor).collect::<Vec<_>>();
     let (p, g, m, v) = (ptrs(params), ptrs(grads), ptrs(m), ptrs(v));
+    // SAFETY: the four pointer arrays hold `n` live tensor handles each (checked above) and outlive the
+    // call, as do `params`, `grads`, `m`, `v` and `step`; the shim catches every C++ exception.
     let error = unsafe {
         ablate_fused_adamw(
             p.as_ptr(),
@@ -74,6 +80,7 @@ pub fn fused_adamw(
 
 /// Drops `param`'s gradient, so the next backward hands over a fresh buffer (`set_to_none=True`).
 pub fn clear_grad(param: &Tensor) {
+    // SAFETY: `param` is a live tensor handle for the duration of the call; the shim catches exceptions.
     check(unsafe { ablate_clear_grad(param.as_ptr() as *mut C_tensor) }, "clear_grad");
 }
 
@@ -88,6 +95,7 @@ pub enum AutocastType {
 /// the cast until the cache is cleared (`torch.autocast` clears it when its block exits), so after every
 /// weight update the cache must go, or the next forward pass would still see the old weights.
 pub fn clear_autocast_cache() {
+    // SAFETY: takes no arguments and only clears libtorch's thread-local autocast cache.
     unsafe { ablate_autocast_clear_cache() }
 }
 
@@ -95,6 +103,8 @@ pub fn clear_autocast_cache() {
 /// convolutions run in the low-precision type, reductions and losses stay in float32, weights stay float32.
 pub struct AutocastGuard {
     cuda: bool,
+    /// Autocast state is per thread, so the guard must be dropped on the thread that made it: not `Send`.
+    _per_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl AutocastGuard {
@@ -103,13 +113,15 @@ impl AutocastGuard {
             AutocastType::BFloat16 => 1,
             AutocastType::Float16 => 2,
         };
+        // SAFETY: plain values in; the shim sets this thread's autocast state and catches exceptions.
         check(unsafe { ablate_autocast(cuda, dtype) }, "autocast");
-        Self { cuda }
+        Self { cuda, _per_thread: std::marker::PhantomData }
     }
 }
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
+        // SAFETY: as in `new`; dtype 0 turns autocast off on this (the creating) thread.
         check(unsafe { ablate_autocast(self.cuda, 0) }, "autocast");
     }
 }
