@@ -262,7 +262,19 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     ablate::run::plot::attention_heatmaps(&path, &maps, "test").unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
-    let _ = std::fs::remove_file(path);
+    // The image is a grid of equal panels: 4 heads across, 2 layers down (IHDR: width, height).
+    let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    let _ = std::fs::remove_file(&path);
+    let one_layer = std::env::temp_dir().join(format!("ablate-heatmap-1-{}.png", std::process::id()));
+    ablate::run::plot::attention_heatmaps(&one_layer, &maps[..1], "test").unwrap();
+    let bytes = std::fs::read(&one_layer).unwrap();
+    let _ = std::fs::remove_file(&one_layer);
+    let (width_1, height_1) =
+        (u32::from_be_bytes(bytes[16..20].try_into().unwrap()), u32::from_be_bytes(bytes[20..24].try_into().unwrap()));
+    assert_eq!(width, width_1, "the number of heads sets the width");
+    let panel = height - height_1;
+    assert!(panel > 100 && width > 4 * panel, "one more layer adds one row of {panel} px panels, 4 across {width} px");
 }
 
 #[test]
