@@ -63,7 +63,8 @@ impl LossScaler {
 }
 
 /// Peak matmul throughput of `device` in the precision's type (FLOP/s), measured once per process on a
-/// square matmul large enough to reach it: the denominator of MFU.
+/// square matmul sized to the device (large enough to reach the peak, small enough to take a second where
+/// the type is slow): the denominator of MFU.
 pub fn matmul_peak(device: Device, precision: Precision) -> f64 {
     static PEAKS: Mutex<Option<HashMap<(String, Kind), f64>>> = Mutex::new(None);
     let kind = kind(precision);
@@ -73,23 +74,32 @@ pub fn matmul_peak(device: Device, precision: Precision) -> f64 {
         return p;
     }
     let _guard = tch::no_grad_guard();
-    let n: i64 = if device.is_cuda() { 8192 } else { 2048 };
-    let a = Tensor::randn([n, n], (kind, device));
-    let b = Tensor::randn([n, n], (kind, device));
     let sync = || {
         if let Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let _ = a.matmul(&b);
-    sync();
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
+    let timed = |a: &Tensor, b: &Tensor| {
         let t = Instant::now();
+        let _ = a.matmul(b);
+        sync();
+        t.elapsed().as_secs_f64()
+    };
+    // The product grows until one takes 50 ms (or reaches the size that saturates the device): big enough
+    // for the peak, yet a CPU without fast bf16 (about 1 GFLOP/s) spends a second here, not a minute.
+    let largest: i64 = if device.is_cuda() { 8192 } else { 2048 };
+    let mut n: i64 = 256;
+    let (a, b) = loop {
+        let a = Tensor::randn([n, n], (kind, device));
+        let b = Tensor::randn([n, n], (kind, device));
         let _ = a.matmul(&b);
         sync();
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+        if n >= largest || timed(&a, &b) >= 0.05 {
+            break (a, b);
+        }
+        n *= 2;
+    };
+    let best = (0..5).map(|_| timed(&a, &b)).fold(f64::INFINITY, f64::min);
     let peak = 2.0 * (n as f64).powi(3) / best;
     peaks.as_mut().expect("initialised above").insert(key, peak);
     peak
