@@ -3,6 +3,7 @@
 //! Slurm, and the benchmarks (sequence-length complexity, training-step throughput).
 pub mod bench;
 pub mod complexity;
+pub mod interaction;
 pub mod plot;
 pub mod report;
 pub mod reproduce;

@@ -15,7 +15,7 @@ use crate::tasks::task;
 
 static FONT: Once = Once::new();
 
-fn register_font() {
+pub(crate) fn register_font() {
     FONT.call_once(|| {
         // Embedded so plots render identically on machines without system fonts.
         let bytes: &'static [u8] = include_bytes!("../../assets/DejaVuSans.ttf");
@@ -184,7 +184,7 @@ where
 /// Re-encodes the PNG at `path` losslessly at the best compression with per-row adaptive filters: about
 /// 2.5 times smaller than plotters' fast encoding, which matters for the committed results and the
 /// self-contained report that embeds every plot.
-fn recompress_png(path: &Path) -> Result<()> {
+pub(crate) fn recompress_png(path: &Path) -> Result<()> {
     let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path)?));
     let mut reader = decoder.read_info()?;
     let mut pixels = vec![0; reader.output_buffer_size()];
@@ -715,6 +715,9 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         )?;
     }
     length_generalisation_chart(dir, name, &runs, &variants, &band)?;
+    if super::interaction::has_patterns(recipe) {
+        super::interaction::draw(dir, recipe)?;
+    }
     let Some(x_key) = recipe.sweep_keys.first() else { return Ok(()) };
     for (m, ids, suffix) in meanings(recipe).into_iter().filter(|(m, _, _)| m.final_chart) {
         let Some(column) = m.column_name() else { continue };
