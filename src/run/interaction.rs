@@ -45,8 +45,9 @@ pub fn run_interactions(label: &str, config: &Config) -> Vec<Interaction> {
     match config.kind {
         Kind::Lm => sequence(config.transformer.block_size, true),
         Kind::Bert => sequence(config.transformer.block_size, false),
-        Kind::Vit => sequence(config.vit_spec().transformer.block_size - pattern.global_tokens, false),
-        Kind::ImageGpt => sequence(config.image_gpt_spec().transformer.block_size - pattern.global_tokens, true),
+        // The vision models' block size is their token sequence without the global tokens, as for text.
+        Kind::Vit => sequence(config.vit_spec().transformer.block_size, false),
+        Kind::ImageGpt => sequence(config.image_gpt_spec().transformer.block_size, true),
         Kind::Swin => {
             let spec = config.staged_spec();
             let (grid, window) = (spec.grid(0), spec.window(0));
@@ -198,6 +199,13 @@ mod tests {
         let p = &run_interactions("v", &c)[0];
         assert_eq!(p.allowed.len(), 17);
         assert_eq!(p.pairs(), 17 + 2 * 16);
+        // A prepended global token lengthens the sequence by one, and sees and is seen by all 18 tokens.
+        let c = config(
+            "kind: vit\ntransformer: {d_model: 32, heads: 2, attention: {implementation: sparse, pattern: {window: 1, global_tokens: 1}}}\nvision: {patch_size: 7}\n",
+        );
+        let p = &run_interactions("v", &c)[0];
+        assert_eq!(p.allowed.len(), 18);
+        assert!(p.allowed[0].iter().all(|&a| a) && p.allowed.iter().all(|row| row[0]));
     }
 
     #[test]
