@@ -34,6 +34,29 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/fused.cpp")
         .compile("ablate_fused");
+    // torch.distributed's c10d (TCPStore, ProcessGroupGloo): with Gloo's headers when bootstrap found them.
+    println!("cargo:rerun-if-changed=csrc/distributed.cpp");
+    println!("cargo:rerun-if-env-changed=ABLATE_GLOO_INCLUDE");
+    let mut distributed = cc::Build::new();
+    distributed
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(root.join("include"))
+        .include(root.join("include/torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!(
+            "-D_GLIBCXX_USE_CXX11_ABI={}",
+            std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into())
+        ))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("csrc/distributed.cpp");
+    if let Some(gloo) = std::env::var_os("ABLATE_GLOO_INCLUDE").filter(|g| PathBuf::from(g).join("gloo").is_dir()) {
+        distributed.include(gloo).define("ABLATE_HAVE_GLOO", None);
+        println!("cargo:rustc-cfg=ablate_gloo");
+    }
+    distributed.compile("ablate_distributed");
+    println!("cargo:rustc-check-cfg=cfg(ablate_gloo)");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");

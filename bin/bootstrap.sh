@@ -43,6 +43,39 @@ ablate_install_torch() {
   mv "$target.partial" "$target"
 }
 
+# Gloo's headers, which libtorch's c10d headers include but the torch wheel does not ship: data-parallel
+# training (csrc/distributed.cpp) compiles against them and runs the Gloo inside libtorch_cpu. Debian's
+# libgloo-dev is unpacked into the cache (not installed); without it ablate builds without data parallelism
+# and says so when a launch asks for it. ABLATE_GLOO_INCLUDE points at another copy.
+ABLATE_GLOO_DEB_VERSION=0.0~git20220518.5b14351-3
+ablate_setup_gloo_headers() {
+  if [[ -n "${ABLATE_GLOO_INCLUDE:-}" ]]; then
+    [[ -f "$ABLATE_GLOO_INCLUDE/gloo/context.h" ]] ||
+      ablate_die "ABLATE_GLOO_INCLUDE=$ABLATE_GLOO_INCLUDE has no gloo/context.h: point it at a directory holding gloo/, or unset it"
+    return
+  fi
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/ablate/gloo-headers-$ABLATE_GLOO_DEB_VERSION"
+  if [[ ! -f "$dir/usr/include/gloo/context.h" ]] && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+    echo "ablate: unpacking Gloo's headers (Debian libgloo-dev, for data-parallel training) into $dir" >&2
+    local work
+    work="$(mktemp -d)"
+    if ! (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1); then
+      apt-get update -qq >/dev/null 2>&1 || true
+      (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1) || true
+    fi
+    if compgen -G "$work/libgloo-dev_*.deb" >/dev/null; then
+      rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+      dpkg-deb -x "$work"/libgloo-dev_*.deb "$dir.partial" && mv "$dir.partial" "$dir"
+    fi
+    rm -rf "$work"
+  fi
+  if [[ -f "$dir/usr/include/gloo/context.h" ]]; then
+    export ABLATE_GLOO_INCLUDE="$dir/usr/include"
+  else
+    echo "ablate: warning: no Gloo headers (Debian's libgloo-dev could not be fetched): building without data-parallel training" >&2
+  fi
+}
+
 ablate_setup_torch() {
   if [[ -n "${LIBTORCH:-}" ]]; then
     [[ -d "$LIBTORCH/lib" ]] || ablate_die "LIBTORCH=$LIBTORCH has no lib/ directory: point it at the wheel's torch/ dir or an unpacked libtorch, or unset it"
@@ -56,6 +89,7 @@ ablate_setup_torch() {
   [[ "$found" == "$ABLATE_TORCH_VERSION" ]] ||
     ablate_die "libtorch at $LIBTORCH is version '${found:-unknown}', but ablate (tch 0.24) needs exactly $ABLATE_TORCH_VERSION: unset LIBTORCH (or remove that directory) to let ablate install the right one"
   export LIBTORCH_CXX11_ABI=1
+  ablate_setup_gloo_headers
   # The wheel's Python package is also the PyTorch reference that benchmarks and numeric tests compare against.
   export ABLATE_TORCH_PYTHONPATH="$(dirname "$LIBTORCH")"
 }

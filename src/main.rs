@@ -118,14 +118,22 @@ enum Command {
         #[arg(long)]
         smoke: bool,
     },
-    /// Write Slurm scripts for a recipe: an array job of N shards and a merge job that runs after them.
+    /// Write Slurm scripts for a recipe: an array job of N shards and a merge job that runs after them
+    /// (--shards), or one job training every run data-parallel over nodes × tasks (--nodes,
+    /// --tasks-per-node).
     Slurm {
         recipe: PathBuf,
         #[command(flatten)]
         overrides: OverrideArgs,
         /// Number of array tasks (shards).
-        #[arg(long)]
-        shards: usize,
+        #[arg(long, required_unless_present = "nodes", conflicts_with_all = ["nodes", "tasks_per_node"])]
+        shards: Option<usize>,
+        /// Nodes of a data-parallel job (srun starts --tasks-per-node ranks on each).
+        #[arg(long, requires = "tasks_per_node")]
+        nodes: Option<usize>,
+        /// Ranks per node of a data-parallel job (one per GPU on a GPU node).
+        #[arg(long, requires = "nodes")]
+        tasks_per_node: Option<usize>,
         #[arg(long)]
         out: Option<PathBuf>,
         #[arg(long)]
@@ -329,6 +337,8 @@ fn main() -> ExitCode {
             recipe,
             overrides,
             shards,
+            nodes,
+            tasks_per_node,
             out,
             smoke,
             device,
@@ -339,13 +349,44 @@ fn main() -> ExitCode {
         }) => (|| {
             let path = find_recipe(&recipe)?;
             let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
-            if shards == 0 {
-                anyhow::bail!("--shards must be at least 1");
-            }
             if cpus_per_task == 0 {
                 anyhow::bail!("--cpus-per-task must be at least 1");
             }
             device_or_exit(&device)?;
+            if let (Some(nodes), Some(tasks)) = (nodes, tasks_per_node) {
+                if nodes == 0 || tasks == 0 {
+                    anyhow::bail!("--nodes and --tasks-per-node must be at least 1");
+                }
+                // The job's ranks are recorded as train.world_size (and name the default output directory),
+                // so a job started with another number of tasks is refused.
+                let mut set = overrides.set.clone();
+                set.push(format!("train.world_size={}", nodes * tasks));
+                let with_world = recipe::Overrides::parse(&set, &overrides.sweep, overrides.seeds.as_deref())?;
+                let recipe = recipe::load_with(&path, smoke, &with_world)?;
+                let out = out.unwrap_or_else(|| default_out(&recipe));
+                let plan = ablate::run::scale::SlurmPlan {
+                    recipe_path: &path,
+                    out: &out,
+                    shards: 1,
+                    smoke,
+                    device: &device,
+                    cpus_per_task,
+                    gpus_per_task,
+                    partition: partition.as_deref(),
+                    time: time.as_deref(),
+                };
+                let submit = ablate::run::scale::write_slurm_data_parallel_script(&recipe, &plan, nodes, tasks)?;
+                println!(
+                    "{} runs, each data-parallel over {nodes} nodes x {tasks} tasks; submit with: {}",
+                    recipe.runs.len(),
+                    submit.display()
+                );
+                return Ok(());
+            }
+            let shards = shards.unwrap_or(0);
+            if shards == 0 {
+                anyhow::bail!("--shards must be at least 1");
+            }
             let out = out.unwrap_or_else(|| default_out(&recipe));
             let plan = ablate::run::scale::SlurmPlan {
                 recipe_path: &path,
@@ -437,9 +478,13 @@ fn main() -> ExitCode {
             ExitCode::from(ablate::train::EXIT_INTERRUPTED)
         }
         Err(e) => {
-            // One line: what is wrong and where (recipe errors carry file:line already).
+            // One line: what is wrong and where (recipe errors carry file:line already), and on which rank.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("ablate: error: {}", chain.join(": "));
+            let who = match ablate::train::distributed::current() {
+                Some(g) => format!(" (rank {} of {})", g.rank, g.world),
+                None => String::new(),
+            };
+            eprintln!("ablate{who}: error: {}", chain.join(": "));
             ExitCode::from(2)
         }
     }
@@ -631,8 +676,24 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         device_or_exit(&args.device)?;
         return ablate::run::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
     }
-    let recipe = recipe::load_with(&path, args.smoke, &args.overrides.parse()?)?;
-    let device = device_or_exit(&args.device)?;
+    let launch = ablate::run::launch::from_env()?;
+    let (recipe, device) = match &launch {
+        None => {
+            let recipe = recipe::load_with(&path, args.smoke, &args.overrides.parse()?)?;
+            if let Some(run) = recipe.runs.iter().find(|r| r.config.train.world_size > 1) {
+                anyhow::bail!(
+                    "{}: run `{}` has train.world_size {n}, but this process was launched alone: start {n} with \
+                     `torchrun --no-python --nproc-per-node {n} ablate …` or `srun -n {n} ablate …`",
+                    path.display(),
+                    run.id,
+                    n = run.config.train.world_size
+                );
+            }
+            (recipe, device_or_exit(&args.device)?)
+        }
+        Some(membership) => join_launch(&path, args, membership)?,
+    };
+    let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
     let out = args.out.clone().unwrap_or_else(|| default_out(&recipe));
     let workers = match (&args.devices, args.workers) {
         (Some(list), _) => Some(list.clone()),
@@ -651,13 +712,78 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
         ablate::run::scale::run_workers(&recipe, &plan, args.quiet)?;
     } else {
-        let opts = SweepOptions { out: &out, device, force: args.force, quiet: args.quiet, shard: args.shard };
+        let quiet = args.quiet || rank != 0;
+        let opts = SweepOptions { out: &out, device, force: args.force, quiet, shard: args.shard };
         run_recipe(&recipe, &opts)?;
-        if args.shard.is_some() {
+        if args.shard.is_some() || rank != 0 {
             return Ok(());
         }
     }
     ablate::run::reproduce::report(&recipe, &out, &reference_dir(&path, &recipe.name), args.quiet)
+}
+
+/// Joins the data-parallel launch this process is part of: checks the flags, puts the rank on its device
+/// (`LOCAL_RANK`'s GPU) and its share of the node's cores, joins the Gloo group, records the number of
+/// processes as `train.world_size`, and refuses ranks whose recipe or ablate build differ from rank 0's.
+fn join_launch(
+    path: &Path,
+    args: &RunArgs,
+    membership: &ablate::train::distributed::Membership,
+) -> anyhow::Result<(recipe::Recipe, tch::Device)> {
+    let world = membership.world;
+    if args.shard.is_some() || args.workers.is_some() || args.devices.is_some() {
+        anyhow::bail!(
+            "a data-parallel launch ({world} processes) trains each run on all of them: --shard, --workers and --devices do not apply"
+        );
+    }
+    let device = match args.device.as_str() {
+        "cpu" => tch::Device::Cpu,
+        "auto" if !tch::Cuda::is_available() => tch::Device::Cpu,
+        "auto" | "cuda" => device_or_exit(&format!("cuda:{}", membership.local_rank))
+            .map_err(|e| anyhow::anyhow!("rank {} (LOCAL_RANK {}): {e}", membership.rank, membership.local_rank))?,
+        other => anyhow::bail!(
+            "--device {other}: in a data-parallel launch each rank takes the GPU of its LOCAL_RANK: give --device cuda, auto or cpu"
+        ),
+    };
+    if args.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && device == tch::Device::Cpu {
+        // The node's cores shared among its ranks (torchrun sets OMP_NUM_THREADS itself).
+        let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+        if let Some(local) = ablate::run::launch::local_world(&env).filter(|&n| n > 1) {
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            tch::set_num_threads((cores / local).max(1) as i32);
+        }
+    }
+    let group = ablate::train::distributed::join(membership)?;
+    let overrides = args.overrides.parse()?;
+    let from_file = recipe::load_with(path, args.smoke, &overrides)?;
+    let asked = from_file.runs.iter().map(|r| r.config.train.world_size).max().unwrap_or(1);
+    let recipe = if asked == 1 {
+        let mut set = args.overrides.set.clone();
+        set.push(format!("train.world_size={world}"));
+        let with_world = recipe::Overrides::parse(&set, &args.overrides.sweep, args.overrides.seeds.as_deref())?;
+        recipe::load_with(path, args.smoke, &with_world)?
+    } else if asked as usize == world {
+        from_file
+    } else {
+        anyhow::bail!("{}: train.world_size is {asked}, but this launch has {world} processes", path.display());
+    };
+    let runs: Vec<(&str, &str)> = recipe.runs.iter().map(|r| (r.id.as_str(), r.config_hash.as_str())).collect();
+    let fingerprint = |bytes: &[u8]| -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect()
+    };
+    let recipe_print = fingerprint(serde_json::to_string(&(&recipe.name, args.smoke, runs))?.as_bytes());
+    group.agree("recipe (its runs and their configs)", &format!("recipe {recipe_print}"))?;
+    let exe =
+        std::fs::read(std::env::current_exe()?).map_err(|e| anyhow::anyhow!("reading this ablate binary: {e}"))?;
+    group.agree("ablate build", &format!("build {} v{}", fingerprint(&exe), env!("CARGO_PKG_VERSION")))?;
+    if group.rank == 0 && !args.quiet {
+        eprintln!(
+            "ablate: data-parallel over {world} processes (Gloo), {device:?} each; global batch {} ",
+            recipe.runs.first().map_or(0, |r| r.config.train.global_batch())
+        );
+    }
+    Ok((recipe, device))
 }
 
 /// The committed reference results of a recipe: `results/<name>` beside the `recipes/` folder it is in.

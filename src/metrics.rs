@@ -143,15 +143,34 @@ impl Metric {
 }
 
 /// Cost metrics every run records, after its kind's own.
-pub fn cost(throughput_unit: &'static str) -> Vec<Metric> {
-    vec![
+/// A run on `world_size` data-parallel processes also records its global batch and the share of training
+/// time spent in collectives; throughput and FLOP/s are the whole group's, MFU per process.
+pub fn cost(throughput_unit: &'static str, world_size: i64) -> Vec<Metric> {
+    let mut m = vec![
         Metric::column("params", "trainable parameters", "", false).digits(0).csv(0).detail().no_charts(),
         Metric::column("wall_s", "wall time", "s", false).digits(1).csv(3).detail().no_charts(),
         Metric::column("tokens_per_s", "training throughput", throughput_unit, true).digits(0).csv(1).no_charts(),
         Metric::column("model_tflops", "achieved model FLOP/s", "TFLOP/s", true).csv(4).detail().no_charts(),
         Metric::column("mfu", "model FLOPs utilisation of the matmul peak", "", true).digits(3).csv(4).no_charts(),
         Metric::column("steps", "optimisation steps", "", true).digits(0).csv(0).detail().no_charts(),
-    ]
+    ];
+    if world_size > 1 {
+        m.push(
+            Metric::column("global_batch", "examples per step over all processes", "", false)
+                .digits(0)
+                .csv(0)
+                .detail()
+                .no_charts(),
+        );
+        m.push(
+            Metric::column("comm_share", "share of training time in gradient all-reduce", "", false)
+                .digits(3)
+                .csv(4)
+                .detail()
+                .no_charts(),
+        );
+    }
+    m
 }
 
 /// Curves of the optimisation loop, the same for every kind.

@@ -2,6 +2,7 @@
 //! source exactly), the length penalty, cross-attention's reach, and corpus BLEU against sacreBLEU.
 use ablate::models::seq2seq::{bleu, length_penalty, tokenize_13a, translate, PairBatch, Seq2Seq, Seq2SeqSpec};
 use ablate::recipe::TrainConfig;
+use ablate::train::distributed::BatchShard;
 use ablate::train::{optimise, Evaluation, Objective};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -30,13 +31,14 @@ fn copy_batch(symbols: &Tensor) -> PairBatch {
 }
 
 impl Objective for Copy<'_> {
-    fn training_loss(&self) -> Tensor {
-        let symbols = Tensor::randint_low(3, VOCAB, [self.batch, LENGTH], (Kind::Int64, Device::Cpu));
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let symbols = Tensor::randint_low(3, VOCAB, [shard.global(self.batch), LENGTH], (Kind::Int64, Device::Cpu));
+        let [symbols] = shard.take([symbols]);
         self.model.loss(&copy_batch(&symbols), 0.1, PAD, true).0
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
-        Evaluation::default()
+    fn evaluate(&self, _step: i64) -> anyhow::Result<Evaluation> {
+        Ok(Evaluation::default())
     }
 }
 

@@ -39,6 +39,9 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "eval_lengths" => (kind != Kind::Lm).then(|| {
                 format!("length generalisation evaluates a decoder on longer text windows (kind lm); this run is kind {kind}")
             }),
+            "world_size" => (cfg.train.world_size == 1).then(|| {
+                "is set by a data-parallel launch (torchrun, srun) to its number of processes; 1 (one process) is the default and recorded nowhere".into()
+            }),
             "probe_attention" => matches!(kind, Kind::Bert | Kind::Translate).then(|| {
                 format!("attention probes are recorded for kinds lm, vit, swin, davit and image_gpt; this run is kind {kind}")
             }),

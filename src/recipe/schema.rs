@@ -729,6 +729,10 @@ pub struct TrainConfig {
     /// Learning-rate schedule after the linear warm-up: `cosine` decay to `min_lr`, or `noam` (Vaswani et
     /// al.): lr · min(step / warmup, √(warmup / step)).
     pub schedule: Schedule,
+    /// Processes training each run data-parallel, each on `batch_size` examples of a step (the global batch
+    /// is `batch_size × world_size`). Set by the launch (torchrun, srun): a recipe that names it is refused
+    /// under any other launch. 1 is one process, and then recorded nowhere.
+    pub world_size: i64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -761,11 +765,17 @@ impl Default for TrainConfig {
             precision: Precision::Fp32,
             eval_lengths: Vec::new(),
             schedule: Schedule::Cosine,
+            world_size: 1,
         }
     }
 }
 
 impl TrainConfig {
+    /// Examples of one optimisation step over all data-parallel processes.
+    pub fn global_batch(&self) -> i64 {
+        self.batch_size * self.world_size
+    }
+
     /// The learning rate of optimisation step `step` (0-based).
     pub fn lr_at(&self, step: i64) -> f64 {
         match self.schedule {

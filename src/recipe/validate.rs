@@ -220,6 +220,7 @@ impl Config {
             ("train.eval_batches", t.eval_batches),
             ("train.log_interval", t.log_interval),
             ("train.checkpoint_every", t.checkpoint_every.unwrap_or(1)),
+            ("train.world_size", t.world_size),
         ] {
             at_least(key, value, 1)?;
         }

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod complexity;
 pub mod interaction;
+pub mod launch;
 pub mod plot;
 pub mod report;
 pub mod reproduce;

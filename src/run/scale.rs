@@ -426,6 +426,85 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
     Ok(dir.join("submit.sh"))
 }
 
+/// Writes `<out>/slurm/{ddp.sbatch, submit.sh}`: one job of `nodes` × `tasks_per_node` tasks that `srun`
+/// starts together, each a rank of every run's data-parallel training (rank 0 writes the results). The
+/// ranks meet at the job's first node, on `MASTER_PORT` or a port derived from the job id. Returns the path
+/// of `submit.sh`.
+pub fn write_slurm_data_parallel_script(
+    recipe: &Recipe,
+    plan: &SlurmPlan,
+    nodes: usize,
+    tasks_per_node: usize,
+) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the ablate binary")?;
+    let abs = |p: &Path| -> Result<PathBuf> {
+        Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
+    };
+    let (recipe_path, out) = (abs(plan.recipe_path)?, abs(plan.out)?);
+    let dir = out.join("slurm");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    let smoke = if plan.smoke { " --smoke" } else { "" };
+    let overrides: String =
+        recipe.overrides.args().iter().map(|a| format!(" '{}'", a.replace('\'', r"'\''"))).collect();
+    let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
+    if let Some(p) = plan.partition {
+        header.push_str(&format!("#SBATCH --partition={p}\n"));
+    }
+    if let Some(t) = plan.time {
+        header.push_str(&format!("#SBATCH --time={t}\n"));
+    }
+    let gpus = if plan.gpus_per_task > 0 {
+        format!("#SBATCH --gpus-per-task={}\n", plan.gpus_per_task)
+    } else {
+        String::new()
+    };
+    let world = nodes * tasks_per_node;
+    // As the array job: SIGTERM two minutes ahead reaches srun, which passes it to every rank; the stop flag
+    // rides in the next all-reduce, every rank stops after the same step, rank 0 saves, and the job requeues.
+    let job = format!(
+        "{header}#SBATCH --nodes={nodes}\n#SBATCH --ntasks-per-node={tasks_per_node}\n#SBATCH --cpus-per-task={cpus}\n\
+         {gpus}#SBATCH --output={log}\n#SBATCH --signal=B:TERM@120\n#SBATCH --requeue\n\
+         # Every run of the recipe trained data-parallel over {world} ranks ({nodes} nodes x {tasks_per_node}); rank 0\n\
+         # writes {out}.\n\
+         set -uo pipefail\n\
+         export MASTER_PORT=\"${{MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}}\"\n\
+         srun --kill-on-bad-exit=1 {exe} {recipe}{overrides} --out {out} --device {device} \
+         --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet &\n\
+         pid=$!\n\
+         trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT\n\
+         wait \"$pid\"; status=$?\n\
+         while kill -0 \"$pid\" 2>/dev/null; do wait \"$pid\"; status=$?; done\n\
+         if [ \"$status\" -eq {interrupted} ]; then\n\
+         \x20 scontrol requeue \"$SLURM_JOB_ID\"\n\
+         fi\n\
+         exit \"$status\"\n",
+        interrupted = crate::train::EXIT_INTERRUPTED,
+        cpus = plan.cpus_per_task,
+        log = dir.join("ddp.log").display(),
+        exe = quote(&exe),
+        recipe = quote(&recipe_path),
+        out = quote(&out),
+        device = plan.device,
+    );
+    let submit = format!(
+        "#!/bin/bash\n# Submits the data-parallel job.\nset -euo pipefail\ncd {dir}\n\
+         job=$(sbatch --parsable ddp.sbatch)\n\
+         echo \"data-parallel job $job ({world} ranks)\"\n",
+        dir = quote(&dir),
+    );
+    for (name, text) in [("ddp.sbatch", job), ("submit.sh", submit)] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(dir.join("submit.sh"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

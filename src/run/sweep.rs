@@ -27,6 +27,38 @@ pub struct SweepOptions<'a> {
     pub shard: Option<Shard>,
 }
 
+/// A data-parallel rank other than 0: trains, in step with rank 0, the runs rank 0 found unfinished, and
+/// writes nothing (rank 0 keeps the state, the results and the plots).
+fn follow_rank0(recipe: &Recipe, opts: &SweepOptions, group: &crate::train::distributed::Group) -> Result<()> {
+    let shared: Result<Vec<String>, String> =
+        serde_json::from_slice(&group.share_from_rank0(&[])?).context("reading rank 0's list of runs to train")?;
+    let ids = shared.map_err(|e| anyhow::anyhow!("rank 0 stopped before training: {e}"))?;
+    let todo: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            recipe.runs.iter().find(|r| r.id == *id).with_context(|| format!("rank 0 trains `{id}`, unknown here"))
+        })
+        .collect::<Result<_>>()?;
+    let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut data = DataCache::new(&results_root, true);
+    for run in &todo {
+        task(run.config.kind)
+            .prepare(&run.config, &mut data)
+            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+    }
+    let scratch = tempfile::tempdir().context("a scratch directory for this rank's side files")?;
+    for run in todo {
+        let stem = file_stem(&run.id);
+        let mut progress = |_: i64, _: f64| {};
+        let ctx =
+            RunContext { device: opts.device, progress: &mut progress, state: None, out: scratch.path(), stem: &stem };
+        task(run.config.kind)
+            .train(&run.config, &data, ctx)
+            .with_context(|| format!("run `{}` (rank {})", run.id, group.rank))?;
+    }
+    Ok(())
+}
+
 /// The line printed after a run: its headline metrics, throughput, MFU and time.
 pub fn run_line(id: &str, outcome: &RunOutcome, metrics: &[Metric]) -> String {
     if let Some(step) = outcome.diverged_at {
@@ -76,43 +108,63 @@ fn refuse_foreign_rows(recipe: &Recipe, finished: &HashSet<(String, String)>, di
 }
 
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
-    // Everything that can fail on input fails here, before the first step: the output directory (before any
-    // download), then data and sizes.
-    let results = ResultsDir::create(&match opts.shard {
-        Some(shard) => shard.dir(opts.out),
-        None => opts.out.to_path_buf(),
-    })?;
-    if opts.force {
-        results.clear()?;
+    if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
+        return follow_rank0(recipe, opts, group);
     }
-    let mut finished = results.finished()?;
-    results.drop_orphan_curves(&finished)?;
-    if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
-        // Runs already merged into the main results count as finished for every shard.
-        finished.extend(ResultsDir::reader(opts.out).finished()?);
-    }
-    refuse_foreign_rows(recipe, &finished, &results.dir)?;
-    let mine: Vec<_> =
-        recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
-    let todo: Vec<_> =
-        mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
-    // A run that cannot fit in memory is refused before anything is loaded or allocated.
-    if opts.device == Device::Cpu {
-        if let Some(limit) = crate::tasks::memory::host_memory_bytes() {
-            for run in &todo {
-                crate::tasks::memory::check_fits(&run.config, limit, "this machine")
-                    .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", recipe.file, run.id))?;
+    let planned = (|| -> Result<_> {
+        // Everything that can fail on input fails here, before the first step: the output directory (before any
+        // download), then data and sizes.
+        let results = ResultsDir::create(&match opts.shard {
+            Some(shard) => shard.dir(opts.out),
+            None => opts.out.to_path_buf(),
+        })?;
+        if opts.force {
+            results.clear()?;
+        }
+        let mut finished = results.finished()?;
+        results.drop_orphan_curves(&finished)?;
+        if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
+            // Runs already merged into the main results count as finished for every shard.
+            finished.extend(ResultsDir::reader(opts.out).finished()?);
+        }
+        refuse_foreign_rows(recipe, &finished, &results.dir)?;
+        let mine: Vec<_> = recipe
+            .runs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i)))
+            .map(|(_, r)| r)
+            .collect();
+        let todo: Vec<_> =
+            mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
+        // A run that cannot fit in memory is refused before anything is loaded or allocated.
+        if opts.device == Device::Cpu {
+            if let Some(limit) = crate::tasks::memory::host_memory_bytes() {
+                for run in &todo {
+                    crate::tasks::memory::check_fits(&run.config, limit, "this machine")
+                        .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", recipe.file, run.id))?;
+                }
             }
         }
+        // Where `$RESULTS/` checkpoints live: the directory holding this recipe's output directory.
+        let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut data = DataCache::new(&results_root, opts.quiet);
+        for run in &todo {
+            task(run.config.kind)
+                .prepare(&run.config, &mut data)
+                .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
+        }
+        Ok((results, mine, todo, data))
+    })();
+    if let Some(group) = crate::train::distributed::current() {
+        // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
+        let shared: Result<Vec<&str>, String> = match &planned {
+            Ok((_, _, todo, _)) => Ok(todo.iter().map(|r| r.id.as_str()).collect()),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        group.share_from_rank0(&serde_json::to_vec(&shared)?)?;
     }
-    // Where `$RESULTS/` checkpoints live: the directory holding this recipe's output directory.
-    let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut data = DataCache::new(&results_root, opts.quiet);
-    for run in &todo {
-        task(run.config.kind)
-            .prepare(&run.config, &mut data)
-            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
-    }
+    let (results, mine, todo, data) = planned?;
     write_resolved(recipe, &results.dir.join("recipe.resolved.yaml"))?;
     let skipped = mine.len() - todo.len();
     if !opts.quiet {
@@ -151,6 +203,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         let state = StateFile {
             path: results.dir.join("checkpoints").join(format!("{stem}.state.safetensors")),
             config_hash: run.config_hash.clone(),
+            world_size: run.config.train.world_size,
         };
         let ctx = RunContext {
             device: opts.device,

@@ -30,6 +30,7 @@ use crate::data::{Dataset, TextData, IGNORE};
 use crate::metrics::{self, Metric};
 use crate::models::bert::{Bert as Encoder, BertSpec};
 use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
+use crate::train::distributed::{self, sum_over_share, BatchShard};
 use crate::train::{optimise, Evaluation, Objective, StateFile};
 
 pub struct Bert;
@@ -189,34 +190,33 @@ impl Pretraining<'_> {
 }
 
 impl Objective for Pretraining<'_> {
-    fn training_loss(&self) -> Tensor {
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
         let n = self.data.train.numel() as i64;
-        let starts = Tensor::randint(n - self.block, [self.batch], (Kind::Int64, Device::Cpu));
+        let starts = Tensor::randint(n - self.block, [shard.global(self.batch)], (Kind::Int64, Device::Cpu));
         let windows = framed_windows(&self.data.train, &starts, self.block, self.specials);
         let (x, y) = self.inputs_and_targets(&windows, self.cfg.mask_fraction);
+        let [x, y] = shard.take([x, y]);
         self.model.loss(&x, &y, true).0
     }
 
-    fn evaluate(&self, step: i64) -> Evaluation {
+    fn evaluate(&self, step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
-        for (x, y) in &self.val {
+        let [loss, correct, count] = sum_over_share(&self.val, |(x, y)| {
             let (l, logits, targets) = self.model.loss(x, y, false);
             let n = targets.size()[0] as f64;
-            loss += l.double_value(&[]) * n;
             let right = logits.argmax(-1, false).eq_tensor(&targets);
-            correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-            count += n;
-        }
+            [l.double_value(&[]) * n, right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]), n]
+        })?;
         let (loss, accuracy) = (loss / count, correct / count);
         let mut e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
         if self.cfg.objective == PretrainObjective::Masked {
             e = e.with("val/mlm_loss", loss).with("val/mlm_accuracy", accuracy);
         }
-        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count).
-        let windows = (step * self.batch) as f64;
-        e.with("val/tokens_seen", windows * self.block as f64)
-            .with("val/tokens_predicted", windows * self.predicted_per_window())
+        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count), by all
+        // data-parallel processes.
+        let windows = (step * self.batch * distributed::world_size()) as f64;
+        Ok(e.with("val/tokens_seen", windows * self.block as f64)
+            .with("val/tokens_predicted", windows * self.predicted_per_window()))
     }
 }
 
@@ -368,13 +368,15 @@ struct Classification<'a> {
 }
 
 impl Objective for Classification<'_> {
-    fn training_loss(&self) -> Tensor {
-        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let [rows] = shard.take([random_rows(self.train.len(), shard.global(self.batch))]);
+        let b = self.train.rows(&rows, self.device);
         let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, true);
         self.classifier.loss(&logits, &b.labels)
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
         let n = self.test.len();
         let (mut loss, mut predictions) = (0.0, Vec::new());
@@ -387,7 +389,7 @@ impl Objective for Classification<'_> {
         let predicted = Tensor::cat(&predictions, 0);
         let accuracy = predicted.eq_tensor(&self.test.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
         let f1 = f1_score(&predicted, &self.test.labels);
-        Evaluation::default().with("val/loss", loss / n as f64).with("val/accuracy", accuracy).with("val/f1", f1)
+        Ok(Evaluation::default().with("val/loss", loss / n as f64).with("val/accuracy", accuracy).with("val/f1", f1))
     }
 }
 
@@ -402,13 +404,15 @@ struct Tagging<'a> {
 }
 
 impl Objective for Tagging<'_> {
-    fn training_loss(&self) -> Tensor {
-        let b = self.train.rows(&random_rows(self.train.len(), self.batch), self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let [rows] = shard.take([random_rows(self.train.len(), shard.global(self.batch))]);
+        let b = self.train.rows(&rows, self.device);
         let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, true);
         TokenClassifier::loss(&logits, &b.labels)
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
         let (mut loss, mut scored, mut predictions) = (0.0, 0.0, Vec::new());
         for idx in eval_batches(self.test.len()) {
@@ -424,10 +428,10 @@ impl Objective for Tagging<'_> {
         let mask = labels.ne(IGNORE);
         let right = predicted.eq_tensor(labels).logical_and(&mask).sum(Kind::Float).double_value(&[]);
         let f1 = mark_f1(&predicted, labels);
-        Evaluation::default()
+        Ok(Evaluation::default()
             .with("val/loss", loss / scored.max(1.0))
             .with("val/accuracy", right / scored.max(1.0))
-            .with("val/f1", f1)
+            .with("val/f1", f1))
     }
 }
 
@@ -442,13 +446,15 @@ struct Locating<'a> {
 }
 
 impl Objective for Locating<'_> {
-    fn training_loss(&self) -> Tensor {
-        let b = self.train.rows(&random_rows(self.train.ids.size()[0], self.batch), self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let [rows] = shard.take([random_rows(self.train.ids.size()[0], shard.global(self.batch))]);
+        let b = self.train.rows(&rows, self.device);
         let (s, e) = self.span.logits(self.bert, &b, true);
         SpanPredictor::loss(&s, &e, &b.start, &b.end)
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
         let n = self.test.ids.size()[0];
         let (mut loss, mut predicted) = (0.0, Vec::new());
@@ -463,11 +469,11 @@ impl Objective for Locating<'_> {
         let ends = Vec::<i64>::try_from(&self.test.end).unwrap_or_default();
         let gold: Vec<(i64, i64)> = starts.into_iter().zip(ends).collect();
         let (exact, f1) = span_scores(&predicted, &gold);
-        Evaluation::default()
+        Ok(Evaluation::default()
             .with("val/loss", loss / n.max(1) as f64)
             .with("val/accuracy", exact)
             .with("val/f1", f1)
-            .with("val/exact_match", exact)
+            .with("val/exact_match", exact))
     }
 }
 
@@ -478,6 +484,7 @@ fn pretrain_state(state: Option<&StateFile>) -> Option<StateFile> {
             s.path.file_name().map(|n| n.to_string_lossy().replace(".state.", ".pretrain.state.")).unwrap_or_default(),
         ),
         config_hash: s.config_hash.clone(),
+        world_size: s.world_size,
     })
 }
 
@@ -675,7 +682,7 @@ impl Task for Bert {
         } else {
             "nats/example"
         }));
-        m.extend(metrics::cost("tokens/s"));
+        m.extend(metrics::cost("tokens/s", cfg.train.world_size));
         m
     }
 
@@ -779,21 +786,24 @@ fn train_bert(
     }
     // Held-out windows, evenly spaced, masked once with a fixed seed.
     tch::manual_seed(0x3a5c);
-    let count = t.eval_batches * t.batch_size;
+    let count = t.eval_batches * t.global_batch();
     let span = data.val.numel() as i64 - block;
     let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
     let val_windows = framed_windows(&data.val, &Tensor::from_slice(&starts), block, specials);
     let mut pretraining =
         Pretraining { model: &mlm, data, val: Vec::new(), cfg: b, specials, vocab, batch: t.batch_size, block, device };
     let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
-    pretraining.val =
-        val_windows.split(t.batch_size, 0).iter().map(|w| pretraining.inputs_and_targets(w, eval_fraction)).collect();
+    pretraining.val = val_windows
+        .split(t.global_batch(), 0)
+        .iter()
+        .map(|w| pretraining.inputs_and_targets(w, eval_fraction))
+        .collect();
     tch::manual_seed(t.seed as i64);
 
     let (mut tokens_seen, mut train_time) = (0i64, 0.0);
     let mut curves = Vec::new();
     let mut pretrained_eval: Option<Evaluation> = None;
-    let phase_tokens = t.batch_size * block;
+    let phase_tokens = t.global_batch() * block;
     let mut run = 'phases: {
         if matches!(head, TaskHead::None) {
             break 'phases optimise(t, &pretraining, &mut vs, device, progress, state)?;

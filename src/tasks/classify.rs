@@ -13,6 +13,7 @@ use crate::models::swin::Swin;
 use crate::models::vit::Vit;
 use crate::models::ImageClassifier;
 use crate::recipe::{Config, Kind};
+use crate::train::distributed::{sum_over_share, BatchShard};
 use crate::train::{optimise, Evaluation, Objective};
 
 pub struct Classification;
@@ -53,26 +54,28 @@ struct Classifying<'a> {
 }
 
 impl Objective for Classifying<'_> {
-    fn training_loss(&self) -> Tensor {
-        let (x, y) = self.task.train_batch(self.batch, self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let (x, y) = self.task.train_batch(shard.global(self.batch), self.device);
+        let [x, y] = shard.take([x, y]);
         self.model.classify(&x, true, false).0.cross_entropy_for_logits(&y)
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
-        for (x, y) in &self.test {
+        let [loss, correct, count] = sum_over_share(&self.test, |(x, y)| {
             let logits = self.model.classify(x, false, false).0.to_kind(DType::Float);
             let n = y.size()[0] as f64;
-            loss += logits.cross_entropy_for_logits(y).double_value(&[]) * n;
-            correct += logits.argmax(-1, false).eq_tensor(y).to_kind(DType::Float).sum(DType::Float).double_value(&[]);
-            count += n;
-        }
+            [
+                logits.cross_entropy_for_logits(y).double_value(&[]) * n,
+                logits.argmax(-1, false).eq_tensor(y).to_kind(DType::Float).sum(DType::Float).double_value(&[]),
+                n,
+            ]
+        })?;
         let e = Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count);
-        match self.probe_attention {
+        Ok(match self.probe_attention {
             true => super::probe(e, &self.model.classify(&self.test[0].0, false, true).1),
             false => e,
-        }
+        })
     }
 }
 
@@ -98,7 +101,7 @@ impl Task for Classification {
             m.extend(metrics::attention_probes());
         }
         m.extend(metrics::optimisation("nats/image"));
-        m.extend(metrics::cost("patch tokens/s"));
+        m.extend(metrics::cost("patch tokens/s", cfg.train.world_size));
         m
     }
 
@@ -137,7 +140,7 @@ impl Task for Classification {
             probe_attention: t.probe_attention,
         };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
-        let images_per_s = (run.steps_done * t.batch_size) as f64 / run.train_time.max(1e-9);
+        let images_per_s = (run.steps_done * t.global_batch()) as f64 / run.train_time.max(1e-9);
         let grid = cfg.vision().grid(cfg.kind);
         let model_flops = images_per_s * 6.0 * forward_macs(cfg);
         // Tokens are the first stage's patches.

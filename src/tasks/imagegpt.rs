@@ -14,6 +14,7 @@ use crate::data::images::ImageTask;
 use crate::metrics::{self, Metric};
 use crate::models::imagegpt::{downsample, fit_palette, ImageGpt as Model};
 use crate::recipe::{Config, Quantiser};
+use crate::train::distributed::{sum_over_share, BatchShard};
 use crate::train::{optimise, Evaluation, Objective};
 
 pub struct ImageGpt;
@@ -53,30 +54,31 @@ fn input_to_bytes(x: &Tensor) -> Tensor {
 }
 
 impl Objective for NextPixel<'_> {
-    fn training_loss(&self) -> Tensor {
-        let (x, _) = self.task.train_batch(self.batch, self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let (x, _) = self.task.train_batch(shard.global(self.batch), self.device);
+        let [x] = shard.take([x]);
         self.model.loss(&self.model.tokens(&input_to_bytes(&x)), true).0
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
-        for tokens in &self.test {
+        let [loss, correct, count] = sum_over_share(&self.test, |tokens| {
             let (l, logits) = self.model.loss(tokens, false);
             let pixels = tokens.numel() as f64;
-            loss += l.double_value(&[]) * pixels;
-            correct +=
-                logits.argmax(-1, false).eq_tensor(tokens).to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-            count += pixels;
-        }
+            [
+                l.double_value(&[]) * pixels,
+                logits.argmax(-1, false).eq_tensor(tokens).to_kind(Kind::Float).sum(Kind::Float).double_value(&[]),
+                pixels,
+            ]
+        })?;
         let e = Evaluation::default()
             .with("val/loss", loss / count)
             .with("val/accuracy", correct / count)
             .with("val/bits_per_dim", loss / count / std::f64::consts::LN_2);
-        match self.probe_attention {
+        Ok(match self.probe_attention {
             true => super::probe(e, &self.model.attention_weights(&self.test[0])),
             false => e,
-        }
+        })
     }
 }
 
@@ -211,7 +213,7 @@ impl Task for ImageGpt {
             m.extend(metrics::attention_probes());
         }
         m.extend(metrics::optimisation("nats/pixel"));
-        m.extend(metrics::cost("pixels/s"));
+        m.extend(metrics::cost("pixels/s", cfg.train.world_size));
         m
     }
 
@@ -258,7 +260,7 @@ impl Task for ImageGpt {
         let objective =
             NextPixel { model: &model, task, test, batch: t.batch_size, device, probe_attention: t.probe_attention };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
-        let images_per_s = (run.steps_done * t.batch_size) as f64 / run.train_time.max(1e-9);
+        let images_per_s = (run.steps_done * t.global_batch()) as f64 / run.train_time.max(1e-9);
         let tokens = model.grid * model.grid;
         let mut probe_accuracy = f64::NAN;
         if run.diverged_at.is_none() {

@@ -12,6 +12,7 @@ use crate::metrics::{self, Metric};
 use crate::models::decode::{generate, Decoding, NextToken};
 use crate::models::gpt::Gpt;
 use crate::recipe::{Config, Task as DataTask};
+use crate::train::distributed::{sum_over_share, BatchShard};
 use crate::train::{optimise, precision, Evaluation, Objective};
 
 pub struct LanguageModel;
@@ -21,19 +22,21 @@ fn data_key(cfg: &Config) -> String {
     serde_yaml::to_string(&cfg.data).unwrap_or_default()
 }
 
-/// Mean loss and accuracy of `model` over held-out batches (targets `IGNORE` are not scored).
-pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64) {
+/// Mean loss and accuracy of `model` over held-out batches (targets `IGNORE` are not scored); in a
+/// data-parallel group each rank scores its share of the batches.
+pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<(f64, f64)> {
     let _guard = tch::no_grad_guard();
-    let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
-    for (x, y) in batches {
+    let [loss, correct, count] = sum_over_share(batches, |(x, y)| {
         let (logits, l) = model.loss(x, y, false);
-        loss += l.double_value(&[]);
         let scored = y.ne(IGNORE);
         let right = logits.argmax(-1, false).eq_tensor(y).logical_and(&scored);
-        correct += right.to_kind(DType::Float).sum(DType::Float).double_value(&[]);
-        count += scored.to_kind(DType::Float).sum(DType::Float).double_value(&[]);
-    }
-    (loss / batches.len() as f64, correct / count)
+        [
+            l.double_value(&[]),
+            right.to_kind(DType::Float).sum(DType::Float).double_value(&[]),
+            scored.to_kind(DType::Float).sum(DType::Float).double_value(&[]),
+        ]
+    })?;
+    Ok((loss / batches.len() as f64, correct / count))
 }
 
 /// Next-token prediction: batches from the corpus (or the copy task), evaluation on fixed held-out batches.
@@ -48,19 +51,20 @@ struct NextTokenObjective<'a> {
 }
 
 impl Objective for NextTokenObjective<'_> {
-    fn training_loss(&self) -> Tensor {
-        let (x, y) = self.data.train_batch(self.batch, self.block, self.device);
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let (x, y) = self.data.train_batch(shard.global(self.batch), self.block, self.device);
+        let [x, y] = shard.take([x, y]);
         self.model.loss(&x, &y, true).1
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
-        let (loss, accuracy) = evaluate(self.model, &self.val);
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        let (loss, accuracy) = evaluate(self.model, &self.val)?;
         let e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
         if !self.probe_attention {
-            return e;
+            return Ok(e);
         }
         let weights = tch::no_grad(|| self.model.forward_with_weights(&self.val[0].0, false, true).1);
-        super::probe(e, &weights)
+        Ok(super::probe(e, &weights))
     }
 }
 
@@ -140,7 +144,7 @@ impl Task for LanguageModel {
             m.extend(metrics::attention_probes());
         }
         m.extend(metrics::optimisation("nats/token"));
-        m.extend(metrics::cost("tokens/s"));
+        m.extend(metrics::cost("tokens/s", cfg.train.world_size));
         m
     }
 
@@ -174,14 +178,14 @@ impl Task for LanguageModel {
         let objective = NextTokenObjective {
             model: &model,
             data,
-            val: data.val_batches(t.eval_batches, t.batch_size, block, device),
+            val: data.val_batches(t.eval_batches, t.global_batch(), block, device),
             batch: t.batch_size,
             block,
             device,
             probe_attention: t.probe_attention,
         };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
-        let tokens_per_s = (run.steps_done * t.batch_size * block) as f64 / run.train_time.max(1e-9);
+        let tokens_per_s = (run.steps_done * t.global_batch() * block) as f64 / run.train_time.max(1e-9);
         let model_flops = tokens_per_s * train_flops_per_token(cfg, run.params, vocab);
         let _autocast = precision::autocast(t.precision, device);
         // Length generalisation: the same number of held-out tokens, in windows k times longer. A learned
@@ -190,14 +194,14 @@ impl Task for LanguageModel {
             .eval_lengths
             .iter()
             .map(|&k| {
-                let (long, batch) = (block * k, (t.batch_size / k).max(1));
+                let (long, batch) = (block * k, (t.global_batch() / k).max(1));
                 let scores = match model.covers(long) {
-                    true => evaluate(&model, &data.val_batches(t.eval_batches, batch, long, device)),
+                    true => evaluate(&model, &data.val_batches(t.eval_batches, batch, long, device))?,
                     false => (f64::NAN, f64::NAN),
                 };
-                (k, scores)
+                Ok((k, scores))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         tch::manual_seed(t.seed as i64);
         let (prompt, new_tokens) = data.sample_prompt();
         let decoding = match data {

@@ -15,6 +15,7 @@ use crate::data::tokenize::{Special, TextTokenizer};
 use crate::metrics::{self, Metric};
 use crate::models::seq2seq::{bleu, translate, PairBatch, Seq2Seq, Seq2SeqSpec};
 use crate::recipe::{Config, DataConfig, PairSet};
+use crate::train::distributed::{sum_over_share, BatchShard};
 use crate::train::{optimise, Evaluation, Objective};
 
 pub struct Translation;
@@ -107,27 +108,26 @@ struct Translating<'a> {
 }
 
 impl Objective for Translating<'_> {
-    fn training_loss(&self) -> Tensor {
-        let idx = Tensor::randint(self.data.train.len() as i64, [self.batch], (Kind::Int64, Device::Cpu));
+    fn training_loss(&self, shard: &BatchShard) -> Tensor {
+        let global = shard.global(self.batch);
+        let idx = Tensor::randint(self.data.train.len() as i64, [global], (Kind::Int64, Device::Cpu));
+        let [idx] = shard.take([idx]);
         let picked: Vec<&Pair> =
             Vec::<i64>::try_from(idx).unwrap_or_default().iter().map(|&i| &self.data.train[i as usize]).collect();
         self.model.loss(&self.data.batch(&picked, self.device), self.smoothing, self.data.pad, true).0
     }
 
-    fn evaluate(&self, _step: i64) -> Evaluation {
+    fn evaluate(&self, _step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let (mut loss, mut correct, mut count) = (0.0, 0.0, 0.0);
-        for b in &self.val {
+        let [loss, correct, count] = sum_over_share(&self.val, |b| {
             // Held-out loss without smoothing: the model's real cross-entropy.
             let (l, logits) = self.model.loss(b, 0.0, self.data.pad, false);
             let scored = b.tgt_out.ne(self.data.pad);
             let n = scored.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-            loss += l.double_value(&[]) * n;
             let right = logits.argmax(-1, false).eq_tensor(&b.tgt_out).logical_and(&scored);
-            correct += right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-            count += n;
-        }
-        Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count)
+            [l.double_value(&[]) * n, right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]), n]
+        })?;
+        Ok(Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count))
     }
 }
 
@@ -189,7 +189,7 @@ impl Task for Translation {
             m.push(Metric::column("bleu_greedy", "BLEU of greedy decoding (same models)", "", true).digits(2));
         }
         m.extend(metrics::optimisation("nats/target token, label-smoothed"));
-        m.extend(metrics::cost("tokens/s"));
+        m.extend(metrics::cost("tokens/s", cfg.train.world_size));
         m
     }
 
@@ -233,14 +233,14 @@ impl Task for Translation {
         tch::manual_seed(t.seed as i64);
         let mut vs = nn::VarStore::new(device);
         let model = Seq2Seq::new(&vs.root(), &model_spec(cfg, vocab));
-        let val_pairs: Vec<&Pair> = data.test.iter().take((t.eval_batches * t.batch_size) as usize).collect();
-        let val = val_pairs.chunks(t.batch_size as usize).map(|c| data.batch(c, device)).collect();
+        let val_pairs: Vec<&Pair> = data.test.iter().take((t.eval_batches * t.global_batch()) as usize).collect();
+        let val = val_pairs.chunks(t.global_batch() as usize).map(|c| data.batch(c, device)).collect();
         let objective =
             Translating { model: &model, data, val, smoothing: tr.label_smoothing, batch: t.batch_size, device };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
         let tokens: i64 = data.train.iter().take(1000).map(|(s, p)| (s.len() + p.len() + 1) as i64).sum();
         let tokens_per_pair = tokens as f64 / data.train.len().min(1000) as f64;
-        let tokens_per_s = run.steps_done as f64 * t.batch_size as f64 * tokens_per_pair / run.train_time.max(1e-9);
+        let tokens_per_s = run.steps_done as f64 * t.global_batch() as f64 * tokens_per_pair / run.train_time.max(1e-9);
 
         let (mut bleu_score, mut exact, mut greedy_bleu, mut sample) = (f64::NAN, f64::NAN, f64::NAN, String::new());
         if run.diverged_at.is_none() {

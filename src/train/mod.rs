@@ -21,10 +21,12 @@ use tch::{nn, Device, Tensor};
 
 use crate::recipe::{Precision, TrainConfig};
 
+pub mod distributed;
 pub mod native;
 pub mod optim;
 pub mod precision;
 
+use distributed::{BatchShard, Group};
 use optim::{AdamW, StepReport};
 use precision::LossScaler;
 
@@ -118,6 +120,38 @@ pub fn backward_and_step(
     (loss.double_value(&[]), report)
 }
 
+/// [`backward_and_step`] of one rank of a data-parallel group: the gradients, the loss and the stop flag
+/// are averaged over the ranks (one all-reduce) before clipping and the update, so every rank takes the same
+/// step; returns the mean loss, the report and whether any rank was asked to stop.
+fn data_parallel_step(
+    group: &Group,
+    loss: &Tensor,
+    opt: &mut AdamW,
+    lr: f64,
+    clip: Option<f64>,
+    scaler: &mut LossScaler,
+    stop: bool,
+) -> Result<(f64, StepReport, bool)> {
+    opt.zero_grad();
+    if scaler.enabled {
+        (loss * scaler.scale).backward();
+    } else {
+        loss.backward();
+    }
+    let (grads, extras) = group.average(&opt.grads(), &[loss.double_value(&[]), f64::from(u8::from(stop))])?;
+    let report = opt.step_with(grads, lr, clip, scaler.scale);
+    scaler.update(report.applied);
+    if report.applied {
+        native::clear_autocast_cache();
+    }
+    Ok((extras[0], report, extras[1] > 0.0))
+}
+
+/// The seed of rank `rank`'s own stream at `step` (what it draws after taking its rows of the batch).
+fn rank_seed(seed: u64, rank: usize, step: i64) -> i64 {
+    step_seed(seed ^ (rank as u64).wrapping_mul(0xD1B5_4A32_D192_ED03), step)
+}
+
 /// Seed of step `step`'s generator: a splitmix64 mix, so neighbouring (seed, step) pairs share nothing.
 pub fn step_seed(seed: u64, step: i64) -> i64 {
     let mut z = seed.wrapping_add((step as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -130,6 +164,24 @@ pub fn step_seed(seed: u64, step: i64) -> i64 {
 pub struct StateFile {
     pub path: PathBuf,
     pub config_hash: String,
+    /// Processes the run trains on: a state saved by another number is refused, not resumed.
+    pub world_size: i64,
+}
+
+/// A saved state from a run on another number of processes: resuming it would change the global batch.
+#[derive(Debug)]
+pub struct WrongWorldSize(pub String);
+
+impl std::fmt::Display for WrongWorldSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WrongWorldSize {}
+
+fn one() -> i64 {
+    1
 }
 
 /// Everything of a run in progress that is not a tensor.
@@ -142,6 +194,9 @@ struct Progressed {
     train_time: f64,
     scaler: LossScaler,
     curves: Vec<CurvePoint>,
+    /// Processes that trained it (states written before data parallelism are from one).
+    #[serde(default = "one")]
+    world_size: i64,
 }
 
 impl StateFile {
@@ -177,6 +232,17 @@ impl StateFile {
         let json = tensors.get("progress.json").with_context(what)?;
         let progressed: Progressed =
             serde_json::from_slice(&Vec::<u8>::try_from(json).with_context(what)?).with_context(what)?;
+        if progressed.world_size != self.world_size {
+            return Err(WrongWorldSize(format!(
+                "{} was saved by a run on {} processes, and this launch has {}: relaunch with {} processes to \
+                 continue it, or start over with --force",
+                self.path.display(),
+                progressed.world_size,
+                self.world_size,
+                progressed.world_size
+            ))
+            .into());
+        }
         if progressed.config_hash != self.config_hash {
             return Ok(None);
         }
@@ -203,6 +269,7 @@ impl StateFile {
     fn load_or_set_aside(&self, vs: &mut nn::VarStore, opt: &mut AdamW) -> Result<Option<Progressed>> {
         match self.load(vs, opt) {
             Ok(p) => Ok(p),
+            Err(e) if e.downcast_ref::<WrongWorldSize>().is_some() => Err(e),
             Err(e) => {
                 let stamp = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -264,10 +331,13 @@ fn stop_requested() -> bool {
 /// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, and an
 /// evaluation on held-out data (with any extra curves, such as attention probes).
 pub trait Objective {
-    /// The loss of one training batch, drawn with libtorch's generator (seeded per step by the loop).
-    fn training_loss(&self) -> Tensor;
-    /// Held-out evaluation at `step` (the loop records it in the curves).
-    fn evaluate(&self, step: i64) -> Evaluation;
+    /// The loss of one training batch, drawn with libtorch's generator (seeded per step by the loop): in a
+    /// data-parallel group, this rank's rows of the global batch (`shard.global(batch)` drawn, then
+    /// `shard.take`); in one process the whole batch.
+    fn training_loss(&self, shard: &BatchShard) -> Tensor;
+    /// Held-out evaluation at `step` (the loop records it in the curves). In a group every rank calls it
+    /// and gets the same values; a failed collective is an error.
+    fn evaluate(&self, step: i64) -> Result<Evaluation>;
 }
 
 /// What the optimisation loop did.
@@ -281,6 +351,10 @@ pub struct Optimised {
     pub steps_done: i64,
     pub resumed_from: i64,
     pub curves: Vec<CurvePoint>,
+    /// Data-parallel processes, and the seconds of `train_time` spent in collectives (0 in one process).
+    pub world_size: i64,
+    pub global_batch: i64,
+    pub comm_time: f64,
 }
 
 impl Optimised {
@@ -316,8 +390,13 @@ impl Optimised {
         outcome.set("wall_s", started.elapsed().as_secs_f64());
         outcome.set("tokens_per_s", throughput);
         outcome.set("model_tflops", model_flops / 1e12);
-        outcome.set("mfu", model_flops / precision::matmul_peak(device, precision));
+        // `model_flops` is the whole group's: each process has its own device's peak.
+        outcome.set("mfu", model_flops / (precision::matmul_peak(device, precision) * self.world_size as f64));
         outcome.set("steps", self.steps_done as f64);
+        if self.world_size > 1 {
+            outcome.set("comm_share", self.comm_time / self.train_time.max(1e-9));
+            outcome.set("global_batch", (self.global_batch) as f64);
+        }
         outcome
     }
 }
@@ -340,10 +419,21 @@ pub fn optimise(
     let mut last_loss = f64::NAN;
     let mut scaler = LossScaler::for_precision(t.precision);
     let mut first_step = 0;
-    let resumed = match state {
+    let group = distributed::current();
+    // In a group only rank 0 keeps a state (the sweep gives the others none); it shares what it resumed.
+    let mut resumed = match state {
         Some(s) => s.load_or_set_aside(vs, &mut opt)?,
         None => None,
     };
+    if let Some(g) = group {
+        resumed = serde_json::from_slice(&g.share_from_rank0(&serde_json::to_vec(&resumed)?)?)?;
+        let (m, v, _) = opt.state();
+        g.broadcast_all(&[opt.flat(), m, v]).context("sharing rank 0's weights")?;
+        if let Some(p) = &resumed {
+            opt.set_steps_taken(p.optimiser_steps);
+        }
+        g.take_comm_seconds();
+    }
     match resumed {
         Some(p) => {
             first_step = p.step;
@@ -354,16 +444,30 @@ pub fn optimise(
             progress(first_step, last_loss);
         }
         None => {
-            objective.evaluate(0).record(0, &mut curves);
+            objective.evaluate(0)?.record(0, &mut curves);
         }
     }
     let mut diverged_at = None;
+    let mut comm_time = 0.0;
     for step in first_step..t.steps {
         let tick = Instant::now();
         tch::manual_seed(step_seed(t.seed, step));
         let lr = t.lr_at(step);
-        let loss = objective.training_loss();
-        let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
+        let (loss, report, stop) = match group {
+            None => {
+                let loss = objective.training_loss(&BatchShard::whole());
+                let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
+                (loss, report, stop_requested())
+            }
+            Some(g) => {
+                let shard = BatchShard::of(g.rank, g.world, rank_seed(t.seed, g.rank, step));
+                let loss = objective.training_loss(&shard);
+                let step = data_parallel_step(g, &loss, &mut opt, lr, t.grad_clip, &mut scaler, stop_requested())
+                    .with_context(|| format!("step {}", step + 1))?;
+                comm_time += g.take_comm_seconds();
+                step
+            }
+        };
         last_loss = loss;
         train_time += tick.elapsed().as_secs_f64();
         let done = step + 1;
@@ -383,9 +487,8 @@ pub fn optimise(
             }
         }
         if done % t.eval_interval == 0 && done != t.steps {
-            objective.evaluate(done).record(done, &mut curves);
+            objective.evaluate(done)?.record(done, &mut curves);
         }
-        let stop = stop_requested();
         if let Some(s) = state {
             // Every k steps and at the end (the final state lets a run be continued or inspected later), and
             // when a signal asks to stop.
@@ -399,6 +502,7 @@ pub fn optimise(
                     train_time,
                     scaler: scaler.clone(),
                     curves: curves.clone(),
+                    world_size: s.world_size,
                 };
                 s.save(vs, &opt, &progressed)?;
             }
@@ -406,12 +510,15 @@ pub fn optimise(
                 let at = format!("after step {done}, its state saved in {}", s.path.display());
                 return Err(Interrupted(at).into());
             }
+        } else if let (true, Some(g)) = (stop, group) {
+            let at = format!("after step {done} on rank {} (rank 0 saved the state)", g.rank);
+            return Err(Interrupted(at).into());
         }
         progress(done, last_loss);
     }
     let final_eval = match diverged_at {
         None => {
-            let e = objective.evaluate(t.steps);
+            let e = objective.evaluate(t.steps)?;
             e.record(t.steps, &mut curves);
             e
         }
@@ -426,5 +533,8 @@ pub fn optimise(
         steps_done: diverged_at.unwrap_or(t.steps),
         resumed_from: first_step,
         curves,
+        world_size: group.map_or(1, |g| g.world as i64),
+        global_batch: t.global_batch(),
+        comm_time,
     })
 }

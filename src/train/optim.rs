@@ -131,8 +131,18 @@ impl AdamW {
         Ok(())
     }
 
+    /// The flat buffer every parameter is a view of (what a data-parallel group broadcasts).
+    pub fn flat(&self) -> &Tensor {
+        &self.flat
+    }
+
+    /// Sets the count of updates applied (a rank that received a resumed state's moments).
+    pub fn set_steps_taken(&mut self, steps: i64) {
+        self.step = steps;
+    }
+
     /// Every parameter's gradient (zeros for one that got none).
-    fn grads(&self) -> Vec<Tensor> {
+    pub fn grads(&self) -> Vec<Tensor> {
         self.params
             .iter()
             .map(|p| {
@@ -150,8 +160,13 @@ impl AdamW {
     /// multiplied by `loss_scale` (1 unless fp16 loss scaling is on). Clips the global gradient norm to
     /// `clip` first when given. With a loss scale, a non-finite gradient skips the update.
     pub fn step(&mut self, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
+        self.step_with(self.grads(), lr, clip, loss_scale)
+    }
+
+    /// [`step`](Self::step) from `grads` (one per parameter, in [`grads`](Self::grads)' order) instead of the
+    /// parameters' own: a data-parallel group's averaged gradients.
+    pub fn step_with(&mut self, mut grads: Vec<Tensor>, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
         let _guard = tch::no_grad_guard();
-        let mut grads = self.grads();
         let norms: Vec<Tensor> = grads.iter().map(|g| g.norm()).collect();
         let norm = Tensor::stack(&norms, 0).norm().double_value(&[]) / loss_scale;
         if loss_scale != 1.0 && !norm.is_finite() {
