@@ -76,6 +76,33 @@ ablate_setup_gloo_headers() {
   fi
 }
 
+# CUDA's headers for csrc/cuda.cpp (NCCL, the caching allocator's statistics): the torch wheel ships the CUDA
+# runtime's and NCCL's, but not nvcc's crt/ nor CCCL's, which those include; both small wheels go into the
+# cache. Only where libtorch has CUDA; without them ablate builds without NCCL and GPU memory statistics.
+ABLATE_CUDA_HEADER_WHEELS="nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85"
+ablate_setup_cuda_headers() {
+  [[ -f "$LIBTORCH/lib/libtorch_cuda.so" ]] || return 0
+  local site nv dir
+  site="$(dirname "$LIBTORCH")"
+  nv="$site/nvidia/cu13/include"
+  [[ -f "$nv/cuda_runtime_api.h" && -f "$site/nvidia/nccl/include/nccl.h" ]] || return 0
+  dir="${XDG_CACHE_HOME:-$HOME/.cache}/ablate/cuda-headers-13.0"
+  if [[ ! -f "$dir/nvidia/cu13/include/crt/host_config.h" ]]; then
+    echo "ablate: installing CUDA's crt and CCCL headers ($ABLATE_CUDA_HEADER_WHEELS, for NCCL and GPU memory statistics) into $dir" >&2
+    rm -rf "$dir.partial"
+    # shellcheck disable=SC2086
+    if python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet --no-deps \
+        --target "$dir.partial" $ABLATE_CUDA_HEADER_WHEELS >&2; then
+      mv "$dir.partial" "$dir"
+    else
+      rm -rf "$dir.partial"
+      echo "ablate: warning: CUDA's headers could not be installed: building without NCCL and GPU memory statistics" >&2
+      return 0
+    fi
+  fi
+  export ABLATE_CUDA_INCLUDE="$nv:$dir/nvidia/cu13/include:$dir/nvidia/cu13/include/cccl:$site/nvidia/nccl/include"
+}
+
 ablate_setup_torch() {
   if [[ -n "${LIBTORCH:-}" ]]; then
     [[ -d "$LIBTORCH/lib" ]] || ablate_die "LIBTORCH=$LIBTORCH has no lib/ directory: point it at the wheel's torch/ dir or an unpacked libtorch, or unset it"
@@ -90,6 +117,7 @@ ablate_setup_torch() {
     ablate_die "libtorch at $LIBTORCH is version '${found:-unknown}', but ablate (tch 0.24) needs exactly $ABLATE_TORCH_VERSION: unset LIBTORCH (or remove that directory) to let ablate install the right one"
   export LIBTORCH_CXX11_ABI=1
   ablate_setup_gloo_headers
+  ablate_setup_cuda_headers
   # The wheel's Python package is also the PyTorch reference that benchmarks and numeric tests compare against.
   export ABLATE_TORCH_PYTHONPATH="$(dirname "$LIBTORCH")"
 }

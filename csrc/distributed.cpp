@@ -1,5 +1,6 @@
-// libtorch's torch.distributed (c10d) for data-parallel training: a TCPStore rendezvous and a Gloo process
-// group, the same objects torch.distributed.init_process_group("gloo") builds, driven from Rust. tch binds
+// libtorch's torch.distributed (c10d) for data-parallel training: a TCPStore rendezvous and a Gloo (CPU) or
+// NCCL (CUDA, csrc/cuda.cpp) process group, the objects torch.distributed.init_process_group builds, driven
+// from Rust. tch binds
 // none of it. Each function returns nullptr on success or a malloc'ed message (freed with
 // ablate_free_error): C++ exceptions, such as Gloo's when a peer dies or a collective times out, must not
 // cross into Rust.
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,16 +37,33 @@ char *error_of(const std::exception &e) {
 #ifdef ABLATE_HAVE_GLOO
 struct AblateGroup {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::Backend> backend;
 };
+
+#ifdef ABLATE_HAVE_CUDA
+c10::intrusive_ptr<c10d::Backend> ablate_make_nccl(const c10::intrusive_ptr<c10d::Store> &store, int rank, int world,
+                                                   std::chrono::milliseconds timeout);
+#else
+c10::intrusive_ptr<c10d::Backend> ablate_make_nccl(const c10::intrusive_ptr<c10d::Store> &, int, int,
+                                                   std::chrono::milliseconds) {
+  throw std::runtime_error("this ablate was built without the CUDA headers NCCL needs (bin/bootstrap.sh adds them "
+                           "where libtorch has CUDA): use the gloo backend");
+}
+extern "C" {
+char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
+char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
+bool ablate_has_cuda_extras() { return false; }
+}
+#endif
 
 extern "C" {
 
 // Joins the group of `world` processes as `rank`: rank 0 serves the TCPStore at host:port unless
 // `client_only` (torchrun's agent already serves one there: TORCHELASTIC_USE_AGENT_STORE), every rank
 // connects, and keys live under `prefix`. Every store wait and collective gives up after `timeout_ms`.
+// `nccl`: NCCL (CUDA tensors) instead of Gloo.
 char *ablate_dist_init(const char *host, int port, int rank, int world, bool client_only, const char *prefix,
-                       int64_t timeout_ms, AblateGroup **out) {
+                       int64_t timeout_ms, bool nccl, AblateGroup **out) {
   try {
     const auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions options;
@@ -55,10 +74,15 @@ char *ablate_dist_init(const char *host, int port, int rank, int world, bool cli
     options.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), options);
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), tcp);
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
-    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
-    *out = new AblateGroup{store, gloo};
+    c10::intrusive_ptr<c10d::Backend> backend;
+    if (nccl) {
+      backend = ablate_make_nccl(store, rank, world, timeout);
+    } else {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
+    }
+    *out = new AblateGroup{store, backend};
     return nullptr;
   } catch (const std::exception &e) {
     return error_of(e);
@@ -69,7 +93,7 @@ char *ablate_dist_init(const char *host, int port, int rank, int world, bool cli
 char *ablate_dist_all_reduce_sum(AblateGroup *group, at::Tensor *tensor) {
   try {
     std::vector<at::Tensor> tensors{*tensor};
-    group->gloo->allreduce(tensors)->wait();
+    group->backend->allreduce(tensors)->wait();
     return nullptr;
   } catch (const std::exception &e) {
     return error_of(e);
@@ -82,7 +106,7 @@ char *ablate_dist_broadcast(AblateGroup *group, at::Tensor *tensor, int root) {
     std::vector<at::Tensor> tensors{*tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    group->gloo->broadcast(tensors, options)->wait();
+    group->backend->broadcast(tensors, options)->wait();
     return nullptr;
   } catch (const std::exception &e) {
     return error_of(e);
@@ -125,8 +149,16 @@ void ablate_dist_free(AblateGroup *group) { delete group; }
 
 struct AblateGroup {};
 
+#ifndef ABLATE_HAVE_CUDA
 extern "C" {
-char *ablate_dist_init(const char *, int, int, int, bool, const char *, int64_t, AblateGroup **) {
+char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
+char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
+bool ablate_has_cuda_extras() { return false; }
+}
+#endif
+
+extern "C" {
+char *ablate_dist_init(const char *, int, int, int, bool, const char *, int64_t, bool, AblateGroup **) {
   return strdup("this ablate was built without Gloo's headers (bin/bootstrap.sh unpacks Debian's libgloo-dev and "
                 "sets ABLATE_GLOO_INCLUDE): data-parallel training is not available in this build");
 }

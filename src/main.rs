@@ -753,7 +753,16 @@ fn join_launch(
             tch::set_num_threads((cores / local).max(1) as i32);
         }
     }
-    let group = ablate::train::distributed::join(membership)?;
+    use ablate::train::distributed::Backend;
+    let backend = match device {
+        tch::Device::Cuda(_) if ablate::train::native::has_cuda_extras() => Backend::Nccl,
+        tch::Device::Cuda(_) => {
+            eprintln!("ablate: warning: this build has no NCCL (CUDA headers missing at build time): gradients go through Gloo and the host");
+            Backend::Gloo
+        }
+        _ => Backend::Gloo,
+    };
+    let group = ablate::train::distributed::join(membership, backend, device)?;
     let overrides = args.overrides.parse()?;
     let from_file = recipe::load_with(path, args.smoke, &overrides)?;
     let asked = from_file.runs.iter().map(|r| r.config.train.world_size).max().unwrap_or(1);
@@ -779,7 +788,7 @@ fn join_launch(
     group.agree("ablate build", &format!("build {} v{}", fingerprint(&exe), env!("CARGO_PKG_VERSION")))?;
     if group.rank == 0 && !args.quiet {
         eprintln!(
-            "ablate: data-parallel over {world} processes (Gloo), {device:?} each; global batch {} ",
+            "ablate: data-parallel over {world} processes ({backend:?}), {device:?} each; global batch {}",
             recipe.runs.first().map_or(0, |r| r.config.train.global_batch())
         );
     }

@@ -3,9 +3,10 @@
 //! same benchmark measures whole vision models against image resolution (variants naming a `preset`):
 //! ViT's global attention against Swin's and DaViT's windows.
 //!
-//! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: the child
-//! reads its resident-set high-water mark (`VmHWM`), which is real on the CPU too, and a point that runs out
-//! of memory or time is killed and recorded as such while the sweep goes on.
+//! Every point runs in a child process (`ablate complexity-point`), so its peak memory is its own: on the CPU
+//! the child reads its resident-set high-water mark (`VmHWM`), on a GPU the CUDA caching allocator's peak
+//! (reset before the first call, synchronised timings), and a point that runs out of memory or time is
+//! killed and recorded as such while the sweep goes on.
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -351,7 +352,20 @@ fn time_steps(s: &PointSpec, device: Device, step: impl Fn()) -> PointResult {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let baseline_kb = status_kb("/proc/self/status", "VmRSS:").unwrap_or(f64::NAN);
+    // On a GPU the memory is the CUDA caching allocator's (peaks reset here, so neither the model's set-up
+    // nor another point counts); on the CPU the process's resident set.
+    let gpu = match device {
+        Device::Cuda(i) => Some(i),
+        _ => None,
+    };
+    let gpu_bytes = |i: usize| crate::train::native::cuda_peak_memory(i).map_or(f64::NAN, |(a, _)| a as f64);
+    let baseline_kb = match gpu {
+        Some(i) => {
+            let _ = crate::train::native::reset_cuda_peak_memory(i);
+            gpu_bytes(i) / 1024.0
+        }
+        None => status_kb("/proc/self/status", "VmRSS:").unwrap_or(f64::NAN),
+    };
     for _ in 0..s.warmup {
         step();
     }
@@ -363,7 +377,10 @@ fn time_steps(s: &PointSpec, device: Device, step: impl Fn()) -> PointResult {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    let peak_kb = status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN);
+    let peak_kb = match gpu {
+        Some(i) => gpu_bytes(i) / 1024.0,
+        None => status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN),
+    };
     PointResult {
         median_ms: times[times.len() / 2],
         min_ms: times[0],

@@ -34,6 +34,7 @@ extern "C" {
         client_only: bool,
         prefix: *const c_char,
         timeout_ms: i64,
+        nccl: bool,
         out: *mut *mut RawGroup,
     ) -> *mut c_char;
     fn ablate_dist_all_reduce_sum(group: *mut RawGroup, tensor: *mut C_tensor) -> *mut c_char;
@@ -78,12 +79,24 @@ pub struct Membership {
     pub timeout: Duration,
 }
 
+/// Which c10d backend carries the collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo: CPU tensors (and CUDA ones, through the host).
+    Gloo,
+    /// NCCL: CUDA tensors, GPU to GPU.
+    Nccl,
+}
+
 /// A joined process group.
 pub struct Group {
     raw: NonNull<RawGroup>,
     pub rank: usize,
     pub world: usize,
     pub local_rank: usize,
+    pub backend: Backend,
+    /// Where host-side values (evaluation sums, flags) go for a collective: NCCL reduces only GPU tensors.
+    scalars_on: tch::Device,
     /// Seconds spent in collectives since the last [`take_comm_seconds`](Self::take_comm_seconds).
     comm_seconds: Mutex<f64>,
     /// Store keys are used once: each exchange takes the next number.
@@ -109,8 +122,9 @@ pub fn world_size() -> i64 {
     current().map_or(1, |g| g.world as i64)
 }
 
-/// Joins the group described by `membership` (once per process) and returns it.
-pub fn join(membership: &Membership) -> Result<&'static Group> {
+/// Joins the group described by `membership` (once per process) over `backend` and returns it; `device` is
+/// this rank's (NCCL's collectives run there).
+pub fn join(membership: &Membership, backend: Backend, device: tch::Device) -> Result<&'static Group> {
     if GROUP.get().is_some() {
         bail!("this process already joined a process group");
     }
@@ -128,6 +142,7 @@ pub fn join(membership: &Membership) -> Result<&'static Group> {
             membership.agent_store,
             prefix.as_ptr(),
             membership.timeout.as_millis() as i64,
+            backend == Backend::Nccl,
             &mut raw,
         )
     };
@@ -142,6 +157,8 @@ pub fn join(membership: &Membership) -> Result<&'static Group> {
         rank: membership.rank,
         world: membership.world,
         local_rank: membership.local_rank,
+        backend,
+        scalars_on: if backend == Backend::Nccl { device } else { tch::Device::Cpu },
         comm_seconds: Mutex::new(0.0),
         exchanges: AtomicU64::new(0),
     };
@@ -279,9 +296,9 @@ impl Group {
 
     /// Sums of `K` values over the ranks (f64, on the host).
     pub fn sum<const K: usize>(&self, values: [f64; K]) -> Result<[f64; K]> {
-        let t = Tensor::from_slice(&values);
+        let t = Tensor::from_slice(&values).to_device(self.scalars_on);
         self.all_reduce_sum(&t)?;
-        let v = Vec::<f64>::try_from(t)?;
+        let v = Vec::<f64>::try_from(t.to_device(tch::Device::Cpu))?;
         Ok(std::array::from_fn(|i| v[i]))
     }
 }

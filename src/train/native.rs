@@ -24,6 +24,42 @@ extern "C" {
     fn ablate_autocast(cuda: bool, dtype: i32) -> *mut c_char;
     fn ablate_autocast_clear_cache();
     fn ablate_free_error(message: *mut c_char);
+    fn ablate_cuda_peak_memory(device: i32, allocated: *mut i64, reserved: *mut i64) -> *mut c_char;
+    fn ablate_cuda_reset_peak_memory(device: i32) -> *mut c_char;
+    fn ablate_has_cuda_extras() -> bool;
+}
+
+/// Whether this build has csrc/cuda.cpp: NCCL and the CUDA caching allocator's statistics.
+pub fn has_cuda_extras() -> bool {
+    // SAFETY: takes nothing, returns a constant of the build.
+    unsafe { ablate_has_cuda_extras() }
+}
+
+/// The shim's message as an error (these calls fail on a build without CUDA headers, or off a GPU).
+fn cuda_result(error: *mut c_char, what: &str) -> anyhow::Result<()> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: as in `check`: a string the shim allocated, read once and freed once by the shim.
+    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { ablate_free_error(error) };
+    anyhow::bail!("{what}: {message}")
+}
+
+/// Peak bytes allocated and reserved by the CUDA caching allocator on GPU `device` since the last
+/// [`reset_cuda_peak_memory`] (`torch.cuda.max_memory_allocated` / `max_memory_reserved`).
+pub fn cuda_peak_memory(device: usize) -> anyhow::Result<(i64, i64)> {
+    let (mut allocated, mut reserved) = (0i64, 0i64);
+    // SAFETY: plain values and two out-pointers to locals that outlive the call; the shim catches exceptions.
+    let error = unsafe { ablate_cuda_peak_memory(device as i32, &mut allocated, &mut reserved) };
+    cuda_result(error, "reading the CUDA allocator's peak memory")?;
+    Ok((allocated, reserved))
+}
+
+/// Starts the CUDA caching allocator's peaks afresh (`torch.cuda.reset_peak_memory_stats`).
+pub fn reset_cuda_peak_memory(device: usize) -> anyhow::Result<()> {
+    // SAFETY: a plain value in; the shim catches exceptions.
+    cuda_result(unsafe { ablate_cuda_reset_peak_memory(device as i32) }, "resetting the CUDA allocator's peaks")
 }
 
 fn check(error: *mut c_char, what: &str) {
