@@ -2,6 +2,7 @@
 // allocator's statistics (torch.cuda.max_memory_allocated / reset_peak_memory_stats). Compiled only when the
 // CUDA headers are at hand (bin/bootstrap.sh adds nvcc's crt and CCCL headers, which the torch wheel lacks, to
 // its CUDA runtime and NCCL headers); otherwise distributed.cpp and native.rs say the build has no CUDA extras.
+#include "errors.h"
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 #include <chrono>
@@ -17,14 +18,6 @@ c10::intrusive_ptr<c10d::Backend> ablate_make_nccl(const c10::intrusive_ptr<c10d
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, options);
 }
 
-namespace {
-char *error_of(const std::exception &e) {
-  if (const auto *c10_error = dynamic_cast<const c10::Error *>(&e)) {
-    return strdup(c10_error->what_without_backtrace());
-  }
-  return strdup(e.what());
-}
-} // namespace
 
 extern "C" {
 // Peak bytes the caching allocator handed out (allocated) and held from the driver (reserved) on `device`
@@ -37,7 +30,7 @@ char *ablate_cuda_peak_memory(int device, int64_t *allocated, int64_t *reserved)
     *reserved = stats.reserved_bytes[all].peak;
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -47,7 +40,7 @@ char *ablate_cuda_reset_peak_memory(int device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 

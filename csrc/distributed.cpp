@@ -9,6 +9,7 @@
 // unpacks Debian's libgloo-dev for them (declarations only: the code that runs is the Gloo inside
 // libtorch_cpu). Built without them (ABLATE_HAVE_GLOO unset), ablate_dist_init says so and nothing else runs.
 #include <ATen/ATen.h>
+#include "errors.h"
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -24,15 +25,14 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 
-namespace {
-// c10's errors carry a C++ backtrace after the message; the message is what a researcher can act on.
-char *error_of(const std::exception &e) {
-  if (const auto *c10_error = dynamic_cast<const c10::Error *>(&e)) {
-    return strdup(c10_error->what_without_backtrace());
-  }
-  return strdup(e.what());
+#ifndef ABLATE_HAVE_CUDA
+// csrc/cuda.cpp is not built: the allocator's statistics say why.
+extern "C" {
+char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
+char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
+bool ablate_has_cuda_extras() { return false; }
 }
-} // namespace
+#endif
 
 #ifdef ABLATE_HAVE_GLOO
 struct AblateGroup {
@@ -48,11 +48,6 @@ c10::intrusive_ptr<c10d::Backend> ablate_make_nccl(const c10::intrusive_ptr<c10d
                                                    std::chrono::milliseconds) {
   throw std::runtime_error("this ablate was built without the CUDA headers NCCL needs (bin/bootstrap.sh adds them "
                            "where libtorch has CUDA): use the gloo backend");
-}
-extern "C" {
-char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
-char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
-bool ablate_has_cuda_extras() { return false; }
 }
 #endif
 
@@ -85,7 +80,7 @@ char *ablate_dist_init(const char *host, int port, int rank, int world, bool cli
     *out = new AblateGroup{store, backend};
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -96,7 +91,7 @@ char *ablate_dist_all_reduce_sum(AblateGroup *group, at::Tensor *tensor) {
     group->backend->allreduce(tensors)->wait();
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -109,7 +104,7 @@ char *ablate_dist_broadcast(AblateGroup *group, at::Tensor *tensor, int root) {
     group->backend->broadcast(tensors, options)->wait();
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -119,7 +114,7 @@ char *ablate_dist_store_set(AblateGroup *group, const char *key, const uint8_t *
     group->store->set(std::string(key), std::vector<uint8_t>(data, data + len));
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -136,7 +131,7 @@ char *ablate_dist_store_get(AblateGroup *group, const char *key, uint8_t **data,
     memcpy(*data, value.data(), value.size());
     return nullptr;
   } catch (const std::exception &e) {
-    return error_of(e);
+    return ablate::error_of(e);
   }
 }
 
@@ -148,14 +143,6 @@ void ablate_dist_free(AblateGroup *group) { delete group; }
 #else
 
 struct AblateGroup {};
-
-#ifndef ABLATE_HAVE_CUDA
-extern "C" {
-char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
-char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
-bool ablate_has_cuda_extras() { return false; }
-}
-#endif
 
 extern "C" {
 char *ablate_dist_init(const char *, int, int, int, bool, const char *, int64_t, bool, AblateGroup **) {

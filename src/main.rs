@@ -348,45 +348,28 @@ fn main() -> ExitCode {
             time,
         }) => (|| {
             let path = find_recipe(&recipe)?;
-            let recipe = recipe::load_with(&path, smoke, &overrides.parse()?)?;
             if cpus_per_task == 0 {
                 anyhow::bail!("--cpus-per-task must be at least 1");
             }
             device_or_exit(&device)?;
-            if let (Some(nodes), Some(tasks)) = (nodes, tasks_per_node) {
-                if nodes == 0 || tasks == 0 {
-                    anyhow::bail!("--nodes and --tasks-per-node must be at least 1");
-                }
+            let data_parallel = match (nodes, tasks_per_node) {
+                (Some(0), _) | (_, Some(0)) => anyhow::bail!("--nodes and --tasks-per-node must be at least 1"),
+                (Some(n), Some(t)) => Some((n, t)),
+                _ => None,
+            };
+            let shards = match (data_parallel, shards) {
+                (Some(_), _) => 1,
+                (None, Some(n)) if n > 0 => n,
+                (None, _) => anyhow::bail!("--shards must be at least 1"),
+            };
+            let mut set = overrides.set.clone();
+            if let Some((n, t)) = data_parallel {
                 // The job's ranks are recorded as train.world_size (and name the default output directory),
                 // so a job started with another number of tasks is refused.
-                let mut set = overrides.set.clone();
-                set.push(format!("train.world_size={}", nodes * tasks));
-                let with_world = recipe::Overrides::parse(&set, &overrides.sweep, overrides.seeds.as_deref())?;
-                let recipe = recipe::load_with(&path, smoke, &with_world)?;
-                let out = out.unwrap_or_else(|| default_out(&recipe));
-                let plan = ablate::run::scale::SlurmPlan {
-                    recipe_path: &path,
-                    out: &out,
-                    shards: 1,
-                    smoke,
-                    device: &device,
-                    cpus_per_task,
-                    gpus_per_task,
-                    partition: partition.as_deref(),
-                    time: time.as_deref(),
-                };
-                let submit = ablate::run::scale::write_slurm_data_parallel_script(&recipe, &plan, nodes, tasks)?;
-                println!(
-                    "{} runs, each data-parallel over {nodes} nodes x {tasks} tasks; submit with: {}",
-                    recipe.runs.len(),
-                    submit.display()
-                );
-                return Ok(());
+                set.push(format!("train.world_size={}", n * t));
             }
-            let shards = shards.unwrap_or(0);
-            if shards == 0 {
-                anyhow::bail!("--shards must be at least 1");
-            }
+            let overrides = recipe::Overrides::parse(&set, &overrides.sweep, overrides.seeds.as_deref())?;
+            let recipe = recipe::load_with(&path, smoke, &overrides)?;
             let out = out.unwrap_or_else(|| default_out(&recipe));
             let plan = ablate::run::scale::SlurmPlan {
                 recipe_path: &path,
@@ -399,6 +382,15 @@ fn main() -> ExitCode {
                 partition: partition.as_deref(),
                 time: time.as_deref(),
             };
+            if let Some((nodes, tasks)) = data_parallel {
+                let submit = ablate::run::scale::write_slurm_data_parallel_script(&recipe, &plan, nodes, tasks)?;
+                println!(
+                    "{} runs, each data-parallel over {nodes} nodes x {tasks} tasks; submit with: {}",
+                    recipe.runs.len(),
+                    submit.display()
+                );
+                return Ok(());
+            }
             let submit = ablate::run::scale::write_slurm_scripts(&recipe, &plan)?;
             println!(
                 "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",

@@ -2,7 +2,7 @@
 mod common;
 
 use ablate::recipe::parse;
-use ablate::run::scale::{merge, write_slurm_scripts, Shard, SlurmPlan};
+use ablate::run::scale::{merge, write_slurm_data_parallel_script, write_slurm_scripts, Shard, SlurmPlan};
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use common::{runs_without_timings, scratch};
 use std::path::Path;
@@ -104,5 +104,45 @@ fn the_slurm_scripts_run_one_shard_per_array_task_then_merge() {
     assert!(merge.contains(" merge ") && merge.contains("--smoke"), "{merge}");
     let submit = std::fs::read_to_string(submit).unwrap();
     assert!(submit.contains("--dependency=afterok:"), "{submit}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_data_parallel_slurm_job_starts_every_rank_with_srun_and_requeues_when_stopped() {
+    let dir = scratch("slurm-ddp");
+    let text = recipe_text(&dir);
+    let overrides = ablate::recipe::Overrides::parse(&["train.world_size=8".to_string()], &[], None).unwrap();
+    std::fs::write(dir.join("s.yaml"), &text).unwrap();
+    let recipe = ablate::recipe::load_with(&dir.join("s.yaml"), true, &overrides).unwrap();
+    let out = dir.join("out");
+    let plan = SlurmPlan {
+        recipe_path: &dir.join("s.yaml"),
+        out: &out,
+        shards: 1,
+        smoke: true,
+        device: "cuda",
+        cpus_per_task: 8,
+        gpus_per_task: 1,
+        partition: None,
+        time: None,
+    };
+    let submit = write_slurm_data_parallel_script(&recipe, &plan, 2, 4).unwrap();
+    let job = std::fs::read_to_string(out.join("slurm/ddp.sbatch")).unwrap();
+    for needle in [
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-task=1",
+        "#SBATCH --signal=B:TERM@120",
+        "srun --kill-on-bad-exit=1 ",
+        "'train.world_size=8'",
+        "--device cuda",
+        "export MASTER_PORT=",
+        "scontrol requeue \"$SLURM_JOB_ID\"",
+    ] {
+        assert!(job.contains(needle), "missing {needle} in\n{job}");
+    }
+    assert!(!job.contains("--shard"), "{job}");
+    let submit = std::fs::read_to_string(submit).unwrap();
+    assert!(submit.contains("sbatch --parsable ddp.sbatch"), "{submit}");
     let _ = std::fs::remove_dir_all(&dir);
 }

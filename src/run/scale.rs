@@ -342,26 +342,78 @@ pub struct SlurmPlan<'a> {
 
 /// Writes `<out>/slurm/{array.sbatch, merge.sbatch, submit.sh}`: an array job with one task per shard,
 /// and a merge job that runs once every task has succeeded. Returns the path of `submit.sh`.
+/// `p` in single quotes for the shell.
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+/// What every script `ablate slurm` writes shares: absolute, shell-quoted paths of this binary, the recipe
+/// and the output directory, the flags every task passes, and the `#SBATCH` header.
+struct ScriptParts {
+    exe: String,
+    recipe: String,
+    out: String,
+    dir: PathBuf,
+    smoke: &'static str,
+    overrides: String,
+    header: String,
+    gpus: String,
+}
+
+impl ScriptParts {
+    fn new(recipe: &Recipe, plan: &SlurmPlan) -> Result<Self> {
+        let exe = std::env::current_exe().context("locating the ablate binary")?;
+        let abs = |p: &Path| -> Result<PathBuf> {
+            Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
+        };
+        let (recipe_path, out) = (abs(plan.recipe_path)?, abs(plan.out)?);
+        let dir = out.join("slurm");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let quote = |p: &Path| shell_quote(p);
+        // The command line's overrides travel with every task, quoted for the shell.
+        let overrides: String =
+            recipe.overrides.args().iter().map(|a| format!(" '{}'", a.replace('\'', r"'\''"))).collect();
+        let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
+        if let Some(p) = plan.partition {
+            header.push_str(&format!("#SBATCH --partition={p}\n"));
+        }
+        if let Some(t) = plan.time {
+            header.push_str(&format!("#SBATCH --time={t}\n"));
+        }
+        let gpus = match plan.gpus_per_task {
+            0 => String::new(),
+            n => format!("#SBATCH --gpus-per-task={n}\n"),
+        };
+        Ok(Self {
+            exe: quote(&exe),
+            recipe: quote(&recipe_path),
+            out: quote(&out),
+            dir,
+            smoke: if plan.smoke { " --smoke" } else { "" },
+            overrides,
+            header,
+            gpus,
+        })
+    }
+
+    /// Writes each (name, text) into the scripts' directory, executable; returns the path of `submit.sh`.
+    fn write(&self, files: &[(&str, String)]) -> Result<PathBuf> {
+        for (name, text) in files {
+            let path = self.dir.join(name);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            }
+        }
+        Ok(self.dir.join("submit.sh"))
+    }
+}
+
 pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the ablate binary")?;
-    let abs = |p: &Path| -> Result<PathBuf> {
-        Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
-    };
-    let (recipe_path, out) = (abs(plan.recipe_path)?, abs(plan.out)?);
-    let dir = out.join("slurm");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
-    let smoke = if plan.smoke { " --smoke" } else { "" };
-    // The command line's overrides travel with every task, quoted for the shell.
-    let overrides: String =
-        recipe.overrides.args().iter().map(|a| format!(" '{}'", a.replace('\'', r"'\''"))).collect();
-    let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
-    if let Some(p) = plan.partition {
-        header.push_str(&format!("#SBATCH --partition={p}\n"));
-    }
-    if let Some(t) = plan.time {
-        header.push_str(&format!("#SBATCH --time={t}\n"));
-    }
+    let parts = ScriptParts::new(recipe, plan)?;
+    let ScriptParts { exe, recipe: recipe_path, out, dir, smoke, overrides, header, gpus } = &parts;
     // Two minutes before the time limit (or on preemption) Slurm sends SIGTERM to this script, which passes
     // it on; ablate finishes its step, saves the state and exits with EXIT_INTERRUPTED, and the task is
     // requeued to continue from there.
@@ -384,16 +436,9 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
         interrupted = crate::train::EXIT_INTERRUPTED,
         last = plan.shards - 1,
         cpus = plan.cpus_per_task,
-        gpus = if plan.gpus_per_task > 0 {
-            format!("#SBATCH --gpus-per-task={}\n", plan.gpus_per_task)
-        } else {
-            String::new()
-        },
         log = dir.join("shard-%a.log").display(),
         n = plan.shards,
-        exe = quote(&exe),
-        recipe = quote(&recipe_path),
-        out = quote(&out),
+        recipe = recipe_path,
         device = plan.device,
     );
     let merge = format!(
@@ -401,9 +446,7 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
          # Combines the shards into {out}/runs.csv, curves.csv and the plots.\n\
          set -euo pipefail\nexec {exe} merge {recipe}{overrides} --out {out}{smoke}\n",
         log = dir.join("merge.log").display(),
-        exe = quote(&exe),
-        recipe = quote(&recipe_path),
-        out = quote(&out),
+        recipe = recipe_path,
     );
     let submit = format!(
         "#!/bin/bash\n# Submits the array job, then the merge job to run after every shard succeeded.\n\
@@ -411,19 +454,10 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
          array=$(sbatch --parsable array.sbatch)\n\
          merge=$(sbatch --parsable --dependency=afterok:\"${{array%%;*}}\" merge.sbatch)\n\
          echo \"array job $array ({n} shards), merge job $merge\"\n",
-        dir = quote(&dir),
+        dir = shell_quote(dir),
         n = plan.shards,
     );
-    for (name, text) in [("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)] {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-        }
-    }
-    Ok(dir.join("submit.sh"))
+    parts.write(&[("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)])
 }
 
 /// Writes `<out>/slurm/{ddp.sbatch, submit.sh}`: one job of `nodes` × `tasks_per_node` tasks that `srun`
@@ -436,29 +470,8 @@ pub fn write_slurm_data_parallel_script(
     nodes: usize,
     tasks_per_node: usize,
 ) -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the ablate binary")?;
-    let abs = |p: &Path| -> Result<PathBuf> {
-        Ok(if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) })
-    };
-    let (recipe_path, out) = (abs(plan.recipe_path)?, abs(plan.out)?);
-    let dir = out.join("slurm");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
-    let smoke = if plan.smoke { " --smoke" } else { "" };
-    let overrides: String =
-        recipe.overrides.args().iter().map(|a| format!(" '{}'", a.replace('\'', r"'\''"))).collect();
-    let mut header = format!("#!/bin/bash\n#SBATCH --job-name=ablate-{}\n", recipe.name);
-    if let Some(p) = plan.partition {
-        header.push_str(&format!("#SBATCH --partition={p}\n"));
-    }
-    if let Some(t) = plan.time {
-        header.push_str(&format!("#SBATCH --time={t}\n"));
-    }
-    let gpus = if plan.gpus_per_task > 0 {
-        format!("#SBATCH --gpus-per-task={}\n", plan.gpus_per_task)
-    } else {
-        String::new()
-    };
+    let parts = ScriptParts::new(recipe, plan)?;
+    let ScriptParts { exe, recipe: recipe_path, out, dir, smoke, overrides, header, gpus } = &parts;
     let world = nodes * tasks_per_node;
     // As the array job: SIGTERM two minutes ahead reaches srun, which passes it to every rank; the stop flag
     // rides in the next all-reduce, every rank stops after the same step, rank 0 saves, and the job requeues.
@@ -482,27 +495,16 @@ pub fn write_slurm_data_parallel_script(
         interrupted = crate::train::EXIT_INTERRUPTED,
         cpus = plan.cpus_per_task,
         log = dir.join("ddp.log").display(),
-        exe = quote(&exe),
-        recipe = quote(&recipe_path),
-        out = quote(&out),
+        recipe = recipe_path,
         device = plan.device,
     );
     let submit = format!(
         "#!/bin/bash\n# Submits the data-parallel job.\nset -euo pipefail\ncd {dir}\n\
          job=$(sbatch --parsable ddp.sbatch)\n\
          echo \"data-parallel job $job ({world} ranks)\"\n",
-        dir = quote(&dir),
+        dir = shell_quote(dir),
     );
-    for (name, text) in [("ddp.sbatch", job), ("submit.sh", submit)] {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-        }
-    }
-    Ok(dir.join("submit.sh"))
+    parts.write(&[("ddp.sbatch", job), ("submit.sh", submit)])
 }
 
 #[cfg(test)]

@@ -374,3 +374,38 @@ impl BatchShard {
         &items[r]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_rank_keeps_only_its_rows_of_the_global_batch_then_draws_from_its_own_stream() {
+        let batch = Tensor::arange(12, (Kind::Int64, tch::Device::Cpu)).view([6, 2]);
+        let shard = BatchShard::of(1, 3, 42);
+        assert_eq!(shard.global(2), 6);
+        let [rows] = shard.take([batch.shallow_clone()]);
+        assert_eq!(Vec::<i64>::try_from(rows.reshape([-1])).unwrap(), vec![4, 5, 6, 7]);
+        // After taking its rows the rank draws what a generator seeded with its own seed draws.
+        let drawn = Tensor::rand([4], (Kind::Float, tch::Device::Cpu));
+        tch::manual_seed(42);
+        assert!(drawn.equal(&Tensor::rand([4], (Kind::Float, tch::Device::Cpu))));
+        assert_eq!(shard.range(6), 2..4);
+        let items = ["a", "b", "c", "d", "e", "f"];
+        assert_eq!(BatchShard::of(2, 3, 0).take_items(&items), &["e", "f"]);
+        // One process: the batch as drawn, and the generator left alone.
+        tch::manual_seed(7);
+        let expected = Tensor::rand([3], (Kind::Float, tch::Device::Cpu));
+        tch::manual_seed(7);
+        let [whole] = BatchShard::whole().take([batch.shallow_clone()]);
+        assert!(whole.equal(&batch));
+        assert!(Tensor::rand([3], (Kind::Float, tch::Device::Cpu)).equal(&expected));
+        assert_eq!(BatchShard::whole().take_items(&items).len(), 6);
+    }
+
+    #[test]
+    fn a_lone_process_sums_every_item_in_order() {
+        let sums = sum_over_share(&[1.0, 2.0, 3.0], |&x| [x, x * x, 1.0]).unwrap();
+        assert_eq!(sums, [6.0, 14.0, 3.0]);
+    }
+}
