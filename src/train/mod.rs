@@ -432,7 +432,6 @@ pub fn optimise(
         if let Some(p) = &resumed {
             opt.set_steps_taken(p.optimiser_steps);
         }
-        g.take_comm_seconds();
     }
     match resumed {
         Some(p) => {
@@ -447,6 +446,9 @@ pub fn optimise(
             objective.evaluate(0)?.record(0, &mut curves);
         }
     }
+    // The communication share is of the training steps: evaluations' reductions are not counted.
+    let discard_comm = || group.map(|g| g.take_comm_seconds());
+    discard_comm();
     let mut diverged_at = None;
     let mut comm_time = 0.0;
     for step in first_step..t.steps {
@@ -488,6 +490,7 @@ pub fn optimise(
         }
         if done % t.eval_interval == 0 && done != t.steps {
             objective.evaluate(done)?.record(done, &mut curves);
+            discard_comm();
         }
         if let Some(s) = state {
             // Every k steps and at the end (the final state lets a run be continued or inspected later), and
