@@ -153,6 +153,16 @@ pub fn cost(throughput_unit: &'static str, world_size: i64) -> Vec<Metric> {
         Metric::column("model_tflops", "achieved model FLOP/s", "TFLOP/s", true).csv(4).detail().no_charts(),
         Metric::column("mfu", "model FLOPs utilisation of the matmul peak", "", true).digits(3).csv(4).no_charts(),
         Metric::column("steps", "optimisation steps", "", true).digits(0).csv(0).detail().no_charts(),
+        Metric::column(
+            "peak_memory_mb",
+            "peak memory while training (host RSS on the CPU, CUDA allocator on a GPU)",
+            "MB",
+            false,
+        )
+        .digits(0)
+        .csv(1)
+        .detail()
+        .no_charts(),
     ];
     if world_size > 1 {
         m.push(

@@ -308,3 +308,18 @@ fn legends_mark_diverged_variants() {
     let labels: Vec<String> = ablate::run::results::variants_of(&runs).into_iter().map(|v| v.0).collect();
     assert_eq!(labels, vec!["scale=none (diverged at step 12)", "scale=sqrt", "scale=big (1 of 2 runs diverged)"]);
 }
+
+#[test]
+fn each_run_records_its_own_peak_memory_which_grows_with_the_batch() {
+    let recipe = |batch: i64| {
+        format!(
+            "kind: lm\ndata:\n  task: copy\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n\
+             train:\n  steps: 3\n  batch_size: {batch}\n  eval_interval: 10\n  eval_batches: 1\n"
+        )
+    };
+    // The large run first: if the peak were the process's, the small run after it would report as much.
+    let large = common::train(&common::config(&recipe(1024))).0.outcome.get("peak_memory_mb");
+    let small = common::train(&common::config(&recipe(4))).0.outcome.get("peak_memory_mb");
+    assert!(small > 50.0, "a run holds at least libtorch: {small} MB");
+    assert!(large > small + 50.0, "batch 1024 peaked at {large} MB, batch 4 at {small} MB");
+}

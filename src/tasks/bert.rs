@@ -803,6 +803,8 @@ fn train_bert(
     let (mut tokens_seen, mut train_time) = (0i64, 0.0);
     let mut curves = Vec::new();
     let mut pretrained_eval: Option<Evaluation> = None;
+    // The fine-tuning phase restarts the peak: the run's is the larger of the two phases'.
+    let mut pretraining_peak_mb = f64::NAN;
     let phase_tokens = t.global_batch() * block;
     let mut run = 'phases: {
         if matches!(head, TaskHead::None) {
@@ -824,6 +826,7 @@ fn train_bert(
             train_time += run.train_time;
             curves.append(&mut run.curves);
             pretrained_eval = Some(run.final_eval);
+            pretraining_peak_mb = run.peak_memory_mb;
         }
         let (bert, batch) = (&mlm.bert, t.batch_size);
         match &head {
@@ -857,6 +860,7 @@ fn train_bert(
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
+    run.peak_memory_mb = run.peak_memory_mb.max(pretraining_peak_mb);
     curves.append(&mut run.curves);
     run.curves = curves;
     let pretraining_only = matches!(head, TaskHead::None);

@@ -22,6 +22,7 @@ use tch::{nn, Device, Tensor};
 use crate::recipe::{Precision, TrainConfig};
 
 pub mod distributed;
+pub mod memory;
 pub mod native;
 pub mod optim;
 pub mod precision;
@@ -355,6 +356,8 @@ pub struct Optimised {
     pub world_size: i64,
     pub global_batch: i64,
     pub comm_time: f64,
+    /// Peak memory while this process optimised, in MB ([`memory::PeakMemory`]).
+    pub peak_memory_mb: f64,
 }
 
 impl Optimised {
@@ -393,6 +396,7 @@ impl Optimised {
         // `model_flops` is the whole group's: each process has its own device's peak.
         outcome.set("mfu", model_flops / (precision::matmul_peak(device, precision) * self.world_size as f64));
         outcome.set("steps", self.steps_done as f64);
+        outcome.set("peak_memory_mb", self.peak_memory_mb);
         if self.world_size > 1 {
             outcome.set("comm_share", self.comm_time / self.train_time.max(1e-9));
             outcome.set("global_batch", (self.global_batch) as f64);
@@ -412,6 +416,7 @@ pub fn optimise(
     progress: Progress,
     state: Option<&StateFile>,
 ) -> Result<Optimised> {
+    let peak = memory::PeakMemory::start(device);
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
     let _autocast = precision::autocast(t.precision, device);
     let mut curves = Vec::new();
@@ -539,5 +544,6 @@ pub fn optimise(
         world_size: group.map_or(1, |g| g.world as i64),
         global_batch: t.global_batch(),
         comm_time,
+        peak_memory_mb: peak.megabytes(),
     })
 }

@@ -13,7 +13,7 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Every `runs.csv` row of `out` without its timing columns: what two runs of the same config must agree on.
 pub fn runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
-    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu"];
+    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
     ablate::run::results::read_runs(&out.join("runs.csv"))
         .unwrap()
         .into_iter()
