@@ -301,12 +301,6 @@ pub fn analytic_flops(s: &PointSpec) -> f64 {
     }
 }
 
-/// A `kB` field (`VmRSS:`, `VmHWM:`) of a process's `/proc/<pid>/status`; `None` if unreadable.
-fn status_kb(status_file: &str, field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string(status_file).ok()?;
-    text.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Runs one point in this process (the child side). Prints nothing; returns the measurements.
 pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
     tch::manual_seed(0);
@@ -364,7 +358,7 @@ fn time_steps(s: &PointSpec, device: Device, step: impl Fn()) -> PointResult {
             let _ = crate::train::native::reset_cuda_peak_memory(i);
             gpu_bytes(i) / 1024.0
         }
-        None => status_kb("/proc/self/status", "VmRSS:").unwrap_or(f64::NAN),
+        None => crate::train::memory::status_kb("/proc/self/status", "VmRSS:").unwrap_or(f64::NAN),
     };
     for _ in 0..s.warmup {
         step();
@@ -379,7 +373,7 @@ fn time_steps(s: &PointSpec, device: Device, step: impl Fn()) -> PointResult {
     times.sort_by(f64::total_cmp);
     let peak_kb = match gpu {
         Some(i) => gpu_bytes(i) / 1024.0,
-        None => status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN),
+        None => crate::train::memory::status_kb("/proc/self/status", "VmHWM:").unwrap_or(f64::NAN),
     };
     PointResult {
         median_ms: times[times.len() / 2],
@@ -423,7 +417,7 @@ fn run_child(exe: &Path, s: &PointSpec, device: &str, timeout: Duration, memory_
             let line = text.lines().last().unwrap_or("");
             return Ok(Outcome::Ok(serde_json::from_str(line).with_context(|| format!("child printed {line:?}"))?));
         }
-        let rss_kb = status_kb(&format!("/proc/{pid}/status"), "VmRSS:").unwrap_or(0.0);
+        let rss_kb = crate::train::memory::status_kb(&format!("/proc/{pid}/status"), "VmRSS:").unwrap_or(0.0);
         if rss_kb > memory_limit_kb {
             let _ = child.kill();
             let _ = child.wait();

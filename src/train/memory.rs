@@ -12,8 +12,9 @@ pub struct PeakMemory {
     device: Device,
 }
 
-fn status_kb(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+/// A `kB` field (`VmRSS:`, `VmHWM:`) of a process's `/proc/<pid>/status`; `None` if unreadable.
+pub fn status_kb(status_file: &str, field: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(status_file).ok()?;
     text.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
@@ -45,7 +46,7 @@ impl PeakMemory {
             Device::Cuda(i) => {
                 native::cuda_peak_memory(i).map_or(f64::NAN, |(allocated, _)| allocated as f64 / 1048576.0)
             }
-            _ => status_kb("VmHWM:").map_or(f64::NAN, |kb| kb / 1024.0),
+            _ => status_kb("/proc/self/status", "VmHWM:").map_or(f64::NAN, |kb| kb / 1024.0),
         }
     }
 }
