@@ -58,6 +58,7 @@ fn check(error: *mut c_char, what: &str) -> Result<()> {
     // SAFETY: a non-null result is a NUL-terminated string the shim allocated; read once, then handed back
     // to the shim's deallocator exactly once.
     let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().replace('\n', " ");
+    // SAFETY: freed once, by the shim's deallocator, after the message was copied.
     unsafe { ablate_free_error(error) };
     bail!("{what}: {}", message.trim())
 }
@@ -215,7 +216,9 @@ impl Group {
         // is copied here and freed by the shim's own deallocator once.
         let error = unsafe { ablate_dist_store_get(self.raw.as_ptr(), k.as_ptr(), &mut data, &mut len) };
         check(error, &format!("rank {}: waiting for {key} in the store (another rank is gone or stuck)", self.rank))?;
+        // SAFETY: on success `data` points at `len` initialised bytes the shim allocated for this call.
         let bytes = unsafe { std::slice::from_raw_parts(data, len) }.to_vec();
+        // SAFETY: the buffer is freed once, by the shim that allocated it, after the copy above.
         unsafe { ablate_dist_free_bytes(data) };
         Ok(bytes)
     }

@@ -42,6 +42,7 @@ fn cuda_result(error: *mut c_char, what: &str) -> anyhow::Result<()> {
     }
     // SAFETY: as in `check`: a string the shim allocated, read once and freed once by the shim.
     let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    // SAFETY: freed once, by the shim's deallocator, after the message was copied.
     unsafe { ablate_free_error(error) };
     anyhow::bail!("{what}: {message}")
 }
