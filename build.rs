@@ -1,6 +1,7 @@
 //! Builds the C++ shims over libtorch entry points tch does not bind, and sets link flags that torch-sys does
 //! not set for the final binary:
-//! - `csrc/fused.cpp` (fused AdamW, CPU autocast, gradient reset), always;
+//! - `csrc/fused.cpp` (fused AdamW, CPU autocast, gradient reset) and `csrc/profile.cpp` (libtorch's
+//!   profiler), always;
 //! - `csrc/distributed.cpp` (c10d's TCPStore and ProcessGroupGloo), with Gloo's headers when bootstrap
 //!   found them (`ABLATE_GLOO_INCLUDE`), else a version that says data parallelism is not built in;
 //! - `csrc/cuda.cpp` (ProcessGroupNCCL, the CUDA caching allocator's statistics), when libtorch has CUDA and
@@ -48,6 +49,7 @@ fn main() {
     let root = PathBuf::from(&libtorch);
     let lib = root.join("lib");
     against_libtorch(&root, "csrc/fused.cpp").compile("ablate_fused");
+    against_libtorch(&root, "csrc/profile.cpp").compile("ablate_profile");
     let mut distributed = against_libtorch(&root, "csrc/distributed.cpp");
     if let Some(gloo) = std::env::var_os("ABLATE_GLOO_INCLUDE").filter(|g| PathBuf::from(g).join("gloo").is_dir()) {
         distributed.include(gloo).define("ABLATE_HAVE_GLOO", None);

@@ -214,6 +214,10 @@ enum Command {
         seed: i64,
         #[arg(long, default_value = "auto")]
         device: String,
+        /// Recompute the whole context for every new token instead of reusing the keys and values of the
+        /// earlier ones (the same tokens, slower: the reference the KV cache is tested against).
+        #[arg(long)]
+        no_cache: bool,
     },
     /// Draw per-head attention weights of a checkpoint (or of a fresh model built from a recipe) on a text.
     Attention {
@@ -281,6 +285,17 @@ enum Command {
         precision: PrecisionArg,
         #[arg(long, default_value = "auto")]
         device: String,
+        /// Time generating this many greedy tokens (after a 16-token prompt, one sequence) instead of a
+        /// training step: tokens/s with the KV cache, then without it.
+        #[arg(long)]
+        generate: Option<usize>,
+        /// Profile the step instead: time per phase (forward, backward, optimiser) and per operator class
+        /// (libtorch's profiler, self times), MFU and the matmuls' rate against the measured peak.
+        #[arg(long, conflicts_with = "generate")]
+        profile: bool,
+        /// With --profile: also write DIR/profile.csv.
+        #[arg(long, requires = "profile")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -401,7 +416,18 @@ fn main() -> ExitCode {
             );
             Ok(())
         })(),
-        Some(Command::Generate { checkpoint, prompt, tokens, decoding, temperature, top_k, width, seed, device }) => {
+        Some(Command::Generate {
+            checkpoint,
+            prompt,
+            tokens,
+            decoding,
+            temperature,
+            top_k,
+            width,
+            seed,
+            device,
+            no_cache,
+        }) => {
             let decoding = match decoding {
                 DecodingArg::Greedy => Ok(Decoding::Greedy),
                 DecodingArg::Sample if temperature > 0.0 => Ok(Decoding::Sample { temperature, top_k }),
@@ -409,7 +435,7 @@ fn main() -> ExitCode {
                 DecodingArg::Beam if width >= 1 => Ok(Decoding::Beam { width }),
                 DecodingArg::Beam => Err(anyhow::anyhow!("--width must be at least 1")),
             };
-            decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device))
+            decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device, !no_cache))
         }
         Some(Command::Attention { checkpoint, recipe, text, out, seed }) => {
             attention_map(checkpoint.as_deref(), recipe.as_deref(), &text, &out, seed)
@@ -440,7 +466,21 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&result)?);
             Ok(())
         })(),
-        Some(Command::Bench { layers, heads, d_model, block, batch, vocab, warmup, steps, precision, device }) => {
+        Some(Command::Bench {
+            layers,
+            heads,
+            d_model,
+            block,
+            batch,
+            vocab,
+            warmup,
+            steps,
+            precision,
+            device,
+            generate,
+            profile,
+            out,
+        }) => {
             let precision = match precision {
                 PrecisionArg::Fp32 => Precision::Fp32,
                 PrecisionArg::Bf16 => Precision::Bf16,
@@ -449,6 +489,29 @@ fn main() -> ExitCode {
             (|| {
                 let device = device_or_exit(&device)?;
                 let cfg = BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps, precision };
+                if let Some(n) = generate {
+                    anyhow::ensure!(n >= 1, "--generate needs at least 1 token");
+                    for cached in [true, false] {
+                        let rate = bench::generation(&cfg, n, cached, device);
+                        let how = if cached { "cached" } else { "uncached" };
+                        println!(
+                            "ablate generate {layers}L/{heads}H/d{d_model} {n} tokens {precision:?} {device:?} {how}: {rate:.1} tokens/s"
+                        );
+                    }
+                    return Ok(());
+                }
+                if profile {
+                    let p = bench::profile(&cfg, device)?;
+                    let label = format!("{layers}L/{heads}H/d{d_model} T={block} B={batch} {precision:?} {device:?}");
+                    print!("{}", bench::profile_report(&p, &label));
+                    if let Some(dir) = out {
+                        std::fs::create_dir_all(&dir)?;
+                        let path = dir.join("profile.csv");
+                        ablate::files::write_atomically(&path, bench::profile_csv(&p, &label).as_bytes())?;
+                        println!("wrote {}", path.display());
+                    }
+                    return Ok(());
+                }
                 let r = bench::run(&cfg, device);
                 println!(
                     "ablate (Rust/tch) {layers}L/{heads}H/d{d_model} T={block} B={batch} {precision:?} {device:?}: {:.0} tokens/s, {:.2} ms/step, {} params",
@@ -489,6 +552,7 @@ fn generate_text(
     decoding: Decoding,
     seed: i64,
     device: &str,
+    cached: bool,
 ) -> anyhow::Result<()> {
     let device = device_or_exit(device)?;
     let loaded = checkpoint::load(checkpoint, device)?;
@@ -501,7 +565,7 @@ fn generate_text(
         anyhow::bail!("--prompt is empty: give at least one character");
     }
     tch::manual_seed(seed);
-    let out = ablate::models::decode::generate(decoder, &ids, tokens, decoding);
+    let out = ablate::models::decode::generate(decoder, &ids, tokens, decoding, cached);
     println!("{}", tokenizer.decode(&out));
     Ok(())
 }

@@ -63,9 +63,9 @@ fn low_temperature_sampling_is_greedy_and_high_temperature_spreads() {
 fn beam_search_of_width_one_is_greedy_and_wider_beams_find_likelier_sequences() {
     let (_vs, model) = tiny_model(11, 2);
     let prompt = [3i64, 1, 4];
-    let greedy = generate(&model, &prompt, 8, Decoding::Greedy);
-    assert_eq!(generate(&model, &prompt, 8, Decoding::Beam { width: 1 }), greedy);
-    let beam = generate(&model, &prompt, 8, Decoding::Beam { width: 5 });
+    let greedy = generate(&model, &prompt, 8, Decoding::Greedy, true);
+    assert_eq!(generate(&model, &prompt, 8, Decoding::Beam { width: 1 }, true), greedy);
+    let beam = generate(&model, &prompt, 8, Decoding::Beam { width: 5 }, true);
     assert_eq!(beam.len(), greedy.len());
     let lp = |s: &[i64]| sequence_log_prob(&model, &prompt, &s[prompt.len()..]);
     assert!(lp(&beam) >= lp(&greedy) - 1e-6, "beam {} < greedy {}", lp(&beam), lp(&greedy));
@@ -93,8 +93,8 @@ fn beam_search_finds_the_best_sequence_that_greedy_misses() {
             Tensor::stack(&rows, 0)
         }
     }
-    assert_eq!(generate(&Toy, &[2], 2, Decoding::Greedy)[1], 0);
-    assert_eq!(generate(&Toy, &[2], 2, Decoding::Beam { width: 2 }), vec![2, 1, 2]);
+    assert_eq!(generate(&Toy, &[2], 2, Decoding::Greedy, true)[1], 0);
+    assert_eq!(generate(&Toy, &[2], 2, Decoding::Beam { width: 2 }, true), vec![2, 1, 2]);
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
     let (_vs, model) = common::trained_model(&cfg, &run, &data);
     let tokenizer = run.tokenizer.as_ref().unwrap();
     let prompt = tokenizer.encode("the quick brown ").unwrap();
-    let out = generate(model.decoder().unwrap(), &prompt, 60, Decoding::Greedy);
+    let out = generate(model.decoder().unwrap(), &prompt, 60, Decoding::Greedy, true);
     let expected = &text[..prompt.len() + 60];
     assert_eq!(tokenizer.decode(&out), expected);
 }

@@ -123,7 +123,7 @@ fn a_small_image_gpt_completes_lower_halves_and_its_features_separate_the_classe
     let model = ImageGpt::new(&vs.root(), &cfg.image_gpt_spec());
     vs.copy(&trained.vs).unwrap();
     let tokens = model.tokens(&bars(8).images);
-    let completed = model.complete(&tokens, 32, true);
+    let completed = model.complete(&tokens, 32, true, true);
     assert!(completed.equal(&tokens), "greedy completion differs:\n{completed}\nvs\n{tokens}");
     assert!(dir.join("completions").join("test.png").exists());
     let _ = std::fs::remove_dir_all(&dir);

@@ -63,8 +63,8 @@ fn a_trained_model_copies_its_source_exactly_with_greedy_and_beam_decoding() {
     let tests = Tensor::randint_low(3, VOCAB, [20, LENGTH], (Kind::Int64, Device::Cpu));
     for i in 0..20 {
         let src = Vec::<i64>::try_from(tests.get(i)).unwrap();
-        assert_eq!(translate(&model, &src, BOS, EOS, 20, 1, 0.0), src, "greedy, source {i}");
-        assert_eq!(translate(&model, &src, BOS, EOS, 20, 4, 0.6), src, "beam 4, source {i}");
+        assert_eq!(translate(&model, &src, BOS, EOS, 20, 1, 0.0, true), src, "greedy, source {i}");
+        assert_eq!(translate(&model, &src, BOS, EOS, 20, 4, 0.6, true), src, "beam 4, source {i}");
     }
 }
 

@@ -2,15 +2,117 @@
 //! append it, repeat. Greedy decoding, temperature and top-k sampling, and beam search.
 use tch::{Kind, Tensor};
 
+use crate::transformer::layers::StackCache;
+
 /// Anything that gives next-token logits (B, V) for a batch of token sequences (B, N).
 pub trait NextToken {
+    /// From the whole sequence (cropped to the model's context), recomputed at every call: the reference.
     fn next_token_logits(&self, idx: &Tensor) -> Tensor;
+
+    /// The model's decoding with a KV cache, when it has one.
+    fn cached(&self) -> Option<&dyn CachedNextToken> {
+        None
+    }
+}
+
+/// A decoder that keeps its keys and values between steps, so each new token costs one position's work.
+pub trait CachedNextToken {
+    /// The longest context the model reads (the uncached path crops to it).
+    fn context(&self) -> i64;
+    /// Logits (B, V) on the CPU after the new tokens `idx` (B, N_new), which follow the positions `cache`
+    /// holds (an empty cache: they start the context); `cache` then holds them too.
+    fn logits_after(&self, idx: &Tensor, cache: &mut StackCache) -> Tensor;
 }
 
 impl NextToken for super::gpt::Gpt {
     fn next_token_logits(&self, idx: &Tensor) -> Tensor {
         super::gpt::Gpt::next_token_logits(self, idx)
     }
+
+    fn cached(&self) -> Option<&dyn CachedNextToken> {
+        Some(self)
+    }
+}
+
+impl CachedNextToken for super::gpt::Gpt {
+    fn context(&self) -> i64 {
+        self.block_size
+    }
+
+    fn logits_after(&self, idx: &Tensor, cache: &mut StackCache) -> Tensor {
+        let logits = self.forward_cached(&idx.to_device(self.device()), cache);
+        logits.select(1, -1).to_kind(Kind::Float).to_device(tch::Device::Cpu)
+    }
+}
+
+/// Next-token logits for a batch of growing sequences (equal lengths), from a KV cache when `cached` and the
+/// model has one, else from the whole context at every step. Past the context the cache is rebuilt from the
+/// cropped context at every step (as the uncached path computes it; a cache that slid past the oldest token
+/// would keep what deeper layers computed while they still saw it), so there the cache saves nothing.
+pub struct Decoder<'m, M: NextToken + ?Sized> {
+    model: &'m M,
+    rows: Vec<Vec<i64>>,
+    cache: Option<StackCache>,
+    /// Row positions `held.0..held.1` are in the cache.
+    held: (usize, usize),
+}
+
+impl<'m, M: NextToken + ?Sized> Decoder<'m, M> {
+    pub fn new(model: &'m M, rows: Vec<Vec<i64>>, cached: bool) -> Self {
+        assert!(!rows.is_empty() && rows.iter().all(|r| r.len() == rows[0].len() && !r.is_empty()));
+        let cache = (cached && model.cached().is_some()).then(StackCache::default);
+        Self { model, rows, cache, held: (0, 0) }
+    }
+
+    pub fn rows(&self) -> &[Vec<i64>] {
+        &self.rows
+    }
+
+    /// Whether the logits come from a KV cache.
+    pub fn is_cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// Logits (B, V) of the token after every row.
+    pub fn logits(&mut self) -> Tensor {
+        let len = self.rows[0].len();
+        let (Some(cache), Some(model)) = (self.cache.as_mut(), self.model.cached()) else {
+            return self.model.next_token_logits(&rows_tensor(&self.rows, 0, len));
+        };
+        let context = model.context().max(1) as usize;
+        let (mut from, held_to) = self.held;
+        if len - from > context {
+            *cache = StackCache::default();
+            from = len - context;
+        }
+        let feed_from = if cache.is_empty() { from } else { held_to };
+        let logits = model.logits_after(&rows_tensor(&self.rows, feed_from, len), cache);
+        self.held = (from, len);
+        logits
+    }
+
+    /// Appends one token to every row.
+    pub fn push(&mut self, tokens: &[i64]) {
+        assert_eq!(tokens.len(), self.rows.len());
+        for (row, &t) in self.rows.iter_mut().zip(tokens) {
+            row.push(t);
+        }
+    }
+
+    /// Keeps the rows `keep` (indices, repeats allowed), in that order: beam search's reordering.
+    pub fn select(&mut self, keep: &[usize]) {
+        self.rows = keep.iter().map(|&i| self.rows[i].clone()).collect();
+        if let Some(cache) = &mut self.cache {
+            let index: Vec<i64> = keep.iter().map(|&i| i as i64).collect();
+            cache.select_rows(&Tensor::from_slice(&index));
+        }
+    }
+}
+
+/// Columns `from..to` of equal-length rows, as (B, to − from).
+fn rows_tensor(rows: &[Vec<i64>], from: usize, to: usize) -> Tensor {
+    let flat: Vec<i64> = rows.iter().flat_map(|r| r[from..to].iter().copied()).collect();
+    Tensor::from_slice(&flat).view([rows.len() as i64, (to - from) as i64])
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,32 +129,36 @@ pub enum Decoding {
     },
 }
 
-/// Extends `prompt` by `new_tokens` tokens. Sampling draws from libtorch's generator (seed it with
-/// `tch::manual_seed` for reproducible samples).
-pub fn generate(model: &(impl NextToken + ?Sized), prompt: &[i64], new_tokens: usize, decoding: Decoding) -> Vec<i64> {
-    let _guard = tch::no_grad_guard();
-    match decoding {
-        Decoding::Greedy => extend(model, prompt, new_tokens, |logits| logits.argmax(-1, false)),
-        Decoding::Sample { temperature, top_k } => {
-            extend(model, prompt, new_tokens, |logits| sample_next(logits, temperature, top_k))
-        }
-        Decoding::Beam { width } => beam_search(model, prompt, new_tokens, width),
-    }
-}
-
-fn extend(
+/// Extends `prompt` by `new_tokens` tokens, with the model's KV cache when `cached` (the same tokens, faster).
+/// Sampling draws from libtorch's generator (seed it with `tch::manual_seed` for reproducible samples).
+pub fn generate(
     model: &(impl NextToken + ?Sized),
     prompt: &[i64],
     new_tokens: usize,
+    decoding: Decoding,
+    cached: bool,
+) -> Vec<i64> {
+    let _guard = tch::no_grad_guard();
+    let decoder = Decoder::new(model, vec![prompt.to_vec()], cached);
+    match decoding {
+        Decoding::Greedy => extend(decoder, new_tokens, |logits| logits.argmax(-1, false)),
+        Decoding::Sample { temperature, top_k } => {
+            extend(decoder, new_tokens, |logits| sample_next(logits, temperature, top_k))
+        }
+        Decoding::Beam { width } => beam_search(decoder, new_tokens, width),
+    }
+}
+
+fn extend<M: NextToken + ?Sized>(
+    mut decoder: Decoder<M>,
+    new_tokens: usize,
     pick: impl Fn(&Tensor) -> Tensor,
 ) -> Vec<i64> {
-    let mut seq = prompt.to_vec();
     for _ in 0..new_tokens {
-        let idx = Tensor::from_slice(&seq).unsqueeze(0);
-        let logits = model.next_token_logits(&idx);
-        seq.push(pick(&logits).int64_value(&[0]));
+        let logits = decoder.logits();
+        decoder.push(&[pick(&logits).int64_value(&[0])]);
     }
-    seq
+    decoder.rows.swap_remove(0)
 }
 
 /// One sampled token id per row of `logits` (B, V). With `top_k`, only the k most likely ids can come out:
@@ -71,26 +177,19 @@ pub fn sample_next(logits: &Tensor, temperature: f64, top_k: Option<i64>) -> Ten
     }
 }
 
-fn beam_search(model: &(impl NextToken + ?Sized), prompt: &[i64], new_tokens: usize, width: usize) -> Vec<i64> {
+fn beam_search<M: NextToken + ?Sized>(mut decoder: Decoder<M>, new_tokens: usize, width: usize) -> Vec<i64> {
     assert!(width >= 1, "beam width must be at least 1");
-    // (sequence, total log-probability of the generated part)
-    let mut beams: Vec<(Vec<i64>, f64)> = vec![(prompt.to_vec(), 0.0)];
+    // Total log-probability of each beam's generated part; the decoder holds the beams' sequences.
+    let mut scores: Vec<f64> = vec![0.0];
     for _ in 0..new_tokens {
-        let rows: Vec<Tensor> = beams.iter().map(|(s, _)| Tensor::from_slice(s)).collect();
-        let idx = Tensor::stack(&rows, 0);
-        let log_probs = model.next_token_logits(&idx).log_softmax(-1, Kind::Float);
-        let scores: Vec<f64> = beams.iter().map(|(_, score)| *score).collect();
-        beams = ranked_continuations(&log_probs, &scores, width)
-            .into_iter()
-            .take(width)
-            .map(|(b, id, score)| {
-                let mut s = beams[b].0.clone();
-                s.push(id);
-                (s, score)
-            })
-            .collect();
+        let log_probs = decoder.logits().log_softmax(-1, Kind::Float);
+        let best: Vec<(usize, i64, f64)> =
+            ranked_continuations(&log_probs, &scores, width).into_iter().take(width).collect();
+        decoder.select(&best.iter().map(|&(b, _, _)| b).collect::<Vec<_>>());
+        decoder.push(&best.iter().map(|&(_, id, _)| id).collect::<Vec<_>>());
+        scores = best.iter().map(|&(_, _, score)| score).collect();
     }
-    beams.swap_remove(0).0
+    decoder.rows.swap_remove(0)
 }
 
 /// One beam-search step: each beam's `width` most likely next tokens (of `log_probs` (B, V), one row per
@@ -115,12 +214,11 @@ pub fn ranked_continuations(log_probs: &Tensor, scores: &[f64], width: usize) ->
 /// The total log-probability the model gives to `continuation` after `prompt`.
 pub fn sequence_log_prob(model: &(impl NextToken + ?Sized), prompt: &[i64], continuation: &[i64]) -> f64 {
     let _guard = tch::no_grad_guard();
-    let mut seq = prompt.to_vec();
+    let mut decoder = Decoder::new(model, vec![prompt.to_vec()], true);
     let mut total = 0.0;
     for &t in continuation {
-        let logits = model.next_token_logits(&Tensor::from_slice(&seq).unsqueeze(0));
-        total += logits.log_softmax(-1, Kind::Float).double_value(&[0, t]);
-        seq.push(t);
+        total += decoder.logits().log_softmax(-1, Kind::Float).double_value(&[0, t]);
+        decoder.push(&[t]);
     }
     total
 }

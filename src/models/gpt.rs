@@ -5,7 +5,7 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use crate::transformer::attention::{Grid, Mask};
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack, StackCache};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::TransformerSpec;
 
@@ -88,6 +88,16 @@ impl Gpt {
         let loss =
             logits.view([-1, self.vocab_size]).to_kind(Kind::Float).cross_entropy_for_logits(&targets.reshape([-1]));
         (logits, loss)
+    }
+
+    /// Logits (B, N_new, V) of the new tokens `idx` (B, N_new) after the positions `cache` holds, which then
+    /// holds them too: a step of cached decoding (UDL §12.7.3), in evaluation mode.
+    pub fn forward_cached(&self, idx: &Tensor, cache: &mut StackCache) -> Tensor {
+        self.head(&self.stack.forward_cached(&self.token_embedding.forward(idx), &Mask::causal(), None, cache))
+    }
+
+    pub fn device(&self) -> tch::Device {
+        self.device
     }
 
     /// Logits of the next token after each sequence in `idx` (B, N), cropped to the context length.

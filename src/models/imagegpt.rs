@@ -7,6 +7,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::gpt::Gpt;
 use super::spec::ImageGptSpec;
 use crate::transformer::attention::Grid;
+use crate::transformer::layers::StackCache;
 
 const KMEANS_ITERATIONS: i64 = 30;
 
@@ -144,16 +145,25 @@ impl ImageGpt {
     }
 
     /// Completes each image of `tokens` (B, N) after its first `keep` pixels, pixel by pixel: sampled from
-    /// the model at temperature 1 (libtorch's generator) or, when `greedy`, its most likely colour.
-    pub fn complete(&self, tokens: &Tensor, keep: i64, greedy: bool) -> Tensor {
+    /// the model at temperature 1 (libtorch's generator) or, when `greedy`, its most likely colour. With
+    /// `cached`, each pixel costs one position through the decoder's KV cache (the same pixels).
+    pub fn complete(&self, tokens: &Tensor, keep: i64, greedy: bool, cached: bool) -> Tensor {
         let _guard = tch::no_grad_guard();
         let n = tokens.size()[1];
         let mut out = tokens.narrow(1, 0, keep);
+        let mut cache = StackCache::default();
+        let mut fresh = self.with_start(&out);
         for _ in keep..n {
-            let logits = self.logits_after(&out, false).select(1, -1).to_kind(Kind::Float);
+            let logits = if cached {
+                let step = self.gpt.forward_cached(&fresh, &mut cache);
+                step.select(1, -1).narrow(-1, 0, self.start).to_kind(Kind::Float)
+            } else {
+                self.logits_after(&out, false).select(1, -1).to_kind(Kind::Float)
+            };
             let next =
                 if greedy { logits.argmax(-1, true) } else { logits.softmax(-1, Kind::Float).multinomial(1, true) };
-            out = Tensor::cat(&[out, next], 1);
+            out = Tensor::cat(&[&out, &next], 1);
+            fresh = next;
         }
         out
     }

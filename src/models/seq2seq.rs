@@ -9,7 +9,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack, StackCache};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::{PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -112,6 +112,19 @@ impl Seq2Seq {
         }
     }
 
+    /// [`Seq2Seq::decode`] for the new target tokens `tgt` (B, N_new) after the positions `cache` holds (its
+    /// self-attention keys and values, and its projection of `memory`), in evaluation mode.
+    pub fn decode_cached(&self, tgt: &Tensor, memory: &Tensor, src_real: &Tensor, cache: &mut StackCache) -> Tensor {
+        let table = self.tgt_embedding.as_ref().unwrap_or(&self.src_embedding);
+        let x = table.forward(tgt) * self.scale;
+        let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
+        let x = self.decoder.forward_cached(&x, &Mask::causal(), Some((memory, &memory_mask)), cache);
+        match &self.generator {
+            Some(g) => g.forward(&x),
+            None => x.matmul(&table.ws.tr()),
+        }
+    }
+
     /// Cross-entropy of predicting a batch's `tgt_out` from its `tgt_in`, ignoring `ignore` targets, with
     /// label smoothing ε (the target gets 1 − ε, the rest of the vocabulary shares ε).
     pub fn loss(&self, batch: &PairBatch, smoothing: f64, ignore: i64, train: bool) -> (Tensor, Tensor) {
@@ -147,7 +160,9 @@ pub fn length_penalty(length: usize, alpha: f64) -> f64 {
 /// Decodes one source sequence (ids, no padding) from `bos` until `eos` or `max_len` tokens: greedy when
 /// `width` is 1, else beam search: each step keeps the `width` best continuations, a continuation by `eos`
 /// finishes a hypothesis, and the finished one with the best log-probability / length penalty wins.
-/// Returns the tokens after `bos`, without `eos`.
+/// Returns the tokens after `bos`, without `eos`. With `cached`, each step feeds only the newest token
+/// through a KV cache (the same result).
+#[allow(clippy::too_many_arguments)]
 pub fn translate(
     model: &Seq2Seq,
     src: &[i64],
@@ -156,6 +171,7 @@ pub fn translate(
     max_len: usize,
     width: usize,
     alpha: f64,
+    cached: bool,
 ) -> Vec<i64> {
     let _guard = tch::no_grad_guard();
     let device = model.src_embedding.ws.device();
@@ -165,25 +181,34 @@ pub fn translate(
     // (tokens after bos, total log-probability)
     let mut live: Vec<(Vec<i64>, f64)> = vec![(Vec::new(), 0.0)];
     let mut finished: Vec<(Vec<i64>, f64)> = Vec::new();
+    let mut cache = cached.then(StackCache::default);
     for _ in 0..max_len {
         if live.is_empty() {
             break;
         }
-        let rows: Vec<Tensor> = live
-            .iter()
-            .map(|(s, _)| Tensor::from_slice(&std::iter::once(bos).chain(s.iter().copied()).collect::<Vec<_>>()))
-            .collect();
-        let tgt = Tensor::stack(&rows, 0).to_device(device);
-        let b = tgt.size()[0];
-        let mem = memory.expand([b, -1, -1], false);
+        let b = live.len() as i64;
         let mem_real = real.expand([b, -1], false);
-        let log_probs = model
-            .decode(&tgt, &mem, &mem_real, false)
-            .select(1, -1)
-            .log_softmax(-1, Kind::Float)
-            .to_device(Device::Cpu);
+        let logits = match &mut cache {
+            Some(cache) => {
+                let newest: Vec<i64> = live.iter().map(|(s, _)| s.last().copied().unwrap_or(bos)).collect();
+                let tgt = Tensor::from_slice(&newest).view([b, 1]).to_device(device);
+                model.decode_cached(&tgt, &memory, &mem_real, cache)
+            }
+            None => {
+                let rows: Vec<Tensor> = live
+                    .iter()
+                    .map(|(s, _)| {
+                        Tensor::from_slice(&std::iter::once(bos).chain(s.iter().copied()).collect::<Vec<_>>())
+                    })
+                    .collect();
+                let tgt = Tensor::stack(&rows, 0).to_device(device);
+                model.decode(&tgt, &memory.expand([b, -1, -1], false), &mem_real, false)
+            }
+        };
+        let log_probs = logits.select(1, -1).log_softmax(-1, Kind::Float).to_device(Device::Cpu);
         let scores: Vec<f64> = live.iter().map(|(_, score)| *score).collect();
         let mut next = Vec::new();
+        let mut parents = Vec::new();
         for (i, id, score) in super::decode::ranked_continuations(&log_probs, &scores, width) {
             if id == eos {
                 finished.push((live[i].0.clone(), score));
@@ -191,10 +216,14 @@ pub fn translate(
                 let mut seq = live[i].0.clone();
                 seq.push(id);
                 next.push((seq, score));
+                parents.push(i as i64);
             }
             if next.len() == width {
                 break;
             }
+        }
+        if let (Some(cache), false) = (&mut cache, next.is_empty()) {
+            cache.select_rows(&Tensor::from_slice(&parents));
         }
         live = next;
     }

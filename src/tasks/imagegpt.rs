@@ -282,7 +282,9 @@ impl Task for ImageGpt {
                 let keep_rows = model.grid / 2;
                 let samples: Vec<Tensor> = (0..g.samples_per_completion)
                     .map(|_| {
-                        model.colours(&model.complete(&originals, keep_rows * model.grid, false)).to_device(Device::Cpu)
+                        model
+                            .colours(&model.complete(&originals, keep_rows * model.grid, false, true))
+                            .to_device(Device::Cpu)
                     })
                     .collect();
                 let quantised = model.colours(&originals).to_device(Device::Cpu);

@@ -209,7 +209,7 @@ impl Task for LanguageModel {
             Dataset::Copy(_) => Decoding::Greedy,
         };
         let sample = match run.diverged_at {
-            None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding)),
+            None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding, true)),
             Some(step) => format!("(no sample: training diverged at step {step})"),
         };
         drop(_autocast);

@@ -249,7 +249,7 @@ impl Task for Translation {
             let refs: Vec<String> = data.test_text.iter().take(n).map(|(_, es)| es.clone()).collect();
             let decode_all = |width: i64| -> Vec<String> {
                 let decode = |src: &Vec<i64>| {
-                    translate(&model, src, data.bos, data.eos, max_len, width as usize, tr.length_penalty)
+                    translate(&model, src, data.bos, data.eos, max_len, width as usize, tr.length_penalty, true)
                 };
                 data.test
                     .iter()

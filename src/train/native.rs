@@ -27,6 +27,60 @@ extern "C" {
     fn ablate_cuda_peak_memory(device: i32, allocated: *mut i64, reserved: *mut i64) -> *mut c_char;
     fn ablate_cuda_reset_peak_memory(device: i32) -> *mut c_char;
     fn ablate_has_cuda_extras() -> bool;
+    fn ablate_profiler_start(cuda: bool) -> *mut c_char;
+    fn ablate_profiler_stop(
+        on_event: extern "C" fn(*mut std::ffi::c_void, *const c_char, usize, u64, u64, u64, bool),
+        context: *mut std::ffi::c_void,
+    ) -> *mut c_char;
+}
+
+/// One operator call libtorch's profiler recorded: nested calls overlap their caller on the same thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfiledOp {
+    pub name: String,
+    pub thread: u64,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// false for kernels on a GPU (their own timeline).
+    pub on_cpu: bool,
+}
+
+extern "C" fn collect_event(
+    context: *mut std::ffi::c_void,
+    name: *const c_char,
+    len: usize,
+    thread: u64,
+    start_ns: u64,
+    duration_ns: u64,
+    on_cpu: bool,
+) {
+    // SAFETY: `context` is the `&mut Vec<ProfiledOp>` that `profile` passed in, alive and not otherwise
+    // borrowed for the duration of `ablate_profiler_stop`, which calls this synchronously on its own thread.
+    let events = unsafe { &mut *(context as *mut Vec<ProfiledOp>) };
+    // SAFETY: the shim passes a pointer to `len` bytes of a std::string that lives until this call returns.
+    let bytes = unsafe { std::slice::from_raw_parts(name as *const u8, len) };
+    events.push(ProfiledOp {
+        name: String::from_utf8_lossy(bytes).into_owned(),
+        thread,
+        start_ns,
+        duration_ns,
+        on_cpu,
+    });
+}
+
+/// Runs `f` under libtorch's profiler (the Kineto-backed one `torch.profiler` drives; CUDA kernels too when
+/// `cuda`) and returns what it recorded.
+pub fn profile<T>(cuda: bool, f: impl FnOnce() -> T) -> anyhow::Result<(T, Vec<ProfiledOp>)> {
+    // SAFETY: a plain value in; the shim catches exceptions.
+    cuda_result(unsafe { ablate_profiler_start(cuda) }, "starting libtorch's profiler")?;
+    let out = f();
+    let mut events: Vec<ProfiledOp> = Vec::new();
+    // SAFETY: `collect_event` matches the callback type, and the context is `events`, exclusively borrowed
+    // here until the call returns; the shim catches exceptions.
+    let error =
+        unsafe { ablate_profiler_stop(collect_event, &mut events as *mut Vec<ProfiledOp> as *mut std::ffi::c_void) };
+    cuda_result(error, "stopping libtorch's profiler")?;
+    Ok((out, events))
 }
 
 /// Whether this build has csrc/cuda.cpp: NCCL and the CUDA caching allocator's statistics.
@@ -35,7 +89,7 @@ pub fn has_cuda_extras() -> bool {
     unsafe { ablate_has_cuda_extras() }
 }
 
-/// The shim's message as an error (these calls fail on a build without CUDA headers, or off a GPU).
+/// The shim's message as an error (the CUDA calls fail on a build without CUDA headers, or off a GPU).
 fn cuda_result(error: *mut c_char, what: &str) -> anyhow::Result<()> {
     if error.is_null() {
         return Ok(());

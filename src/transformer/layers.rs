@@ -6,7 +6,7 @@
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::attention::{Grid, Mask, MultiHeadAttention};
+use super::attention::{Grid, KvCache, Mask, MultiHeadAttention};
 use super::positions::{AbsolutePositions, ConvPosEnc};
 use super::spec::{AbsoluteAt, Activation, TransformerSpec};
 
@@ -191,6 +191,66 @@ impl TransformerLayer {
     }
 }
 
+/// What one layer keeps between the steps of a decoding loop: its self-attention's keys and values, and
+/// its cross-attention's projection of the encoder's output.
+#[derive(Debug, Default)]
+pub struct LayerCache {
+    pub self_attention: KvCache,
+    pub cross_attention: KvCache,
+}
+
+impl TransformerLayer {
+    /// [`TransformerLayer::forward`] for new tokens `x` (B, N_new, D) after the positions `cache` holds, in
+    /// evaluation mode (no dropout, no weights).
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        qk_add: Option<&Tensor>,
+        memory: Option<(&Tensor, &Mask)>,
+        cache: &mut LayerCache,
+    ) -> Tensor {
+        let x = self
+            .norm_attention
+            .forward(x, false, |h| self.self_attention.self_attend_cached(h, mask, qk_add, &mut cache.self_attention));
+        let x = match (&self.cross, memory) {
+            (Some((cross, residual)), Some((mem, mem_mask))) => {
+                residual.forward(&x, false, |h| cross.cross_attend_cached(h, mem, mem_mask, &mut cache.cross_attention))
+            }
+            _ => x,
+        };
+        self.norm_ffn.forward(&x, false, |h| self.ffn.forward(h))
+    }
+}
+
+/// A stack's decoding state: every layer's [`LayerCache`] and how many positions (global tokens included)
+/// they hold. It cannot slide past a context: a deeper layer's cached keys depend on every earlier token,
+/// dropped ones included, so a decoding loop rebuilds it from the cropped context instead.
+#[derive(Debug, Default)]
+pub struct StackCache {
+    layers: Vec<LayerCache>,
+    seen: i64,
+}
+
+impl StackCache {
+    /// Positions held, the global tokens included.
+    pub fn len(&self) -> i64 {
+        self.seen
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen == 0
+    }
+
+    /// Keeps the batch rows `rows` (int64 indices, repeats allowed) in every layer: beam search's reordering.
+    pub fn select_rows(&mut self, rows: &Tensor) {
+        for layer in &mut self.layers {
+            layer.self_attention.select_rows(rows);
+            layer.cross_attention.select_rows(rows);
+        }
+    }
+}
+
 /// Extra learned tokens prepended to every sequence (a sparse pattern's global tokens): they attend to all
 /// and are attended by all, and carry no position.
 pub struct GlobalTokens(Option<Tensor>);
@@ -241,6 +301,64 @@ pub fn final_norm(vs: nn::Path, d: i64, on: bool, eps: f64) -> Option<nn::LayerN
 }
 
 impl Stack {
+    /// [`Stack::forward`] in a decoding loop: `x` (B, N_new, D) are the embedded tokens after the `cache.len()`
+    /// positions already seen (the global tokens come first, on the first call), in evaluation mode. Returns
+    /// the final states of the new tokens (B, N_new, D); `cache` then holds them too. `mask.offset` is the
+    /// absolute position of the cache's first position.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        memory: Option<(&Tensor, &Mask)>,
+        cache: &mut StackCache,
+    ) -> Tensor {
+        assert!(self.conv_positions.is_none(), "a convolutional position encoding needs the whole grid");
+        assert!(mask.key_padding.is_none() && mask.bias.is_none(), "cached decoding masks causally only");
+        let (b, n, _) = x.size3().unwrap();
+        let g = self.global_tokens.count();
+        let first = cache.is_empty();
+        // Absolute positions of the new tokens, counted after the global tokens (which carry none).
+        let start = if first { 0 } else { cache.seen - g };
+        let table = self.positions.table(start + n).map(|t| t.narrow(0, start, n));
+        let mut x = x.shallow_clone();
+        if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
+            x = &x + t;
+        }
+        if let Some(norm) = &self.embedding_norm {
+            x = norm.forward(&x);
+        }
+        let lead = if first { g } else { 0 };
+        let table = table.map(|t| if lead > 0 { t.constant_pad_nd([0, 0, lead, 0]) } else { t });
+        if let (true, Some(tokens)) = (first, &self.global_tokens.0) {
+            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, g, -1], false), x], 1);
+        }
+        if first {
+            cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
+        }
+        let layer_mask = Mask { causal: mask.causal, key_padding: None, offset: mask.offset, bias: None };
+        for (layer, layer_cache) in self.layers.iter().zip(&mut cache.layers) {
+            let qk_add = match self.at {
+                AbsoluteAt::EveryLayer => {
+                    if let Some(t) = &table {
+                        x = &x + t;
+                    }
+                    None
+                }
+                AbsoluteAt::Qk => table.as_ref(),
+                AbsoluteAt::Input => None,
+            };
+            x = layer.forward_cached(&x, &layer_mask, qk_add, memory, layer_cache);
+        }
+        cache.seen += n + lead;
+        if lead > 0 {
+            x = x.narrow(1, lead, n);
+        }
+        if let Some(norm) = &self.final_norm {
+            x = norm.forward(&x);
+        }
+        x
+    }
+
     /// Runs `x` (B, N, D): embedded tokens before any position encoding. Returns the final states (B, N, D)
     /// and, when asked, every layer's self-attention weights (over the global tokens too: they come first).
     /// `mask.key_padding` covers the N tokens; global tokens are always real.

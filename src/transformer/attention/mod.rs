@@ -110,6 +110,46 @@ pub struct Attended {
     pub weights: Option<Tensor>,
 }
 
+/// The keys and values one attention unit has computed so far in a decoding loop, (B, H, N_seen, head_dim)
+/// each, keys already rotated for RoPE at their absolute positions; empty before the first call.
+#[derive(Debug, Default)]
+pub struct KvCache {
+    kv: Option<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    /// How many positions it holds.
+    pub fn len(&self) -> i64 {
+        self.kv.as_ref().map_or(0, |(k, _)| k.size()[2])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_none()
+    }
+
+    fn keys_values(&self) -> Option<(Tensor, Tensor)> {
+        self.kv.as_ref().map(|(k, v)| (k.shallow_clone(), v.shallow_clone()))
+    }
+
+    /// Appends the new positions' keys and values and returns all of them.
+    fn append(&mut self, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
+        let kv = match self.kv.take() {
+            None => (k, v),
+            Some((old_k, old_v)) => (Tensor::cat(&[old_k, k], 2), Tensor::cat(&[old_v, v], 2)),
+        };
+        self.kv = Some(kv);
+        self.keys_values().expect("just set")
+    }
+
+    /// Keeps the rows `rows` (an int64 index into the batch, repeats allowed): beam search's reordering.
+    pub fn select_rows(&mut self, rows: &Tensor) {
+        if let Some((k, v)) = &self.kv {
+            let rows = rows.to_device(k.device());
+            self.kv = Some((k.index_select(0, &rows), v.index_select(0, &rows)));
+        }
+    }
+}
+
 impl MultiHeadAttention {
     /// Self-attention with the spec's pattern and the relative position scheme of `position`, if any
     /// (absolute encodings are the model's business; `grid` places the tokens of a 2-D scheme).
@@ -158,7 +198,26 @@ impl MultiHeadAttention {
         train: bool,
         want_weights: bool,
     ) -> Attended {
-        let (q, k, v) = match qk_add {
+        let (q, k, v) = self.project_self(x, qk_add);
+        self.attend_projected(&q, &k, &v, mask, true, train, want_weights)
+    }
+
+    /// Self-attention of new tokens `x` (B, N_new, D) over themselves and the positions `cache` holds, which
+    /// then holds the new ones too: one step of a decoding loop. The new tokens sit at absolute positions
+    /// `mask.offset + cache.len()` onwards (RoPE rotates them there; the cached keys were rotated at theirs),
+    /// and each new query sees what a query at its position sees in the uncached call over the whole sequence.
+    pub fn self_attend_cached(&self, x: &Tensor, mask: &Mask, qk_add: Option<&Tensor>, cache: &mut KvCache) -> Tensor {
+        let (q, k, v) = self.project_self(x, qk_add);
+        let start = mask.offset + cache.len();
+        let q = self.relative.rotate(&self.split_heads(&q), start);
+        let k = self.relative.rotate(&self.split_heads(&k), start);
+        let (k, v) = cache.append(k, self.split_heads(&v));
+        self.attend_heads(&q, &k, &v, mask, true, false, false).output
+    }
+
+    /// The queries, keys and values of self-attention, (B, N, H·head_dim) each.
+    fn project_self(&self, x: &Tensor, qk_add: Option<&Tensor>) -> (Tensor, Tensor, Tensor) {
+        match qk_add {
             None => {
                 let parts = self.qkv.forward(x).chunk(3, -1);
                 (parts[0].shallow_clone(), parts[1].shallow_clone(), parts[2].shallow_clone())
@@ -168,8 +227,7 @@ impl MultiHeadAttention {
                 let qk = self.project(&(x + p), 0, 2 * d).chunk(2, -1);
                 (qk[0].shallow_clone(), qk[1].shallow_clone(), self.project(x, 2 * d, d))
             }
-        };
-        self.attend_projected(&q, &k, &v, mask, true, train, want_weights)
+        }
     }
 
     /// `x` through rows `start..start+rows` of the stacked Q/K/V projection.
@@ -183,6 +241,21 @@ impl MultiHeadAttention {
         let q = self.project(x, 0, d);
         let kv = self.project(memory, d, 2 * d).chunk(2, -1);
         self.attend_projected(&q, &kv[0], &kv[1], mask, false, train, want_weights)
+    }
+
+    /// Cross-attention in a decoding loop: the memory's keys and values are projected on the first call and
+    /// kept in `cache` for every later one (the memory does not change while a sequence is decoded).
+    pub fn cross_attend_cached(&self, x: &Tensor, memory: &Tensor, mask: &Mask, cache: &mut KvCache) -> Tensor {
+        let d = self.heads * self.head_dim;
+        let (k, v) = match cache.keys_values() {
+            Some(kv) => kv,
+            None => {
+                let kv = self.project(memory, d, 2 * d).chunk(2, -1);
+                cache.append(self.split_heads(&kv[0]), self.split_heads(&kv[1]))
+            }
+        };
+        let q = self.split_heads(&self.project(x, 0, d));
+        self.attend_heads(&q, &k, &v, mask, false, false, false).output
     }
 
     /// Channel attention (DaViT's channel group attention): tokens exchange information through attention
@@ -220,13 +293,30 @@ impl MultiHeadAttention {
         train: bool,
         want_weights: bool,
     ) -> Attended {
-        let (b, n_q, _) = q.size3().unwrap();
-        let n_k = k.size()[1];
+        let (n_q, n_k) = (q.size()[1], k.size()[1]);
         let (mut q, mut k, v) = (self.split_heads(q), self.split_heads(k), self.split_heads(v));
         if is_self {
             q = self.relative.rotate(&q, mask.offset + n_k - n_q);
             k = self.relative.rotate(&k, mask.offset);
         }
+        self.attend_heads(&q, &k, &v, mask, is_self, train, want_weights)
+    }
+
+    /// Attention on per-head q (B, H, N_q, d), k and v (B, H, N_k, d), already rotated for RoPE; the queries
+    /// are the last N_q of the N_k positions. Returns the output projection of the merged heads.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_heads(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: &Mask,
+        is_self: bool,
+        train: bool,
+        want_weights: bool,
+    ) -> Attended {
+        let (b, _, n_q, _) = q.size4().unwrap();
+        let n_k = k.size()[2];
         let dropout = if train { self.dropout } else { 0.0 };
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
@@ -237,9 +327,9 @@ impl MultiHeadAttention {
         let (heads_out, weights) = if sparse_kernel {
             count(2);
             let out = pattern::sliding_window_attention(
-                &q,
-                &k,
-                &v,
+                q,
+                k,
+                v,
                 &self.pattern,
                 mask.causal,
                 self.scale,
@@ -250,21 +340,22 @@ impl MultiHeadAttention {
             (out, None)
         } else {
             let explicit = want_weights || self.implementation == Implementation::Explicit;
-            let bias = self.score_bias(&q, n_k, mask, is_self);
-            // A plain causal mask over square scores is the fused kernel's own fast path.
+            let bias = self.score_bias(q, n_k, mask, is_self);
+            // A plain causal mask over square scores is the fused kernel's own fast path; a single query at
+            // the last position (a decoding step) may see every key, so it needs no mask at all.
             let kernel_causal = !explicit && bias.is_none() && mask.causal && n_q == n_k;
-            let bias = if bias.is_none() && mask.causal && !kernel_causal {
+            let bias = if bias.is_none() && mask.causal && !kernel_causal && n_q > 1 {
                 mask.additive_bias(n_q, n_k, q.device(), q.kind())
             } else {
                 bias
             };
             if explicit {
                 count(1);
-                let (o, w) = explicit_attention(&q, &k, &v, bias.as_ref(), self.scale, dropout, train);
+                let (o, w) = explicit_attention(q, k, v, bias.as_ref(), self.scale, dropout, train);
                 (o, Some(w))
             } else {
                 count(0);
-                (fused_attention(&q, &k, &v, bias.as_ref(), kernel_causal, self.scale, dropout), None)
+                (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scale, dropout), None)
             }
         };
         // Concatenate the heads and mix them with Ω_c (UDL's MhSa).
