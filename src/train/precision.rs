@@ -62,9 +62,9 @@ impl LossScaler {
     }
 }
 
-/// Peak matmul throughput of `device` in the precision's type (FLOP/s), measured once per process on a
-/// square matmul sized to the device (large enough to reach the peak, small enough to take a second where
-/// the type is slow): the denominator of MFU.
+/// Peak matmul throughput of `device` in the precision's type (FLOP/s), measured once per process on square
+/// matmuls sized to the device (large enough to reach the peak, small enough to take a second where the
+/// type is slow), the best of the three operand layouts a training step uses: the denominator of MFU.
 pub fn matmul_peak(device: Device, precision: Precision) -> f64 {
     static PEAKS: Mutex<Option<HashMap<(String, Kind), f64>>> = Mutex::new(None);
     let kind = kind(precision);
@@ -79,28 +79,36 @@ pub fn matmul_peak(device: Device, precision: Precision) -> f64 {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let timed = |a: &Tensor, b: &Tensor| {
+    // Each operand layout is its own kernel, and they can differ tenfold: on a CPU without bf16 units
+    // (oneDNN limited to AVX2) A·B in bf16 runs at 1.5 GFLOP/s and A·Bᵀ — `linear`'s layout — at 16. A step
+    // uses all three (forward x·Wᵀ, backward g·W and gᵀ·x), so the peak is the best of them.
+    let layouts: [fn(&Tensor, &Tensor) -> Tensor; 3] =
+        [|a, b| a.matmul(b), |a, b| a.matmul(&b.tr()), |a, b| a.tr().matmul(b)];
+    let timed = |product: fn(&Tensor, &Tensor) -> Tensor, a: &Tensor, b: &Tensor| {
         let t = Instant::now();
-        let _ = a.matmul(b);
+        let _ = product(a, b);
         sync();
         t.elapsed().as_secs_f64()
     };
     // The product grows until one takes 50 ms (or reaches the size that saturates the device): big enough
-    // for the peak, yet a CPU without fast bf16 (about 1 GFLOP/s) spends a second here, not a minute.
+    // for the peak, yet where the type is slow (about 1 GFLOP/s) a layout costs a second here, not a minute.
     let largest: i64 = if device.is_cuda() { 8192 } else { 2048 };
-    let mut n: i64 = 256;
-    let (a, b) = loop {
-        let a = Tensor::randn([n, n], (kind, device));
-        let b = Tensor::randn([n, n], (kind, device));
-        let _ = a.matmul(&b);
-        sync();
-        if n >= largest || timed(&a, &b) >= 0.05 {
-            break (a, b);
-        }
-        n *= 2;
+    let rate = |product: fn(&Tensor, &Tensor) -> Tensor| {
+        let mut n: i64 = 256;
+        let (a, b) = loop {
+            let a = Tensor::randn([n, n], (kind, device));
+            let b = Tensor::randn([n, n], (kind, device));
+            let _ = product(&a, &b);
+            sync();
+            if n >= largest || timed(product, &a, &b) >= 0.05 {
+                break (a, b);
+            }
+            n *= 2;
+        };
+        let best = (0..3).map(|_| timed(product, &a, &b)).fold(f64::INFINITY, f64::min);
+        2.0 * (n as f64).powi(3) / best
     };
-    let best = (0..5).map(|_| timed(&a, &b)).fold(f64::INFINITY, f64::min);
-    let peak = 2.0 * (n as f64).powi(3) / best;
+    let peak = layouts.into_iter().map(rate).fold(0.0, f64::max);
     peaks.as_mut().expect("initialised above").insert(key, peak);
     peak
 }
