@@ -5,7 +5,7 @@ use ablate::models::decode::Decoding;
 use ablate::recipe::{self, Precision, RecipeError};
 use ablate::run::bench::{self, BenchConfig};
 use ablate::run::plot::plot_results;
-use ablate::run::scale::{Shard, WorkerPlan};
+use ablate::run::scale::{Shard, WorkerPlan, Workers};
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use ablate::tasks::{checkpoint, parameter_count, task, DataCache};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -83,9 +83,10 @@ struct RunArgs {
     /// shards with `ablate merge`.
     #[arg(long, conflicts_with_all = ["workers", "devices"])]
     shard: Option<Shard>,
-    /// Run the sweep on N parallel worker processes on --device (CPU workers split the cores), then merge.
+    /// Run the sweep on N parallel worker processes on --device (CPU workers split the cores), then merge;
+    /// `auto` times the possible splits of the cores (workers × threads) at the first run's model size first.
     #[arg(long, conflicts_with = "devices")]
-    workers: Option<usize>,
+    workers: Option<ablate::run::scale::Workers>,
     /// One worker process per listed device, e.g. `cuda:0,cuda:1` or `cpu,cpu`, then merge.
     #[arg(long, value_delimiter = ',')]
     devices: Option<Vec<String>>,
@@ -545,6 +546,45 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--workers auto`: times every split of the cores into workers × threads on a GPT of the first run's size
+/// and picks one (see `scale::choose_split`), saying what it measured.
+fn auto_workers(recipe: &recipe::Recipe, device: tch::Device, quiet: bool) -> anyhow::Result<(usize, usize)> {
+    use ablate::run::scale::{choose_split, probe_splits, ProbeModel};
+    if device != tch::Device::Cpu {
+        anyhow::bail!("--workers auto splits CPU cores; on GPUs list them with --devices cuda:0,cuda:1,...");
+    }
+    let first = &recipe.runs.first().ok_or_else(|| anyhow::anyhow!("{}: no runs", recipe.name))?.config;
+    let t = first.transformer_spec();
+    let model = ProbeModel {
+        layers: t.layers,
+        heads: t.attention.heads,
+        d_model: t.d_model,
+        block: t.block_size,
+        batch: first.train.batch_size,
+        vocab: first.data.vocab_size.unwrap_or(96),
+    };
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let splits = probe_splits(&model, cores, recipe.runs.len())?;
+    let chosen = choose_split(&splits).ok_or_else(|| anyhow::anyhow!("--workers auto: nothing to probe"))?;
+    if !quiet {
+        let measured: Vec<String> = splits
+            .iter()
+            .map(|s| format!("{} x {} thread(s) {:.0} tokens/s", s.workers, s.threads, s.tokens_per_s))
+            .collect();
+        eprintln!(
+            "ablate: --workers auto on {cores} cores ({}L/d{} T={} B={}): {} -> {} worker(s) x {} thread(s)",
+            model.layers,
+            model.d_model,
+            model.block,
+            model.batch,
+            measured.join(", "),
+            chosen.workers,
+            chosen.threads
+        );
+    }
+    Ok((chosen.workers, chosen.threads))
+}
+
 fn generate_text(
     checkpoint: &Path,
     prompt: &str,
@@ -751,9 +791,15 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
     };
     let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
     let out = args.out.clone().unwrap_or_else(|| default_out(&recipe));
+    let mut threads = args.threads;
     let workers = match (&args.devices, args.workers) {
         (Some(list), _) => Some(list.clone()),
-        (None, Some(n)) => Some(vec![args.device.clone(); n]),
+        (None, Some(Workers::Count(n))) => Some(vec![args.device.clone(); n]),
+        (None, Some(Workers::Auto)) => {
+            let (n, t) = auto_workers(&recipe, device, args.quiet)?;
+            threads = Some(t);
+            Some(vec![args.device.clone(); n])
+        }
         (None, None) => None,
     };
     if let Some(devices) = workers {
@@ -764,7 +810,7 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
             device_or_exit(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let threads = args.threads.unwrap_or((cores / devices.len()).max(1));
+        let threads = threads.unwrap_or((cores / devices.len()).max(1));
         let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
         ablate::run::scale::run_workers(&recipe, &plan, args.quiet)?;
     } else {

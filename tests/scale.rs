@@ -71,6 +71,43 @@ fn a_pool_of_cpu_workers_writes_what_one_process_writes() {
 }
 
 #[test]
+fn workers_auto_times_the_splits_of_the_cores_and_trains_what_one_process_trains() {
+    let dir = scratch("workers-auto");
+    let recipe = dir.join("auto.yaml");
+    std::fs::write(&recipe, recipe_text(&dir)).unwrap();
+    let one = Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .arg(&recipe)
+        .args(["--device", "cpu", "--quiet", "--threads", "1", "--out"])
+        .arg(dir.join("one"))
+        .status()
+        .unwrap();
+    assert!(one.success());
+    let auto = Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .arg(&recipe)
+        .args(["--device", "cpu", "--workers", "auto", "--out"])
+        .arg(dir.join("auto"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&auto.stderr);
+    assert!(auto.status.success(), "{stderr}");
+    // One line names every split it timed (1 worker with all the cores is always a candidate) and the choice.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let line = stderr.lines().find(|l| l.contains("--workers auto on")).expect("the probe's line");
+    assert!(line.contains(&format!("1 x {cores} thread(s)")), "{line}");
+    assert!(line.contains("tokens/s") && line.contains(" -> "), "{line}");
+    assert_eq!(runs_without_timings(&dir.join("auto")), runs_without_timings(&dir.join("one")));
+    // Not on a GPU: that is what --devices is for.
+    let gpu = Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .arg(&recipe)
+        .args(["--device", "cuda", "--workers", "auto", "--out"])
+        .arg(dir.join("gpu"))
+        .output()
+        .unwrap();
+    assert!(!gpu.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_slurm_scripts_run_one_shard_per_array_task_then_merge() {
     let dir = scratch("slurm");
     let recipe = parse(&recipe_text(&dir), "s.yaml", "s", true).unwrap();

@@ -56,6 +56,106 @@ impl FromStr for Shard {
     }
 }
 
+/// How many local worker processes a sweep runs on: a number, or `auto` (chosen by [`probe_splits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    Auto,
+    Count(usize),
+}
+
+impl FromStr for Workers {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Workers::Auto);
+        }
+        s.parse().map(Workers::Count).map_err(|_| format!("--workers {s}: expected a number of workers or `auto`"))
+    }
+}
+
+/// The model a `--workers auto` probe times: a GPT at a run's width, depth, heads, context and batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeModel {
+    pub layers: i64,
+    pub heads: i64,
+    pub d_model: i64,
+    pub block: i64,
+    pub batch: i64,
+    pub vocab: i64,
+}
+
+/// `workers` processes of `threads` intra-op threads each, and what they trained together per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Split {
+    pub workers: usize,
+    pub threads: usize,
+    pub tokens_per_s: f64,
+}
+
+/// The ways to share `cores` among at most `runs` workers, each with the same number of threads: every
+/// divisor w of the cores, with cores / w threads each.
+pub fn candidate_splits(cores: usize, runs: usize) -> Vec<(usize, usize)> {
+    let cores = cores.max(1);
+    (1..=cores).filter(|w| cores.is_multiple_of(*w) && *w <= runs.max(1)).map(|w| (w, cores / w)).collect()
+}
+
+/// The split to use: the fastest, unless one with fewer workers is within 5% of it (fewer processes hold
+/// less memory and finish their last runs together).
+pub fn choose_split(splits: &[Split]) -> Option<Split> {
+    let best = splits.iter().map(|s| s.tokens_per_s).fold(f64::NAN, f64::max);
+    splits.iter().filter(|s| s.tokens_per_s >= 0.95 * best).min_by_key(|s| s.workers).copied()
+}
+
+/// Times every candidate split on this machine: `w` concurrent `ablate bench` children at `model`'s size,
+/// `threads` each, summed tokens/s. Steps are sized so each child runs for about a second.
+pub fn probe_splits(model: &ProbeModel, cores: usize, runs: usize) -> Result<Vec<Split>> {
+    let exe = std::env::current_exe().context("locating the ablate binary")?;
+    let m = model;
+    let params = 12 * m.layers * m.d_model * m.d_model + m.vocab * m.d_model;
+    let step_flops = 6.0 * params as f64 * (m.batch * m.block) as f64;
+    let mut out = Vec::new();
+    for (workers, threads) in candidate_splits(cores, runs) {
+        // About 30 GFLOP/s per thread for a model this shape on a CPU: a second of steps, 3 to 30 of them.
+        let steps = ((30e9 * threads as f64 / step_flops) as i64).clamp(3, 30);
+        let children: Vec<_> = (0..workers)
+            .map(|_| {
+                // libtorch sizes its intra-op pool from OpenMP's setting when the process starts.
+                Command::new(&exe)
+                    .env("OMP_NUM_THREADS", threads.to_string())
+                    .args(["bench", "--device", "cpu", "--warmup", "2"])
+                    .args(["--steps", &steps.to_string()])
+                    .args(["--layers", &m.layers.to_string(), "--heads", &m.heads.to_string()])
+                    .args(["--d-model", &m.d_model.to_string(), "--block", &m.block.to_string()])
+                    .args(["--batch", &m.batch.to_string(), "--vocab", &m.vocab.to_string()])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .context("starting a --workers auto probe")
+            })
+            .collect::<Result<_>>()?;
+        let mut total = 0.0;
+        for child in children {
+            let done = child.wait_with_output().context("waiting for a --workers auto probe")?;
+            let text = String::from_utf8_lossy(&done.stdout);
+            let rate = text
+                .split(": ")
+                .nth(1)
+                .and_then(|rest| rest.split(" tokens/s").next())
+                .and_then(|v| v.trim().parse::<f64>().ok());
+            match (done.status.success(), rate) {
+                (true, Some(r)) => total += r,
+                _ => bail!(
+                    "--workers auto: the probe at {workers} worker(s) x {threads} thread(s) failed: {}",
+                    String::from_utf8_lossy(&done.stderr).lines().last().unwrap_or("no message")
+                ),
+            }
+        }
+        out.push(Split { workers, threads, tokens_per_s: total });
+    }
+    Ok(out)
+}
+
 /// One finished run as stored in a results directory.
 struct StoredRun {
     hash: String,
