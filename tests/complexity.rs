@@ -40,6 +40,32 @@ fn analytic_flops_grow_quadratically_for_masks_and_linearly_for_the_sparse_kerne
 }
 
 #[test]
+fn a_variant_may_be_causal_in_a_bidirectional_benchmark_and_fused_dense_then_counts_half_the_scores() {
+    let recipe: ComplexityRecipe = serde_yaml::from_str(
+        "complexity:\n  lengths: [64]\n  d_model: 32\n  heads: 2\n  passes: [forward]\n  variants:\n    - {label: both ways, implementation: fused}\n    - {label: causal, implementation: fused, causal: true}\n    - {label: causal explicit, implementation: explicit, causal: true}\n",
+    )
+    .unwrap();
+    let c = &recipe.complexity;
+    c.validate().unwrap();
+    let points: Vec<PointSpec> = c.variants.iter().map(|v| c.point(v, Pass::Forward, 4096)).collect();
+    assert_eq!(points.iter().map(|p| p.causal).collect::<Vec<_>>(), vec![false, true, true]);
+    let projections = |p: &PointSpec| 2.0 * (p.batch * p.n * p.d_model * 4 * p.d_model) as f64;
+    let attention = |p: &PointSpec| analytic_flops(p) - projections(p);
+    // The fused kernel's causal path computes about half of the scores; the explicit path computes them all.
+    let half = attention(&points[1]) / attention(&points[0]);
+    assert!((half - 0.5).abs() < 1e-3, "{half}");
+    assert_eq!(attention(&points[2]), attention(&points[0]));
+    // A vision preset attends both ways: `causal` there is refused, at its variant.
+    let vision: ComplexityRecipe = serde_yaml::from_str(
+        "complexity:\n  lengths: [32]\n  passes: [forward]\n  variants:\n    - {label: vit, preset: vit_tiny_patch16_224, causal: true}\n",
+    )
+    .unwrap();
+    let (key, message) = vision.complexity.validate().unwrap_err();
+    assert_eq!(key, "complexity.variants.0");
+    assert!(message.contains("causal"), "{message}");
+}
+
+#[test]
 fn a_tiny_complexity_run_writes_points_slopes_and_plots() {
     let recipe: ComplexityRecipe = serde_yaml::from_str(
         "complexity:\n  lengths: [32, 64, 128]\n  d_model: 32\n  heads: 2\n  passes: [forward, forward_backward]\n  repeats: 1\n  warmup: 0\n  variants:\n    - {label: dense, implementation: fused}\n    - {label: window, implementation: sparse, pattern: {window: 4}}\n",

@@ -95,6 +95,10 @@ pub struct Variant {
     /// `pattern` and `implementation` and the spec's `d_model`/`heads` do not apply.
     #[serde(default)]
     pub preset: Option<String>,
+    /// Causal (decoder) attention for this variant, overriding the spec's `causal`: a query sees only the
+    /// keys up to itself, half of the interactions.
+    #[serde(default)]
+    pub causal: Option<bool>,
 }
 
 fn auto() -> Implementation {
@@ -175,6 +179,12 @@ impl ComplexitySpec {
         for (i, v) in self.variants.iter().enumerate() {
             let key = format!("variants.{i}");
             if let Some(name) = &v.preset {
+                if v.causal.is_some() {
+                    return at(
+                        &key,
+                        format!("`{}`: `causal` applies to attention units; vision presets attend both ways", v.label),
+                    );
+                }
                 let Some(base) = preset(name) else {
                     return at(&key, format!("no preset `{name}`; presets: {}", PRESETS.join(", ")));
                 };
@@ -217,7 +227,7 @@ impl ComplexitySpec {
             d_model: self.d_model,
             heads: self.heads,
             batch: self.batch,
-            causal: self.causal,
+            causal: variant.causal.unwrap_or(self.causal),
             pattern: variant.pattern.clone(),
             implementation: variant.implementation,
             pass,
@@ -290,6 +300,9 @@ pub fn analytic_flops(s: &PointSpec) -> f64 {
         let span = if s.causal { 2.0 } else { 3.0 };
         let globals = s.pattern.spec().global_positions(s.n).len() as f64;
         span * w + globals + globals // a column per global key, plus each global query's full row (≈ N/N·g)
+    } else if s.causal && s.pattern.spec().is_dense() && s.implementation != Implementation::Explicit {
+        // The fused kernel's causal path skips the key blocks after each query block: about half.
+        (n + 1.0) / 2.0
     } else {
         n
     };

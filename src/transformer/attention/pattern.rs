@@ -163,8 +163,9 @@ fn windowed(
             match &global_keys {
                 None => scores.softmax(-1, kind).dropout(dropout, train).matmul(&vb),
                 Some((g_scores, v_glob)) => {
-                    let joint =
-                        Tensor::cat(&[&scores, &g_scores.narrow(3, c0, cb)], -1).softmax(-1, kind).dropout(dropout, train);
+                    let joint = Tensor::cat(&[&scores, &g_scores.narrow(3, c0, cb)], -1)
+                        .softmax(-1, kind)
+                        .dropout(dropout, train);
                     joint.narrow(-1, 0, span * w).matmul(&vb) + joint.narrow(-1, span * w, g).matmul(v_glob)
                 }
             }
@@ -207,16 +208,21 @@ mod tests {
     #[test]
     fn chunked_blocks_compute_what_one_chunk_computes_forward_and_backward() {
         tch::manual_seed(0);
-        let relative = |encoding| Relative::new(&tch::nn::VarStore::new(tch::Device::Cpu).root(), &PositionSpec::of(encoding), 2, 8, None);
+        let relative = |encoding| {
+            Relative::new(&tch::nn::VarStore::new(tch::Device::Cpu).root(), &PositionSpec::of(encoding), 2, 8, None)
+        };
         for (pattern, causal, encoding) in [
             (Pattern { window: Some(3), ..Pattern::dense() }, false, PositionEncoding::None),
             (Pattern { window: Some(2), dilation: 3, ..Pattern::dense() }, true, PositionEncoding::Alibi),
             (Pattern { window: Some(4), global_every: Some(9), ..Pattern::dense() }, false, PositionEncoding::T5),
         ] {
             let rel = relative(encoding);
-            let inputs: Vec<Tensor> = (0..3).map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true)).collect();
+            let inputs: Vec<Tensor> = (0..3)
+                .map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
+                .collect();
             let run = |chunk_bytes| {
-                let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, causal, 0.35, &rel, 0.0, false, chunk_bytes);
+                let out =
+                    windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, causal, 0.35, &rel, 0.0, false, chunk_bytes);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
             };
