@@ -123,15 +123,14 @@ pub fn op_class(name: &str) -> &'static str {
     // the ATen ops they call are recorded inside them, so their self time is the engine's bookkeeping.
     if name.starts_with("autograd::") || name.contains("Backward") {
         "autograd"
-    } else if has(&["scaled_dot_product", "flash_attention", "efficient_attention", "softmax"])
-        && !has(&["log_softmax"])
+    } else if has(&["scaled_dot_product", "flash", "fmha", "efficient_attention", "softmax"]) && !has(&["log_softmax"])
     {
         "attention"
     } else if has(&["adamw", "_foreach", "linalg_vector_norm", "clamp"]) {
         "optimiser"
-    } else if has(&["addmm", "bmm", "mm", "matmul", "linear", "gemm"]) {
+    } else if has(&["addmm", "bmm", "mm", "matmul", "linear", "gemm", "cutlass", "xmma"]) {
         "matmul"
-    } else if has(&["layer_norm", "rms_norm", "batch_norm"]) {
+    } else if has(&["layer_norm", "layernorm", "rms_norm", "batch_norm"]) {
         "norm"
     } else if has(&["gelu", "relu", "threshold", "silu", "tanh"]) {
         "activation"
@@ -139,9 +138,9 @@ pub fn op_class(name: &str) -> &'static str {
         "loss"
     } else if has(&["embedding", "index_select", "index_add", "gather", "scatter"]) {
         "embedding"
-    } else if has(&["copy", "contiguous", "clone", "to_copy", "cat", "stack", "unsafe_split", "chunk"]) {
+    } else if has(&["copy", "contiguous", "clone", "to_copy", "cat", "stack", "unsafe_split", "chunk", "memcpy"]) {
         "copies"
-    } else if has(&["empty", "zeros", "zero_", "fill_", "resize", "ones"]) {
+    } else if has(&["empty", "zeros", "zero_", "fill_", "resize", "ones", "memset"]) {
         "allocation"
     } else if has(&["add", "mul", "div", "sub", "sum", "mean", "dropout", "where", "masked", "sqrt", "pow"]) {
         "elementwise"
@@ -181,6 +180,15 @@ pub fn self_times(events: &[crate::train::native::ProfiledOp]) -> Vec<(String, f
     let mut totals: HashMap<&str, f64> = HashMap::new();
     for (i, e) in events.iter().enumerate().filter(|(_, e)| e.on_cpu) {
         *totals.entry(e.name.as_str()).or_default() += own[i].max(0.0);
+    }
+    totals.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// Total duration (ns) of each GPU kernel name the profiler recorded.
+pub fn kernel_times(events: &[crate::train::native::ProfiledOp]) -> Vec<(String, f64)> {
+    let mut totals: std::collections::HashMap<&str, f64> = std::collections::HashMap::new();
+    for e in events.iter().filter(|e| !e.on_cpu) {
+        *totals.entry(e.name.as_str()).or_default() += e.duration_ns as f64;
     }
     totals.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
@@ -233,8 +241,10 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
         }
     })?;
     let per_step = |ns: f64| ns / 1e6 / profiled_steps as f64;
+    // On a GPU the time is the kernels' (the CPU side only launches them); on the CPU, operator self times.
+    let timeline = if device.is_cuda() { kernel_times(&events) } else { self_times(&events) };
     let mut classes: Vec<OpClass> = Vec::new();
-    for (name, ns) in self_times(&events) {
+    for (name, ns) in timeline {
         let class = op_class(&name);
         let entry = match classes.iter().position(|c| c.name == class) {
             Some(i) => &mut classes[i],
@@ -397,6 +407,11 @@ mod tests {
             ("aten::add_", "elementwise"),
             ("autograd::engine::evaluate_function: AddmmBackward0", "autograd"),
             ("AddmmBackward0", "autograd"),
+            ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "matmul"),
+            ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
+            ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+            ("Memcpy DtoD (Device -> Device)", "copies"),
+            ("Memset (Device)", "allocation"),
         ] {
             assert_eq!(op_class(name), class, "{name}");
         }
