@@ -120,7 +120,7 @@ fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern
     }
     for (i, (name, spec)) in cases.iter().enumerate() {
         let (_vs, model) = gpt(spec, i as i64);
-        // 5 prompt tokens + 16 steps: 9 steps past the 12-token context, where the cache is rebuilt from the
+        // 5 prompt tokens + 16 steps: 8 steps past the 12-token context, where the cache is rebuilt from the
         // cropped context.
         let worst = teacher_forced_difference(&model, 16);
         assert!(worst < 1e-4, "{name}: cached logits differ by {worst:e}");
