@@ -301,6 +301,19 @@ pub fn final_norm(vs: nn::Path, d: i64, on: bool, eps: f64) -> Option<nn::LayerN
 }
 
 impl Stack {
+    /// Where `position.at` puts the absolute table before a layer: added to its input `x` (every layer), or
+    /// returned for its query/key projections only; nothing when it went in once at the input.
+    fn layer_positions<'t>(&self, x: &mut Tensor, table: Option<&'t Tensor>) -> Option<&'t Tensor> {
+        match (self.at, table) {
+            (AbsoluteAt::EveryLayer, Some(t)) => {
+                *x = &*x + t;
+                None
+            }
+            (AbsoluteAt::Qk, table) => table,
+            _ => None,
+        }
+    }
+
     /// [`Stack::forward`] in a decoding loop: `x` (B, N_new, D) are the embedded tokens after the `cache.len()`
     /// positions already seen (the global tokens come first, on the first call), in evaluation mode. Returns
     /// the final states of the new tokens (B, N_new, D); `cache` then holds them too. `mask.offset` is the
@@ -337,16 +350,7 @@ impl Stack {
         }
         let layer_mask = Mask { causal: mask.causal, key_padding: None, offset: mask.offset, bias: None };
         for (layer, layer_cache) in self.layers.iter().zip(&mut cache.layers) {
-            let qk_add = match self.at {
-                AbsoluteAt::EveryLayer => {
-                    if let Some(t) = &table {
-                        x = &x + t;
-                    }
-                    None
-                }
-                AbsoluteAt::Qk => table.as_ref(),
-                AbsoluteAt::Input => None,
-            };
+            let qk_add = self.layer_positions(&mut x, table.as_ref());
             x = layer.forward_cached(&x, &layer_mask, qk_add, memory, layer_cache);
         }
         cache.seen += n + lead;
@@ -400,16 +404,7 @@ impl Stack {
             if let Some((convs, grid)) = &self.conv_positions {
                 x = convs[i].forward(&x, grid.side, grid.lead + g);
             }
-            let qk_add = match self.at {
-                AbsoluteAt::EveryLayer => {
-                    if let Some(t) = &table {
-                        x = &x + t;
-                    }
-                    None
-                }
-                AbsoluteAt::Qk => table.as_ref(),
-                AbsoluteAt::Input => None,
-            };
+            let qk_add = self.layer_positions(&mut x, table.as_ref());
             let out = layer.forward(&x, &mask, qk_add, memory, train, want_weights);
             x = out.output;
             weights.extend(out.self_weights);
