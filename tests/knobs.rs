@@ -36,6 +36,10 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.activation", None, ""),
     ("transformer.pre_ln", None, ""),
     ("transformer.final_norm", None, ""),
+    ("transformer.norm", Some("rms_norm"), ""),
+    ("transformer.norm", Some("batch_norm"), ""),
+    ("transformer.norm", Some("none"), ""),
+    ("transformer.residual", Some("false"), ""),
     ("transformer.dropout", Some("0.3"), ""),
     ("transformer.pe", Some("none"), ""),
     ("transformer.pe", Some("sinusoidal"), ""),
@@ -146,7 +150,10 @@ fn build(cfg: &ablate::recipe::Config, from: Option<&nn::VarStore>) -> (nn::VarS
             match theirs.get(&name).filter(|t| t.size() == var.size()) {
                 Some(t) => var.copy_(t),
                 None => {
-                    var.copy_(&(Tensor::randn(var.size(), (DType::Float, Device::Cpu)) * 0.3));
+                    let random = Tensor::randn(var.size(), (DType::Float, Device::Cpu)) * 0.3;
+                    // A variance must stay positive (BatchNorm's running statistics).
+                    let random = if name.ends_with("running_var") { random.abs() + 0.5 } else { random };
+                    var.copy_(&random);
                 }
             }
         }

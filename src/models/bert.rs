@@ -17,7 +17,7 @@ use crate::data::tokenize::{Special, TextTokenizer};
 use crate::transformer::attention::Mask;
 use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
 use crate::transformer::positions::AbsolutePositions;
-use crate::transformer::spec::{Activation, AttentionSpec, PositionEncoding, PositionSpec, TransformerSpec};
+use crate::transformer::spec::{Activation, AttentionSpec, Norm, PositionEncoding, PositionSpec, TransformerSpec};
 
 /// A BERT encoder: the Transformer, its vocabulary, and BERT's conventions.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +57,8 @@ impl BertSpec {
             ffn_hidden: intermediate,
             activation,
             pre_ln: false,
+            norm: Norm::LayerNorm,
+            residual: true,
             final_norm: false,
             dropout,
             attention: AttentionSpec::standard(hidden, heads),
@@ -162,7 +164,7 @@ impl Bert {
             global_tokens: GlobalTokens::new(vs, t.attention.pattern.global_tokens, d),
             layers,
             conv_positions: None,
-            final_norm: layers::final_norm(vs / "final_norm", d, t.final_norm, spec.norm_eps),
+            final_norm: layers::final_norm(vs / "final_norm", d, t, spec.norm_eps),
             dropout: t.dropout,
         };
         Self { word, segment, stack, pooler, spec: spec.clone() }

@@ -79,7 +79,7 @@ pub struct Davit {
     positions: AbsolutePositions,
     stages: Vec<(Option<Downsample>, Vec<Block>)>,
     grids: Vec<i64>,
-    norm: Option<nn::LayerNorm>,
+    norm: Option<layers::NormLayer>,
     head: nn::Linear,
     dropout: f64,
 }
@@ -122,7 +122,7 @@ impl Davit {
             positions: AbsolutePositions::new(vs / "pos_embed", t.position.encoding, grid * grid, d),
             stages,
             grids: (0..spec.stages()).map(|i| spec.grid(i)).collect(),
-            norm: layers::final_norm(vs / "norm", last, t.final_norm, 1e-5),
+            norm: layers::final_norm(vs / "norm", last, t, 1e-5),
             head: nn::linear(vs / "head", last, im.classes, Default::default()),
             dropout: t.dropout,
         }
@@ -154,7 +154,7 @@ impl Davit {
             }
         }
         let x = match &self.norm {
-            Some(norm) => norm.forward(&x),
+            Some(norm) => norm.forward(&x, train),
             None => x,
         };
         (x, weights)

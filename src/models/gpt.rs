@@ -47,7 +47,7 @@ impl Gpt {
             global_tokens,
             layers,
             conv_positions: None,
-            final_norm: layers::final_norm(vs / "final_norm", d, spec.final_norm, 1e-5),
+            final_norm: layers::final_norm(vs / "final_norm", d, spec, 1e-5),
             dropout: spec.dropout,
         };
         Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }

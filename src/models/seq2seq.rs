@@ -82,7 +82,7 @@ impl Seq2Seq {
             global_tokens: GlobalTokens::new(&(vs / globals), t.attention.pattern.global_tokens, d),
             layers,
             conv_positions: None,
-            final_norm: layers::final_norm(vs / name, d, t.final_norm, 1e-5),
+            final_norm: layers::final_norm(vs / name, d, t, 1e-5),
             dropout: t.dropout,
         };
         let encoder = stack(positions.shallow_clone(), encoder_layers, "encoder_norm", "encoder_tokens");

@@ -145,7 +145,7 @@ pub struct Swin {
     /// An absolute encoding (Swin's optional `ape`), added once after the patch embedding.
     positions: AbsolutePositions,
     stages: Vec<(Vec<SwinBlock>, Option<PatchMerging>)>,
-    norm: Option<nn::LayerNorm>,
+    norm: Option<layers::NormLayer>,
     head: nn::Linear,
     dropout: f64,
 }
@@ -177,7 +177,7 @@ impl Swin {
             patch_norm: nn::layer_norm(vs / "patch_norm", vec![d], Default::default()),
             positions: AbsolutePositions::new(vs / "pos_embed", t.position.encoding, grid * grid, d),
             stages,
-            norm: layers::final_norm(vs / "norm", last, t.final_norm, 1e-5),
+            norm: layers::final_norm(vs / "norm", last, t, 1e-5),
             head: nn::linear(vs / "head", last, im.classes, Default::default()),
             dropout: t.dropout,
         }
@@ -204,7 +204,7 @@ impl Swin {
             }
         }
         let x = match &self.norm {
-            Some(norm) => norm.forward(&x),
+            Some(norm) => norm.forward(&x, train),
             None => x,
         };
         (x, weights)

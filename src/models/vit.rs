@@ -46,7 +46,7 @@ impl Vit {
             global_tokens: GlobalTokens::new(vs, globals, d),
             layers,
             conv_positions,
-            final_norm: layers::final_norm(vs / "norm", d, t.final_norm, 1e-5),
+            final_norm: layers::final_norm(vs / "norm", d, t, 1e-5),
             dropout: t.dropout,
         };
         Self {

@@ -39,6 +39,8 @@ impl Config {
             ffn_hidden: t.ffn_hidden(),
             activation: t.activation,
             pre_ln: t.pre_ln,
+            norm: t.norm,
+            residual: t.residual,
             final_norm: self.final_norm(),
             dropout: t.dropout,
             attention: AttentionSpec {

@@ -2,7 +2,7 @@
 //! recipe sets it (one line naming the key, the kind and why), and left out of the run's CSV columns and
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
-use super::schema::{BertTask, Config, Kind, PositionEncoding, Task, Tokenizer};
+use super::schema::{BertTask, Config, Kind, Norm, PositionEncoding, Task, Tokenizer};
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
 pub fn unread(cfg: &Config, key: &str) -> Option<String> {
@@ -54,7 +54,20 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
 
 fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<String> {
     let kind = cfg.kind;
+    let t = &cfg.transformer;
     match key {
+        // New knobs at their defaults are recorded nowhere, so the runs made before they existed keep their
+        // columns and hashes.
+        "norm" if t.norm == Norm::LayerNorm => {
+            Some("layer_norm is the default (UDL §12.4's LayerNorm) and recorded nowhere".into())
+        }
+        "residual" if t.residual => Some("true is the default (UDL §12.4's residual connections) and recorded nowhere".into()),
+        "pre_ln" if t.norm == Norm::None => Some(
+            "places the normalisation before or after each residual addition; transformer.norm is none, so both are x + f(x)".into(),
+        ),
+        "final_norm" if t.norm == Norm::None => {
+            Some("adds a normalisation after the last layer; transformer.norm is none".into())
+        }
         "layers" if kind == Kind::Translate => Some(
             "kind translate has two stacks: set translate.encoder_layers and translate.decoder_layers".into(),
         ),

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
-pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, PositionEncoding, Scale};
+pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, Norm, PositionEncoding, Scale};
 
 /// What a run trains: the recipe's `kind:`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -213,6 +213,12 @@ pub struct TransformerConfig {
     pub activation: Activation,
     /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
     pub pre_ln: bool,
+    /// The branches' normalisation: `layer_norm` (UDL §12.4), `rms_norm` (no centring, no bias),
+    /// `batch_norm` (over every token of the batch; the Annotated Transformer's "why not BatchNorm"), `none`.
+    /// The final norm follows it; BERT's embedding norm and the vision models' patch norms stay LayerNorm.
+    pub norm: Norm,
+    /// Residual connections (UDL §12.4): false makes each branch `f(x)` instead of `x + f(x)`.
+    pub residual: bool,
     /// A LayerNorm after the last layer (`null`: the kind's rule; see `Config::resolve`).
     pub final_norm: Option<bool>,
     /// Dropout on the embeddings and every residual branch.
@@ -241,6 +247,8 @@ impl Default for TransformerConfig {
             ffn_hidden: None,
             activation: Activation::Gelu,
             pre_ln: false,
+            norm: Norm::LayerNorm,
+            residual: true,
             final_norm: None,
             dropout: 0.0,
             pe: PositionEncoding::Learned,

@@ -1,14 +1,14 @@
 //! The Transformer layer (UDL §12.4): a multi-head attention unit and a per-token FFN, each a residual
-//! branch, with LayerNorm after each addition (post-LN, as in UDL and Vaswani et al.) or inside each branch
-//! (pre-LN, as in GPT-2). An optional cross-attention unit sits between them for decoders that read an
+//! branch, with a normalisation (LayerNorm by default; RMSNorm, BatchNorm or none) after each addition
+//! (post-LN, as in UDL and Vaswani et al.) or inside each branch (pre-LN, as in GPT-2). An optional cross-attention unit sits between them for decoders that read an
 //! encoder's output (UDL §12.8). [`Stack`] runs a whole stack the way every sequence model does: absolute
 //! positions where `position.at` says, global tokens, dropout, the layers, a final norm.
-use tch::nn::{self, Module};
+use tch::nn::{self, Module, ModuleT};
 use tch::Tensor;
 
 use super::attention::{Grid, KvCache, Mask, MultiHeadAttention};
 use super::positions::{AbsolutePositions, ConvPosEnc};
-use super::spec::{AbsoluteAt, Activation, TransformerSpec};
+use super::spec::{AbsoluteAt, Activation, Norm, TransformerSpec};
 
 /// How a model initialises and normalises its layers (a model's convention, not an ablation knob).
 #[derive(Debug, Clone, Copy)]
@@ -25,27 +25,81 @@ impl Default for LayerInit {
     }
 }
 
-/// One residual branch with its LayerNorm: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`, dropout on
-/// the branch's output.
+/// One normalisation of the token features (`transformer.norm`), over the last dimension of any shape.
+#[derive(Debug)]
+pub enum NormLayer {
+    Layer(nn::LayerNorm),
+    /// x / √(mean(x²) + ε) · g.
+    Rms {
+        weight: Tensor,
+        eps: f64,
+    },
+    /// Statistics per feature over every token of the batch (running averages at evaluation).
+    Batch(nn::BatchNorm),
+}
+
+impl NormLayer {
+    /// `kind` over `d` features; `None` for `Norm::None`. LayerNorm's parameters are `weight` and `bias`
+    /// under `vs` (Hugging Face's names), RMSNorm's `weight`, BatchNorm's also its running statistics.
+    pub fn new(vs: nn::Path, d: i64, kind: Norm, eps: f64) -> Option<Self> {
+        match kind {
+            Norm::LayerNorm => {
+                Some(Self::Layer(nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() })))
+            }
+            Norm::RmsNorm => Some(Self::Rms { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }),
+            Norm::BatchNorm => {
+                Some(Self::Batch(nn::batch_norm1d(vs, d, nn::BatchNormConfig { eps, ..Default::default() })))
+            }
+            Norm::None => None,
+        }
+    }
+
+    /// `train` chooses the batch's statistics over the running ones (BatchNorm only).
+    pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        match self {
+            Self::Layer(norm) => norm.forward(x),
+            Self::Rms { weight, eps } => x.rms_norm([weight.size()[0]], Some(weight), Some(*eps)),
+            Self::Batch(norm) => {
+                // Every token is one sample of the feature statistics: (…, D) -> (tokens, D) and back.
+                let shape = x.size();
+                let d = *shape.last().expect("a feature dimension");
+                norm.forward_t(&x.reshape([-1, d]), train).view(shape.as_slice())
+            }
+        }
+    }
+}
+
+/// One residual branch with its normalisation: post-LN `norm(x + f(x))` or pre-LN `x + f(norm(x))`, dropout
+/// on the branch's output; without the residual connection `norm(f(x))` or `f(norm(x))`.
 #[derive(Debug)]
 pub struct Residual {
-    norm: nn::LayerNorm,
+    norm: Option<NormLayer>,
     pre_ln: bool,
+    residual: bool,
     dropout: f64,
 }
 
 impl Residual {
     pub fn new(vs: nn::Path, d_model: i64, spec: &TransformerSpec, norm_eps: f64) -> Self {
-        let cfg = nn::LayerNormConfig { eps: norm_eps, ..Default::default() };
-        Self { norm: nn::layer_norm(vs, vec![d_model], cfg), pre_ln: spec.pre_ln, dropout: spec.dropout }
+        Self {
+            norm: NormLayer::new(vs, d_model, spec.norm, norm_eps),
+            pre_ln: spec.pre_ln,
+            residual: spec.residual,
+            dropout: spec.dropout,
+        }
     }
 
     pub fn forward(&self, x: &Tensor, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
         let drop = |y: Tensor| if self.dropout > 0.0 { y.dropout(self.dropout, train) } else { y };
+        let norm = |y: Tensor| match &self.norm {
+            Some(n) => n.forward(&y, train),
+            None => y,
+        };
+        let add = |y: Tensor| if self.residual { x + y } else { y };
         if self.pre_ln {
-            x + drop(f(&self.norm.forward(x)))
+            add(drop(f(&norm(x.shallow_clone()))))
         } else {
-            self.norm.forward(&(x + drop(f(x))))
+            norm(add(drop(f(x))))
         }
     }
 }
@@ -279,7 +333,7 @@ pub struct Stack {
     /// `pe: conv` on an image grid: a convolutional position encoding before every layer (its grid's
     /// `lead` counts the tokens before the grid other than global tokens, e.g. a `<cls>` token).
     pub conv_positions: Option<(Vec<ConvPosEnc>, Grid)>,
-    pub final_norm: Option<nn::LayerNorm>,
+    pub final_norm: Option<NormLayer>,
     pub dropout: f64,
 }
 
@@ -295,9 +349,14 @@ pub fn layers(
     (0..count).map(|i| TransformerLayer::new(vs / i, spec, cross(i), init, grid)).collect()
 }
 
-/// A LayerNorm of width `d` when `on`.
-pub fn final_norm(vs: nn::Path, d: i64, on: bool, eps: f64) -> Option<nn::LayerNorm> {
-    on.then(|| nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() }))
+/// The stack's final norm of width `d` when `spec.final_norm`, of the spec's kind (none when the spec
+/// normalises nothing).
+pub fn final_norm(vs: nn::Path, d: i64, spec: &TransformerSpec, eps: f64) -> Option<NormLayer> {
+    if spec.final_norm {
+        NormLayer::new(vs, d, spec.norm, eps)
+    } else {
+        None
+    }
 }
 
 impl Stack {
@@ -358,7 +417,7 @@ impl Stack {
             x = x.narrow(1, lead, n);
         }
         if let Some(norm) = &self.final_norm {
-            x = norm.forward(&x);
+            x = norm.forward(&x, false);
         }
         x
     }
@@ -413,7 +472,7 @@ impl Stack {
             x = x.narrow(1, g, n);
         }
         if let Some(norm) = &self.final_norm {
-            x = norm.forward(&x);
+            x = norm.forward(&x, train);
         }
         (x, weights)
     }

@@ -11,6 +11,23 @@ pub enum Activation {
     Gelu,
 }
 
+/// What normalises each residual branch (UDL §12.4 uses LayerNorm; the Annotated Transformer's notes ask
+/// why not BatchNorm).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    /// Each token's D features to mean 0 and variance 1, then a learned gain and bias (Ba et al.).
+    LayerNorm,
+    /// Each token divided by the root mean square of its features, then a learned gain: no centring, no
+    /// bias (Zhang & Sennrich; LLaMA's choice).
+    RmsNorm,
+    /// Each feature to mean 0 and variance 1 over every token of the batch (the batch's statistics while
+    /// training, running averages at evaluation), then a learned gain and bias (Ioffe & Szegedy).
+    BatchNorm,
+    /// No normalisation at all.
+    None,
+}
+
 /// Where positions come from (UDL §12.3.1 and the Annotated Transformer's notes).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -244,6 +261,10 @@ pub struct TransformerSpec {
     pub activation: Activation,
     /// false: post-LN `norm(x + f(x))` (UDL §12.4, Vaswani et al.); true: pre-LN `x + f(norm(x))`.
     pub pre_ln: bool,
+    /// Which normalisation the branches (and the final norm) use.
+    pub norm: Norm,
+    /// Each branch adds to its input (`x + f(x)`, UDL §12.4's residual connection); false: `f(x)` alone.
+    pub residual: bool,
     /// A LayerNorm after the last layer.
     pub final_norm: bool,
     /// Dropout on the embeddings and on every residual branch.
@@ -265,6 +286,8 @@ impl TransformerSpec {
             ffn_hidden: 4 * d_model,
             activation: Activation::Gelu,
             pre_ln: false,
+            norm: Norm::LayerNorm,
+            residual: true,
             final_norm: true,
             dropout: 0.0,
             attention: AttentionSpec::standard(d_model, heads),
