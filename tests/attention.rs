@@ -178,7 +178,7 @@ fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() 
     tch::manual_seed(6);
     let (d, heads) = (12, 3);
     for hd in [d / heads, 7] {
-        let (vs, m) = mha_with(d, AttentionSpec { head_dim: hd, ..AttentionSpec::standard(d, heads) });
+        let (vs, m) = mha_with(d, AttentionSpec { head_dim: hd, qk_dim: hd, ..AttentionSpec::standard(d, heads) });
         let vars = vs.variables();
         let x = Tensor::randn([1, 5, d], (Kind::Float, Device::Cpu));
         let (w, b) = (&vars["qkv.weight"], &vars["qkv.bias"]);

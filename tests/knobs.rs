@@ -58,6 +58,9 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.position.t5_buckets", Some("8"), "transformer.pe: t5"),
     // With 8 buckets the offsets of a 16-token block reach the log-spaced buckets that max_distance shapes.
     ("transformer.position.t5_max_distance", Some("8"), "transformer.pe: t5, transformer.position.t5_buckets: 8"),
+    ("transformer.attention.kv_heads", Some("1"), ""),
+    ("transformer.attention.qk_dim", Some("4"), ""),
+    ("transformer.attention.scoring", Some("additive"), ""),
     ("transformer.attention.scale", Some("none"), ""),
     ("transformer.attention.scale", Some("0.05"), ""),
     ("transformer.attention.implementation", Some("explicit"), ""),
@@ -70,6 +73,7 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.attention.pattern.global_tokens", Some("2"), ""),
     ("transformer.block_size", Some("24"), ""),
     ("transformer.tie_embeddings", None, ""),
+    ("transformer.scale_embeddings", Some("true"), ""),
 ];
 
 /// The refusals: (kind, key, value or "" for any): where a knob cannot act, argued in the README.
@@ -106,6 +110,9 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.attention.pattern.global_tokens", ""),
     (Kind::Swin, "transformer.attention.implementation", "sparse"),
     (Kind::Davit, "transformer.attention.implementation", "sparse"),
+    // A LayerNorm of the patch embedding comes first in Swin and DaViT, and cancels a scale.
+    (Kind::Swin, "transformer.scale_embeddings", ""),
+    (Kind::Davit, "transformer.scale_embeddings", ""),
     (Kind::Swin, "transformer.position.at", ""),
     (Kind::Davit, "transformer.position.at", ""),
 ];

@@ -156,3 +156,35 @@ fn every_norm_trains_a_gpt_and_the_final_norm_follows_the_kind() {
         assert!(after < before - 0.3, "{norm:?}: {before} -> {after}");
     }
 }
+
+#[test]
+fn scaled_embeddings_are_the_token_embeddings_times_sqrt_d_before_the_positions() {
+    // Scaling on, against a copy without it whose token table is multiplied by √d: the two agree only if the
+    // scale multiplies the tokens and not the positions added after.
+    let d = 16;
+    let mut spec = TransformerSpec::small(d, 2, 2, 8);
+    let build = |spec: &TransformerSpec| {
+        tch::manual_seed(4);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let gpt = Gpt::new(&vs.root(), spec, 11);
+        (vs, gpt)
+    };
+    let (_vs_plain, plain) = build(&spec);
+    spec.scale_embeddings = true;
+    let (vs_scaled, scaled) = build(&spec);
+    let (vs_copy, copy) = build(&TransformerSpec { scale_embeddings: false, ..spec.clone() });
+    tch::no_grad(|| {
+        let mut table = vs_copy.variables()["token_embedding.weight"].shallow_clone();
+        table.copy_(&(vs_scaled.variables()["token_embedding.weight"].shallow_clone() * (d as f64).sqrt()));
+    });
+    let idx = Tensor::randint(11, [2, 8], (Kind::Int64, Device::Cpu));
+    let (a, b, c) =
+        tch::no_grad(|| (scaled.forward(&idx, false), copy.forward(&idx, false), plain.forward(&idx, false)));
+    assert!(max_abs_diff(&a, &b) < 1e-4);
+    assert!(max_abs_diff(&a, &c) > 1e-3, "the scale acts");
+    // The cached decoder scales the same way.
+    let mut cache = ablate::transformer::layers::StackCache::default();
+    let steps: Vec<Tensor> =
+        tch::no_grad(|| (0..8).map(|i| scaled.forward_cached(&idx.narrow(1, i, 1), &mut cache)).collect());
+    assert!(max_abs_diff(&a, &Tensor::cat(&steps, 1)) < 1e-4);
+}

@@ -65,6 +65,7 @@ impl BertSpec {
             position: PositionSpec::of(PositionEncoding::Learned),
             block_size: max_positions,
             tie_embeddings: true,
+            scale_embeddings: false,
         }
     }
 
@@ -166,6 +167,7 @@ impl Bert {
             conv_positions: None,
             final_norm: layers::final_norm(vs / "final_norm", d, t, spec.norm_eps),
             dropout: t.dropout,
+            embedding_scale: t.embedding_factor(),
         };
         Self { word, segment, stack, pooler, spec: spec.clone() }
     }

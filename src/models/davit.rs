@@ -29,6 +29,14 @@ impl Block {
         let d = t.d_model;
         let cpe = (t.position.encoding == PositionEncoding::Conv)
             .then(|| [ConvPosEnc::new(&vs / "cpe" / 0, d), ConvPosEnc::new(&vs / "cpe" / 1, d)]);
+        // Channel attention swaps the roles of q, k and v, so its unit keeps the plain multi-head shape.
+        let plain;
+        let t = if kind == BlockKind::Channel {
+            plain = TransformerSpec { attention: t.attention.plain_shape(), ..t.clone() };
+            &plain
+        } else {
+            t
+        };
         Self { kind, cpe, block: AttentionBlock::new(&vs, t, Some(Grid { side: window, lead: 0 })), grid, window }
     }
 

@@ -49,6 +49,7 @@ impl Gpt {
             conv_positions: None,
             final_norm: layers::final_norm(vs / "final_norm", d, spec, 1e-5),
             dropout: spec.dropout,
+            embedding_scale: spec.embedding_factor(),
         };
         Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }
     }

@@ -48,6 +48,7 @@ impl Vit {
             conv_positions,
             final_norm: layers::final_norm(vs / "norm", d, t, 1e-5),
             dropout: t.dropout,
+            embedding_scale: t.embedding_factor(),
         };
         Self {
             patch_embed,

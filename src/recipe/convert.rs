@@ -46,6 +46,9 @@ impl Config {
             attention: AttentionSpec {
                 heads: t.heads,
                 head_dim: t.head_dim(),
+                kv_heads: t.kv_heads(),
+                qk_dim: t.qk_dim(),
+                scoring: a.scoring,
                 scale: a.scale,
                 implementation: a.implementation,
                 dropout: a.dropout,
@@ -55,6 +58,7 @@ impl Config {
             position: t.position.spec(t.pe),
             block_size: t.block_size,
             tie_embeddings: t.tie_embeddings,
+            scale_embeddings: t.scale_embeddings,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! recipe sets it (one line naming the key, the kind and why), and left out of the run's CSV columns and
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
-use super::schema::{BertTask, Config, Kind, Norm, PositionEncoding, Task, Tokenizer};
+use super::schema::{BertTask, BlockKind, Config, Kind, Norm, PositionEncoding, Scoring, Task, Tokenizer};
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
 pub fn unread(cfg: &Config, key: &str) -> Option<String> {
@@ -68,6 +68,26 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         "final_norm" if t.norm == Norm::None => {
             Some("adds a normalisation after the last layer; transformer.norm is none".into())
         }
+        "attention.kv_heads" if t.kv_heads() == t.heads => {
+            Some("equal to transformer.heads (ordinary multi-head attention) is the default and recorded nowhere".into())
+        }
+        "attention.qk_dim" if t.qk_dim() == t.head_dim() => {
+            Some("equal to the values' width (transformer.head_dim) is the default and recorded nowhere".into())
+        }
+        "attention.scoring" if t.attention.scoring == Scoring::Dot => {
+            Some("dot is the default (UDL §12.2's dot-product scores) and recorded nowhere".into())
+        }
+        "attention.kv_heads" | "attention.qk_dim" | "attention.scoring"
+            if kind == Kind::Davit && !cfg.vision().attention_types.contains(&BlockKind::Spatial) =>
+        {
+            Some("shapes spatial attention; DaViT's channel blocks swap the roles of q, k and v and keep the plain shape, and vision.attention_types has no spatial block".into())
+        }
+        "scale_embeddings" if !t.scale_embeddings => {
+            Some("false is the default (embeddings added to positions as they are) and recorded nowhere".into())
+        }
+        "scale_embeddings" if kind.is_hierarchical() => Some(format!(
+            "kind {kind} normalises its patch embedding (LayerNorm) before anything else, which cancels a scale"
+        )),
         "layers" if kind == Kind::Translate => Some(
             "kind translate has two stacks: set translate.encoder_layers and translate.decoder_layers".into(),
         ),

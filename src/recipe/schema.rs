@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
-pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, Norm, PositionEncoding, Scale};
+pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, Norm, PositionEncoding, Scale, Scoring};
 
 /// What a run trains: the recipe's `kind:`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -235,6 +235,9 @@ pub struct TransformerConfig {
     pub block_size: i64,
     /// The output layer shares the token embedding matrix.
     pub tie_embeddings: bool,
+    /// Multiply the embedded tokens by √d_model before positions are added (the Annotated Transformer's
+    /// embedding layer); false: add them as they are.
+    pub scale_embeddings: bool,
 }
 
 impl Default for TransformerConfig {
@@ -256,6 +259,7 @@ impl Default for TransformerConfig {
             attention: AttentionConfig::default(),
             block_size: 64,
             tie_embeddings: false,
+            scale_embeddings: false,
         }
     }
 }
@@ -267,6 +271,14 @@ impl TransformerConfig {
 
     pub fn head_dim(&self) -> i64 {
         self.head_dim.unwrap_or(self.d_model / self.heads.max(1))
+    }
+
+    pub fn kv_heads(&self) -> i64 {
+        self.attention.kv_heads.unwrap_or(self.heads)
+    }
+
+    pub fn qk_dim(&self) -> i64 {
+        self.attention.qk_dim.unwrap_or_else(|| self.head_dim())
     }
 }
 
@@ -303,7 +315,17 @@ impl Default for PositionConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttentionConfig {
-    /// What the dot products are multiplied by before the softmax: `sqrt_dk` (1/√D_q), `none`, a number.
+    /// Key/value heads, each shared by `heads / kv_heads` query heads: 1 is multi-query attention
+    /// (Shazeer 2019), between 1 and `heads` grouped-query attention (Ainslie et al. 2023); `null`: `heads`.
+    pub kv_heads: Option<i64>,
+    /// Width of each head's queries and keys (`null`: `head_dim`, the values' width); UDL §12.2 notes the
+    /// two need not match.
+    pub qk_dim: Option<i64>,
+    /// How a query and a key make a score: `dot` (q·k), or `additive` (Bahdanau's wᵀ tanh(q + k), a learned
+    /// w per head; written out, so `implementation` must be `auto` or `explicit`).
+    pub scoring: Scoring,
+    /// What the scores are multiplied by before the softmax: `sqrt_dk` (1/√D_q, D_q = `qk_dim`), `none`, a
+    /// number.
     pub scale: Scale,
     /// Which computation of the same maths runs: `auto`, `fused`, `explicit`, `sparse`.
     pub implementation: Implementation,
@@ -319,6 +341,9 @@ pub struct AttentionConfig {
 impl Default for AttentionConfig {
     fn default() -> Self {
         Self {
+            kv_heads: None,
+            qk_dim: None,
+            scoring: Scoring::Dot,
             scale: Scale::SqrtDk,
             implementation: Implementation::Auto,
             dropout: 0.0,

@@ -110,6 +110,36 @@ impl Config {
             }
             None => {}
         }
+        if let Some(kv) = t.attention.kv_heads {
+            at_least("transformer.attention.kv_heads", kv, 1)?;
+            if t.heads % kv != 0 {
+                return Err(invalid(
+                    "transformer.attention.kv_heads",
+                    format!(
+                        "{kv} key/value heads do not divide {} heads (each serves heads/kv_heads query heads); allowed: {}",
+                        t.heads,
+                        divisors(t.heads)
+                    ),
+                ));
+            }
+        }
+        if let Some(q) = t.attention.qk_dim {
+            at_least("transformer.attention.qk_dim", q, 1)?;
+            if q > MAX_D_MODEL {
+                return Err(invalid("transformer.attention.qk_dim", format!("must be at most {MAX_D_MODEL}, got {q}")));
+            }
+        }
+        if t.attention.scoring == Scoring::Additive
+            && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
+        {
+            return Err(invalid(
+                "transformer.attention.scoring",
+                format!(
+                    "additive scores are written out (no fused or sparse kernel computes wᵀ tanh(q + k)); transformer.attention.implementation is {}: use auto or explicit",
+                    if t.attention.implementation == Implementation::Fused { "fused" } else { "sparse" }
+                ),
+            ));
+        }
         if let Some(h) = t.ffn_hidden {
             if !(1..=64 * MAX_D_MODEL).contains(&h) {
                 return Err(invalid(
@@ -134,8 +164,8 @@ impl Config {
                     "conv: a 3×3 convolution reads the pixels after each one, which would leak what image_gpt predicts",
                 ))
             }
-            PositionEncoding::Rope if t.head_dim() < 2 => {
-                return Err(invalid("transformer.pe", "rope needs heads of at least 2 dimensions"))
+            PositionEncoding::Rope if t.qk_dim() < 2 => {
+                return Err(invalid("transformer.pe", "rope needs queries and keys of at least 2 dimensions per head"))
             }
             _ => {}
         }

@@ -296,6 +296,11 @@ impl StackCache {
         self.seen == 0
     }
 
+    /// Numbers held by every layer's caches (keys and values), in elements.
+    pub fn elements(&self) -> i64 {
+        self.layers.iter().map(|l| l.self_attention.elements() + l.cross_attention.elements()).sum()
+    }
+
     /// Keeps the batch rows `rows` (int64 indices, repeats allowed) in every layer: beam search's reordering.
     pub fn select_rows(&mut self, rows: &Tensor) {
         for layer in &mut self.layers {
@@ -335,6 +340,8 @@ pub struct Stack {
     pub conv_positions: Option<(Vec<ConvPosEnc>, Grid)>,
     pub final_norm: Option<NormLayer>,
     pub dropout: f64,
+    /// What the embedded tokens are multiplied by before positions are added (`transformer.scale_embeddings`).
+    pub embedding_scale: f64,
 }
 
 /// The layers of `spec` under `vs / name / i`; layer i cross-attends when `cross(i)`.
@@ -360,6 +367,14 @@ pub fn final_norm(vs: nn::Path, d: i64, spec: &TransformerSpec, eps: f64) -> Opt
 }
 
 impl Stack {
+    fn scaled(&self, x: &Tensor) -> Tensor {
+        if self.embedding_scale == 1.0 {
+            x.shallow_clone()
+        } else {
+            x * self.embedding_scale
+        }
+    }
+
     /// Where `position.at` puts the absolute table before a layer: added to its input `x` (every layer), or
     /// returned for its query/key projections only; nothing when it went in once at the input.
     fn layer_positions<'t>(&self, x: &mut Tensor, table: Option<&'t Tensor>) -> Option<&'t Tensor> {
@@ -392,7 +407,7 @@ impl Stack {
         // Absolute positions of the new tokens, counted after the global tokens (which carry none).
         let start = if first { 0 } else { cache.seen - g };
         let table = self.positions.table(start + n).map(|t| t.narrow(0, start, n));
-        let mut x = x.shallow_clone();
+        let mut x = self.scaled(x);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
             x = &x + t;
         }
@@ -434,7 +449,7 @@ impl Stack {
         want_weights: bool,
     ) -> (Tensor, Vec<Tensor>) {
         let (b, n, _) = x.size3().unwrap();
-        let mut x = x.shallow_clone();
+        let mut x = self.scaled(x);
         let table = self.positions.table(n);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
             x = &x + t;

@@ -218,12 +218,30 @@ impl PositionSpec {
     }
 }
 
-/// One multi-head attention unit: `heads` heads of `head_dim` dimensions each (their concatenation need not
-/// be the model width: the output projection maps it back).
+/// How a query and a key make a score.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Scoring {
+    /// The dot product q·k (UDL §12.2, Vaswani et al.).
+    Dot,
+    /// Bahdanau's additive score wᵀ tanh(q + k), with a learned w per head.
+    Additive,
+}
+
+/// One multi-head attention unit: `heads` query heads; keys and values in `kv_heads` heads, each shared
+/// by `heads / kv_heads` query heads (multi-query attention at 1, grouped-query between, ordinary
+/// multi-head attention at `heads`); queries and keys `qk_dim` wide, values `head_dim` wide. The values'
+/// concatenation need not be the model width: the output projection maps it back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionSpec {
     pub heads: i64,
+    /// Width of each head's values (and of its output).
     pub head_dim: i64,
+    /// Key/value heads; divides `heads`.
+    pub kv_heads: i64,
+    /// Width of each head's queries and keys (UDL §12.2: it need not equal the values').
+    pub qk_dim: i64,
+    pub scoring: Scoring,
     pub scale: Scale,
     pub implementation: Implementation,
     pub dropout: f64,
@@ -238,6 +256,9 @@ impl AttentionSpec {
         Self {
             heads,
             head_dim: d_model / heads,
+            kv_heads: heads,
+            qk_dim: d_model / heads,
+            scoring: Scoring::Dot,
             scale: Scale::SqrtDk,
             implementation: Implementation::Auto,
             dropout: 0.0,
@@ -246,9 +267,24 @@ impl AttentionSpec {
         }
     }
 
-    /// Width of the concatenated heads.
+    /// Width of the concatenated heads' values.
     pub fn inner(&self) -> i64 {
         self.heads * self.head_dim
+    }
+
+    /// The rows of the stacked Q/K/V projection: queries, keys, values.
+    pub fn projection_widths(&self) -> [i64; 3] {
+        [self.heads * self.qk_dim, self.kv_heads * self.qk_dim, self.kv_heads * self.head_dim]
+    }
+
+    /// Ordinary multi-head attention: as many key/value heads as query heads, all of one width, dot scores.
+    pub fn is_plain_shape(&self) -> bool {
+        self.kv_heads == self.heads && self.qk_dim == self.head_dim && self.scoring == Scoring::Dot
+    }
+
+    /// This unit with the plain shape (for DaViT's channel attention, whose roles need one width).
+    pub fn plain_shape(&self) -> Self {
+        Self { kv_heads: self.heads, qk_dim: self.head_dim, scoring: Scoring::Dot, ..self.clone() }
     }
 }
 
@@ -275,9 +311,21 @@ pub struct TransformerSpec {
     pub block_size: i64,
     /// The output layer shares the token embedding matrix.
     pub tie_embeddings: bool,
+    /// The embedded tokens are multiplied by √d_model before positions are added (the Annotated
+    /// Transformer's `Embeddings.forward`).
+    pub scale_embeddings: bool,
 }
 
 impl TransformerSpec {
+    /// What the embedded tokens are multiplied by.
+    pub fn embedding_factor(&self) -> f64 {
+        if self.scale_embeddings {
+            (self.d_model as f64).sqrt()
+        } else {
+            1.0
+        }
+    }
+
     /// A small standard stack: GELU, post-LN, learned positions, dense attention (tests, examples).
     pub fn small(d_model: i64, layers: i64, heads: i64, block_size: i64) -> Self {
         Self {
@@ -294,6 +342,7 @@ impl TransformerSpec {
             position: PositionSpec::of(PositionEncoding::Learned),
             block_size,
             tie_embeddings: false,
+            scale_embeddings: false,
         }
     }
 
@@ -304,6 +353,7 @@ impl TransformerSpec {
         s.d_model *= factor;
         s.ffn_hidden *= factor;
         s.attention.heads *= factor;
+        s.attention.kv_heads *= factor;
         s
     }
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use super::spec::{AttentionSpec, Implementation, Pattern, PositionEncoding, PositionSpec};
+use super::spec::{AttentionSpec, Implementation, Pattern, PositionEncoding, PositionSpec, Scoring};
 
 pub mod pattern;
 pub mod relative;
@@ -87,16 +87,22 @@ pub fn causal_allowed(n_q: i64, n_k: i64, device: tch::Device) -> Tensor {
     k_pos.le_tensor(&q_pos)
 }
 
-/// Multi-head attention: Q/K/V projections to H heads of `head_dim` dimensions each, and an output
-/// projection from their concatenation back to the model width.
+/// Multi-head attention: Q/K/V projections to H query heads of `qk_dim` dimensions and `kv_heads` key and
+/// value heads of `qk_dim` and `head_dim` dimensions, and an output projection from the H heads' values
+/// back to the model width.
 #[derive(Debug)]
 pub struct MultiHeadAttention {
-    /// Q, K and V projections stacked into one (3·H·head_dim, D) matrix: one matmul for self-attention;
-    /// cross-attention applies the Q rows to the queries' sequence and the K/V rows to the other sequence.
+    /// Q, K and V projections stacked into one (H·qk_dim + H_kv·(qk_dim + head_dim), D) matrix: one matmul
+    /// for self-attention; cross-attention applies the Q rows to the queries' sequence and the K/V rows to
+    /// the other sequence.
     qkv: nn::Linear,
     out: nn::Linear,
     heads: i64,
+    kv_heads: i64,
+    qk_dim: i64,
     head_dim: i64,
+    /// Bahdanau's w per head (H, qk_dim), when scores are additive.
+    additive: Option<Tensor>,
     scale: f64,
     implementation: Implementation,
     dropout: f64,
@@ -110,8 +116,9 @@ pub struct Attended {
     pub weights: Option<Tensor>,
 }
 
-/// The keys and values one attention unit has computed so far in a decoding loop, (B, H, N_seen, head_dim)
-/// each, keys already rotated for RoPE at their absolute positions; empty before the first call.
+/// The keys and values one attention unit has computed so far in a decoding loop, (B, H_kv, N_seen, ·)
+/// each (one per key/value head: multi-query and grouped-query attention keep the cache that much
+/// smaller), keys already rotated for RoPE at their absolute positions; empty before the first call.
 #[derive(Debug, Default)]
 pub struct KvCache {
     kv: Option<(Tensor, Tensor)>,
@@ -125,6 +132,11 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.kv.is_none()
+    }
+
+    /// Numbers held (keys and values): what the cache costs in memory, in elements.
+    pub fn elements(&self) -> i64 {
+        self.kv.as_ref().map_or(0, |(k, v)| (k.numel() + v.numel()) as i64)
     }
 
     fn keys_values(&self) -> Option<(Tensor, Tensor)> {
@@ -162,23 +174,30 @@ impl MultiHeadAttention {
         grid: Option<Grid>,
         out_init_std: f64,
     ) -> Self {
-        assert!(spec.heads > 0 && spec.head_dim > 0, "heads and head_dim must be positive");
-        let inner = spec.inner();
+        assert!(spec.heads > 0 && spec.head_dim > 0 && spec.qk_dim > 0, "heads and their widths must be positive");
+        assert!(spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0, "key/value heads must divide the heads");
         let lin = |std: f64| nn::LinearConfig {
             ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
             bs_init: Some(nn::Init::Const(0.0)),
             bias: spec.bias,
         };
+        let additive = (spec.scoring == Scoring::Additive).then(|| {
+            let stdev = 1.0 / (spec.qk_dim as f64).sqrt();
+            vs.var("score_vector", &[spec.heads, spec.qk_dim], nn::Init::Randn { mean: 0.0, stdev })
+        });
         Self {
-            qkv: nn::linear(&vs / "qkv", d_model, 3 * inner, lin(0.02)),
-            out: nn::linear(&vs / "out", inner, d_model, lin(out_init_std)),
+            qkv: nn::linear(&vs / "qkv", d_model, spec.projection_widths().iter().sum(), lin(0.02)),
+            out: nn::linear(&vs / "out", spec.inner(), d_model, lin(out_init_std)),
             heads: spec.heads,
+            kv_heads: spec.kv_heads,
+            qk_dim: spec.qk_dim,
             head_dim: spec.head_dim,
-            scale: spec.scale.factor(spec.head_dim),
+            additive,
+            scale: spec.scale.factor(spec.qk_dim),
             implementation: spec.implementation,
             dropout: spec.dropout,
             pattern: spec.pattern.clone(),
-            relative: Relative::new(&vs, position, spec.heads, spec.head_dim, grid),
+            relative: Relative::new(&vs, position, spec.heads, spec.qk_dim, grid),
         }
     }
 
@@ -209,25 +228,42 @@ impl MultiHeadAttention {
     pub fn self_attend_cached(&self, x: &Tensor, mask: &Mask, qk_add: Option<&Tensor>, cache: &mut KvCache) -> Tensor {
         let (q, k, v) = self.project_self(x, qk_add);
         let start = mask.offset + cache.len();
-        let q = self.relative.rotate(&self.split_heads(&q), start);
-        let k = self.relative.rotate(&self.split_heads(&k), start);
-        let (k, v) = cache.append(k, self.split_heads(&v));
+        let (q, k, v) = self.split_qkv(&q, &k, &v);
+        let (q, k) = (self.relative.rotate(&q, start), self.relative.rotate(&k, start));
+        let (k, v) = cache.append(k, v);
         self.attend_heads(&q, &k, &v, mask, true, false, false).output
     }
 
-    /// The queries, keys and values of self-attention, (B, N, H·head_dim) each.
+    /// Rows of the stacked projection: queries, keys, values.
+    fn widths(&self) -> [i64; 3] {
+        [self.heads * self.qk_dim, self.kv_heads * self.qk_dim, self.kv_heads * self.head_dim]
+    }
+
+    /// The queries, keys and values of self-attention, (B, N, ·) each.
     fn project_self(&self, x: &Tensor, qk_add: Option<&Tensor>) -> (Tensor, Tensor, Tensor) {
+        let [wq, wk, wv] = self.widths();
         match qk_add {
             None => {
-                let parts = self.qkv.forward(x).chunk(3, -1);
+                let parts = self.qkv.forward(x).split_with_sizes([wq, wk, wv], -1);
                 (parts[0].shallow_clone(), parts[1].shallow_clone(), parts[2].shallow_clone())
             }
             Some(p) => {
-                let d = self.heads * self.head_dim;
-                let qk = self.project(&(x + p), 0, 2 * d).chunk(2, -1);
-                (qk[0].shallow_clone(), qk[1].shallow_clone(), self.project(x, 2 * d, d))
+                let qk = self.project(&(x + p), 0, wq + wk).split_with_sizes([wq, wk], -1);
+                (qk[0].shallow_clone(), qk[1].shallow_clone(), self.project(x, wq + wk, wv))
             }
         }
+    }
+
+    /// The keys and values of `memory`, (B, N_k, ·) each.
+    fn project_memory(&self, memory: &Tensor) -> (Tensor, Tensor) {
+        let [wq, wk, wv] = self.widths();
+        let kv = self.project(memory, wq, wk + wv).split_with_sizes([wk, wv], -1);
+        (kv[0].shallow_clone(), kv[1].shallow_clone())
+    }
+
+    /// Per-head views: queries (B, H, N, qk_dim), keys (B, H_kv, N, qk_dim), values (B, H_kv, N, head_dim).
+    fn split_qkv(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> (Tensor, Tensor, Tensor) {
+        (split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads))
     }
 
     /// `x` through rows `start..start+rows` of the stacked Q/K/V projection.
@@ -237,24 +273,22 @@ impl MultiHeadAttention {
 
     /// Cross-attention: queries from `x` (B, N_q, D), keys and values from `memory` (B, N_k, D).
     pub fn cross_attend(&self, x: &Tensor, memory: &Tensor, mask: &Mask, train: bool, want_weights: bool) -> Attended {
-        let d = self.heads * self.head_dim;
-        let q = self.project(x, 0, d);
-        let kv = self.project(memory, d, 2 * d).chunk(2, -1);
-        self.attend_projected(&q, &kv[0], &kv[1], mask, false, train, want_weights)
+        let q = self.project(x, 0, self.widths()[0]);
+        let (k, v) = self.project_memory(memory);
+        self.attend_projected(&q, &k, &v, mask, false, train, want_weights)
     }
 
     /// Cross-attention in a decoding loop: the memory's keys and values are projected on the first call and
     /// kept in `cache` for every later one (the memory does not change while a sequence is decoded).
     pub fn cross_attend_cached(&self, x: &Tensor, memory: &Tensor, mask: &Mask, cache: &mut KvCache) -> Tensor {
-        let d = self.heads * self.head_dim;
         let (k, v) = match cache.keys_values() {
             Some(kv) => kv,
             None => {
-                let kv = self.project(memory, d, 2 * d).chunk(2, -1);
-                cache.append(self.split_heads(&kv[0]), self.split_heads(&kv[1]))
+                let (k, v) = self.project_memory(memory);
+                cache.append(split_heads(&k, self.kv_heads), split_heads(&v, self.kv_heads))
             }
         };
-        let q = self.split_heads(&self.project(x, 0, d));
+        let q = split_heads(&self.project(x, 0, self.widths()[0]), self.heads);
         self.attend_heads(&q, &k, &v, mask, false, false, false).output
     }
 
@@ -264,20 +298,19 @@ impl MultiHeadAttention {
     /// port scales by the token count instead; we follow timm). It is `explicit_attention` with the roles
     /// transposed: queries kᵀ, keys vᵀ, values qᵀ. `weights`: (B, H, C_g, C_g).
     pub fn channel_attend(&self, x: &Tensor, train: bool, want_weights: bool) -> Attended {
+        assert!(
+            self.kv_heads == self.heads && self.qk_dim == self.head_dim && self.additive.is_none(),
+            "channel attention swaps the roles of q, k and v: it needs the plain shape"
+        );
         let (b, n, _) = x.size3().unwrap();
         let parts = self.qkv.forward(x).chunk(3, -1);
-        let (q, k, v) = (self.split_heads(&parts[0]), self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        let (q, k, v) = self.split_qkv(&parts[0], &parts[1], &parts[2]);
         let t = |x: &Tensor| x.transpose(-2, -1);
         count(1);
         let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scale, self.dropout, train);
         // (B, H, C_g, N) -> (B, N, H·C_g)
         let merged = out.permute([0, 3, 1, 2]).contiguous().view([b, n, self.heads * self.head_dim]);
         Attended { output: self.out.forward(&merged), weights: want_weights.then_some(weights) }
-    }
-
-    fn split_heads(&self, t: &Tensor) -> Tensor {
-        let (b, n, _) = t.size3().unwrap();
-        t.view([b, n, self.heads, self.head_dim]).transpose(1, 2)
     }
 
     /// Attention on projected q (B, N_q, D), k and v (B, N_k, D). Position schemes and patterns apply to
@@ -294,7 +327,7 @@ impl MultiHeadAttention {
         want_weights: bool,
     ) -> Attended {
         let (n_q, n_k) = (q.size()[1], k.size()[1]);
-        let (mut q, mut k, v) = (self.split_heads(q), self.split_heads(k), self.split_heads(v));
+        let (mut q, mut k, v) = self.split_qkv(q, k, v);
         if is_self {
             q = self.relative.rotate(&q, mask.offset + n_k - n_q);
             k = self.relative.rotate(&k, mask.offset);
@@ -302,8 +335,8 @@ impl MultiHeadAttention {
         self.attend_heads(&q, &k, &v, mask, is_self, train, want_weights)
     }
 
-    /// Attention on per-head q (B, H, N_q, d), k and v (B, H, N_k, d), already rotated for RoPE; the queries
-    /// are the last N_q of the N_k positions. Returns the output projection of the merged heads.
+    /// Attention on per-head q (B, H, N_q, qk_dim), k and v (B, H_kv, N_k, ·), already rotated for RoPE; the
+    /// queries are the last N_q of the N_k positions. Returns the output projection of the merged heads.
     #[allow(clippy::too_many_arguments)]
     fn attend_heads(
         &self,
@@ -317,12 +350,21 @@ impl MultiHeadAttention {
     ) -> Attended {
         let (b, _, n_q, _) = q.size4().unwrap();
         let n_k = k.size()[2];
+        // Each key/value head serves heads / kv_heads consecutive query heads.
+        let group = self.heads / self.kv_heads;
+        let (k, v) = if group > 1 {
+            (k.repeat_interleave_self_int(group, 1, None), v.repeat_interleave_self_int(group, 1, None))
+        } else {
+            (k.shallow_clone(), v.shallow_clone())
+        };
+        let (k, v) = (&k, &v);
         let dropout = if train { self.dropout } else { 0.0 };
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
             && !want_weights
             && mask.key_padding.is_none()
             && mask.bias.is_none()
+            && self.additive.is_none()
             && n_q == n_k;
         let (heads_out, weights) = if sparse_kernel {
             count(2);
@@ -339,7 +381,7 @@ impl MultiHeadAttention {
             );
             (out, None)
         } else {
-            let explicit = want_weights || self.implementation == Implementation::Explicit;
+            let explicit = want_weights || self.implementation == Implementation::Explicit || self.additive.is_some();
             let bias = self.score_bias(q, n_k, mask, is_self);
             // A plain causal mask over square scores is the fused kernel's own fast path; a single query at
             // the last position (a decoding step) may see every key, so it needs no mask at all.
@@ -349,7 +391,11 @@ impl MultiHeadAttention {
             } else {
                 bias
             };
-            if explicit {
+            if let Some(w) = &self.additive {
+                count(1);
+                let (o, w) = additive_attention(q, k, v, w, bias.as_ref(), self.scale, dropout, train);
+                (o, Some(w))
+            } else if explicit {
                 count(1);
                 let (o, w) = explicit_attention(q, k, v, bias.as_ref(), self.scale, dropout, train);
                 (o, Some(w))
@@ -428,6 +474,38 @@ pub fn explicit_attention(
     let weights = scores.softmax(-1, scores.kind());
     let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };
     (dropped.matmul(v), weights)
+}
+
+/// Bahdanau's additive attention: softmax(wᵀ tanh(q_i + k_j) · scale + bias) v, one learned w (H, d) per head,
+/// written out (no kernel computes it). q: (B, H, N_q, d), k: (B, H, N_k, d), v: (B, H, N_k, d_v). Returns the
+/// output (B, H, N_q, d_v) and the weights (B, H, N_q, N_k) (before dropout). Its cost is N_q·N_k·d per head
+/// in memory as well as time, against the dot product's N_q·N_k.
+#[allow(clippy::too_many_arguments)]
+pub fn additive_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    scale: f64,
+    dropout: f64,
+    train: bool,
+) -> (Tensor, Tensor) {
+    let (heads, d) = (w.size()[0], w.size()[1]);
+    let hidden = (q.unsqueeze(3) + k.unsqueeze(2)).tanh(); // (B, H, N_q, N_k, d)
+    let mut scores = hidden.matmul(&w.to_kind(q.kind()).view([1, heads, 1, d, 1])).squeeze_dim(-1) * scale;
+    if let Some(bias) = bias {
+        scores += bias;
+    }
+    let weights = scores.softmax(-1, scores.kind());
+    let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };
+    (dropped.matmul(v), weights)
+}
+
+/// (B, N, H·d) -> (B, H, N, d).
+fn split_heads(t: &Tensor, heads: i64) -> Tensor {
+    let (b, n, width) = t.size3().unwrap();
+    t.view([b, n, heads, width / heads]).transpose(1, 2)
 }
 
 /// The same maths through libtorch's fused kernel. `is_causal` asks the kernel for its own causal mask (square

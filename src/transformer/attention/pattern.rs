@@ -89,6 +89,7 @@ fn windowed(
     let w = pattern.window.expect("the sparse kernel needs a window");
     let d = pattern.dilation;
     let (b, h, n, dh) = q.size4().unwrap();
+    let dv = v.size()[3];
     let device = q.device();
     let kind = q.kind();
     // Regroup positions by residue mod d: residue r, index s <-> position s·d + r. A dilated window is then a
@@ -142,13 +143,13 @@ fn windowed(
             g_ok = g_ok.logical_and(&g_dist.ge(0));
         }
         let g_scores = g_scores.masked_fill(&g_ok.logical_not(), MASKED);
-        (regroup(&g_scores).view([b, h, d, blocks, w, g]), v_glob.view([b, h, 1, 1, g, dh]))
+        (regroup(&g_scores).view([b, h, d, blocks, w, g]), v_glob.view([b, h, 1, 1, g, dv]))
     });
 
     // The blocks go through in chunks whose largest intermediate (the scores, or the keys gathered for a
     // matmul) stays under `chunk_bytes`: glibc serves every allocation over 32 MB with a fresh mmap that is
     // page-faulted in on every call, which made the forward at 16K tokens 4× the time at 8K.
-    let per_block = b * h * d * span * w * w.max(dh) * kind.elt_size_in_bytes() as i64;
+    let per_block = b * h * d * span * w * w.max(dh).max(dv) * kind.elt_size_in_bytes() as i64;
     let chunk = (chunk_bytes / per_block.max(1)).clamp(1, blocks);
     let outs: Vec<Tensor> = (0..blocks)
         .step_by(chunk as usize)
@@ -172,8 +173,8 @@ fn windowed(
         })
         .collect();
     let out = if outs.len() == 1 { outs[0].shallow_clone() } else { Tensor::cat(&outs, 3) };
-    // Back to positions: (B, H, d, blocks·w, dh) -> (B, H, m, d, dh) -> (B, H, N, dh).
-    let out = out.view([b, h, d, m_pad, dh]).narrow(3, 0, m).transpose(2, 3).contiguous().view([b, h, m * d, dh]);
+    // Back to positions: (B, H, d, blocks·w, dv) -> (B, H, m, d, dv) -> (B, H, N, dv).
+    let out = out.view([b, h, d, m_pad, dv]).narrow(3, 0, m).transpose(2, 3).contiguous().view([b, h, m * d, dv]);
     let mut out = out.narrow(2, 0, n);
     if !globals.is_empty() {
         // Global queries see every key (up to themselves when causal): a dense row each.
