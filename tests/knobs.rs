@@ -267,3 +267,28 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
         );
     }
 }
+
+#[test]
+fn knobs_added_later_are_recorded_only_away_from_their_defaults_and_may_be_set_back_to_them() {
+    // A variant that sets a knob back to the value every earlier run had is accepted; that run's columns
+    // and config hash are those of a recipe that never named the knob.
+    let text = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, scale_embeddings: true, norm: rms_norm}\nvariants:\n  - {label: on}\n  - {label: off, transformer.scale_embeddings: false, transformer.norm: layer_norm, transformer.attention: {kv_heads: 4, qk_dim: 8, scoring: dot}}\n";
+    let recipe = parse(text, "a.yaml", "a", false).unwrap();
+    let plain = parse(&recipe_text_without_knobs(), "b.yaml", "b", false).unwrap();
+    let (on, off) = (&recipe.runs[0], &recipe.runs[1]);
+    let keys = |c: &ablate::recipe::Config| -> Vec<String> {
+        ablate::recipe::columns(c).into_iter().map(|(k, _)| k).collect()
+    };
+    assert!(keys(&on.config).contains(&"transformer.scale_embeddings".to_string()));
+    assert!(keys(&on.config).contains(&"transformer.norm".to_string()));
+    for new in ["scale_embeddings", "norm", "residual", "attention.kv_heads", "attention.qk_dim", "attention.scoring"] {
+        assert!(!keys(&off.config).contains(&format!("transformer.{new}")), "{new}");
+    }
+    assert_eq!(keys(&off.config), keys(&plain.runs[0].config));
+    assert_eq!(off.config_hash, plain.runs[0].config_hash);
+    assert_ne!(on.config_hash, off.config_hash);
+}
+
+fn recipe_text_without_knobs() -> String {
+    "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\n".into()
+}

@@ -647,7 +647,7 @@ pub fn columns(config: &Config) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     walk("", &to_value(config), &mut out);
-    out.retain(|(k, _)| reads::unread(config, k).is_none());
+    out.retain(|(k, _)| reads::unread(config, k).is_none() && !reads::silent_default(config, k));
     out
 }
 
@@ -667,7 +667,7 @@ pub fn read_value(config: &Config) -> Value {
                 }
                 !m.is_empty()
             }
-            _ => reads::unread(config, prefix).is_none(),
+            _ => reads::unread(config, prefix).is_none() && !reads::silent_default(config, prefix),
         }
     }
     let mut value = to_value(config);

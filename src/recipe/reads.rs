@@ -52,38 +52,36 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
     }
 }
 
+/// Whether `key` holds a value that leaves the model as it was before the key existed: such a key is read
+/// (and may be set, e.g. by a variant going back to the default) but recorded nowhere, so the runs made
+/// before it existed keep their `runs.csv` columns and config hashes.
+pub fn silent_default(cfg: &Config, key: &str) -> bool {
+    let t = &cfg.transformer;
+    match key {
+        "transformer.norm" => t.norm == Norm::LayerNorm,
+        "transformer.residual" => t.residual,
+        "transformer.scale_embeddings" => !t.scale_embeddings,
+        "transformer.attention.kv_heads" => t.kv_heads() == t.heads,
+        "transformer.attention.qk_dim" => t.qk_dim() == t.head_dim(),
+        "transformer.attention.scoring" => t.attention.scoring == Scoring::Dot,
+        _ => false,
+    }
+}
+
 fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<String> {
     let kind = cfg.kind;
     let t = &cfg.transformer;
     match key {
-        // New knobs at their defaults are recorded nowhere, so the runs made before they existed keep their
-        // columns and hashes.
-        "norm" if t.norm == Norm::LayerNorm => {
-            Some("layer_norm is the default (UDL §12.4's LayerNorm) and recorded nowhere".into())
-        }
-        "residual" if t.residual => Some("true is the default (UDL §12.4's residual connections) and recorded nowhere".into()),
         "pre_ln" if t.norm == Norm::None => Some(
             "places the normalisation before or after each residual addition; transformer.norm is none, so both are x + f(x)".into(),
         ),
         "final_norm" if t.norm == Norm::None => {
             Some("adds a normalisation after the last layer; transformer.norm is none".into())
         }
-        "attention.kv_heads" if t.kv_heads() == t.heads => {
-            Some("equal to transformer.heads (ordinary multi-head attention) is the default and recorded nowhere".into())
-        }
-        "attention.qk_dim" if t.qk_dim() == t.head_dim() => {
-            Some("equal to the values' width (transformer.head_dim) is the default and recorded nowhere".into())
-        }
-        "attention.scoring" if t.attention.scoring == Scoring::Dot => {
-            Some("dot is the default (UDL §12.2's dot-product scores) and recorded nowhere".into())
-        }
         "attention.kv_heads" | "attention.qk_dim" | "attention.scoring"
             if kind == Kind::Davit && !cfg.vision().attention_types.contains(&BlockKind::Spatial) =>
         {
             Some("shapes spatial attention; DaViT's channel blocks swap the roles of q, k and v and keep the plain shape, and vision.attention_types has no spatial block".into())
-        }
-        "scale_embeddings" if !t.scale_embeddings => {
-            Some("false is the default (embeddings added to positions as they are) and recorded nowhere".into())
         }
         "scale_embeddings" if kind.is_hierarchical() => Some(format!(
             "kind {kind} normalises its patch embedding (LayerNorm) before anything else, which cancels a scale"

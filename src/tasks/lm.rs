@@ -39,6 +39,28 @@ pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<(f64, f64)>
     Ok((loss / batches.len() as f64, correct / count))
 }
 
+/// Held-out loss per character (nats/char): the nats of every scored target token over the characters those
+/// tokens spell, so that models over different tokenizers (char, BPE, WordPiece) compare on the same text.
+/// Each window's characters are its decoded targets (WordPiece's decoding re-spaces words, so its count
+/// is the text as the tokenizer normalised it).
+pub fn loss_per_char(
+    model: &Gpt,
+    batches: &[(Tensor, Tensor)],
+    tokenizer: &crate::data::tokenize::TextTokenizer,
+) -> f64 {
+    let _guard = tch::no_grad_guard();
+    let (mut nats, mut chars) = (0.0, 0usize);
+    for (x, y) in batches {
+        let (_, mean) = model.loss(x, y, false);
+        nats += mean.double_value(&[]) * y.numel() as f64;
+        for row in 0..y.size()[0] {
+            let ids = Vec::<i64>::try_from(y.get(row).to_device(Device::Cpu)).expect("int64 targets");
+            chars += tokenizer.decode(&ids).chars().count();
+        }
+    }
+    nats / chars.max(1) as f64
+}
+
 /// Next-token prediction: batches from the corpus (or the copy task), evaluation on fixed held-out batches.
 struct NextTokenObjective<'a> {
     model: &'a Gpt,
@@ -115,6 +137,7 @@ impl Task for LanguageModel {
                 false,
             ),
             Metric::column("val_perplexity", "held-out perplexity", "", false).detail().no_charts(),
+            Metric::column("val_loss_per_char", "held-out loss per character", "nats/char", false).detail(),
             Metric::both(
                 "val_accuracy",
                 "val/accuracy",
@@ -213,8 +236,13 @@ impl Task for LanguageModel {
             Some(step) => format!("(no sample: training diverged at step {step})"),
         };
         drop(_autocast);
+        let per_char = match data {
+            Dataset::Text(_) if run.diverged_at.is_none() => loss_per_char(&model, &objective.val, data.tokenizer()),
+            _ => f64::NAN,
+        };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
         outcome.set("val_perplexity", outcome.get("val_loss").exp());
+        outcome.set("val_loss_per_char", per_char);
         for (k, (loss, accuracy)) in lengths {
             outcome.set(&format!("val_loss_x{k}"), loss);
             outcome.set(&format!("val_accuracy_x{k}"), accuracy);
