@@ -686,9 +686,16 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 None => variant.label.clone(),
             };
             if !time.is_empty() {
-                time_series.push(Series { label: label(ts), points: time.iter().map(|&(x, y)| (x, y, 0.0)).collect() });
-                memory_series
-                    .push(Series { label: label(ms), points: memory.iter().map(|&(x, y)| (x, y, 0.0)).collect() });
+                time_series.push(Series {
+                    label: label(ts),
+                    points: time.iter().map(|&(x, y)| (x, y, 0.0)).collect(),
+                    ..Default::default()
+                });
+                memory_series.push(Series {
+                    label: label(ms),
+                    points: memory.iter().map(|&(x, y)| (x, y, 0.0)).collect(),
+                    ..Default::default()
+                });
             }
         }
         // Analytic FLOPs of dense and (first) sparse variant, as milliseconds at the fastest measured rate:
@@ -723,8 +730,11 @@ fn plot_all(out: &Path, name: &str, spec: &ComplexitySpec, rows: &[Row]) -> Resu
                 .iter()
                 .map(|&n| (n as f64, analytic_flops(&spec.point(variant, pass, n)) / rate * 1000.0, 0.0))
                 .collect();
-            flops_series
-                .push(Series { label: format!("FLOPs ÷ {:.0} GFLOP/s, {}", rate / 1e9, variant.label), points: pts });
+            flops_series.push(Series {
+                label: format!("FLOPs ÷ {:.0} GFLOP/s, {}", rate / 1e9, variant.label),
+                points: pts,
+                ..Default::default()
+            });
         }
         if rate > 0.0 && !time_series.is_empty() {
             let title = format!("{name}: {} time against {against}", pass.name());

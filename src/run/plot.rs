@@ -55,10 +55,13 @@ fn mean_interval(values: &[f64]) -> (f64, f64) {
     (e.mean, e.half_width.unwrap_or(0.0))
 }
 
-/// One line of a chart: label and points (x, mean, half-width of the band or error bar).
+/// One line of a chart: label and points (x, mean, half-width of the band or error bar), and where the
+/// points summarise several runs, each run's own value (x, value), drawn beside its mean.
+#[derive(Default)]
 pub struct Series {
     pub label: String,
     pub points: Vec<(f64, f64, f64)>,
+    pub runs: Vec<(f64, f64)>,
 }
 
 /// Averages a metric's curve over the runs of each variant, step by step (steps every seed recorded).
@@ -87,7 +90,7 @@ pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metri
             })
             .collect();
         if !points.is_empty() {
-            out.push(Series { label: label.clone(), points });
+            out.push(Series { label: label.clone(), points, ..Default::default() });
         }
     }
     out
@@ -261,6 +264,7 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
         .map(|(k, s)| Series {
             label: s.label.clone(),
             points: s.points.iter().map(|&(x, m, sd)| (x + dodge(k), m, sd)).collect(),
+            runs: s.runs.iter().map(|&(x, v)| (x + dodge(k), v)).collect(),
         })
         .collect();
     let (mut x0, mut x1) = x_extent(&placed);
@@ -296,6 +300,7 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
                     .map(|s| Series {
                         label: s.label.clone(),
                         points: s.points.iter().filter(|p| p.0 >= from).copied().collect(),
+                        runs: s.runs.iter().filter(|p| p.0 >= from).copied().collect(),
                     })
                     .collect();
                 let (lx0, lx1) = x_extent(&late);
@@ -314,13 +319,11 @@ fn x_extent(series: &[Series]) -> (f64, f64) {
     series.iter().flat_map(|s| s.points.iter()).fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)))
 }
 
-/// Lowest and highest y of the points (band included) at x ≥ `from`.
+/// Lowest and highest y of the points (band included) and of the single runs at x ≥ `from`.
 fn y_extent(series: &[Series], from: f64) -> (f64, f64) {
-    series
-        .iter()
-        .flat_map(|s| s.points.iter())
-        .filter(|p| p.0 >= from)
-        .fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1 - p.2), hi.max(p.1 + p.2)))
+    let summaries = series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0 >= from).map(|p| (p.1 - p.2, p.1 + p.2));
+    let runs = series.iter().flat_map(|s| s.runs.iter()).filter(|p| p.0 >= from).map(|p| (p.1, p.1));
+    summaries.chain(runs).fold((f64::MAX, f64::MIN), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)))
 }
 
 /// One chart of `series` in `area`: every point inside its axes, on a logarithmic y axis (said on the axis)
@@ -357,18 +360,58 @@ fn panel(
         y1 += pad;
     }
     let y_label = if log { format!("{} (log scale)", axes.y_label) } else { axes.y_label.to_string() };
+    let rotate = rotated_categories(axes.x_categories, area.dim_in_pixel().0);
+    let x_area = match rotate {
+        Some(chars) => (chars as u32 * 7 + 40).min(260),
+        None => 45,
+    };
     let mut builder = ChartBuilder::on(area);
-    builder.caption(title, ("sans-serif", 18)).margin(12).x_label_area_size(45).y_label_area_size(80);
-    if log {
+    builder.caption(title, ("sans-serif", 18)).margin(12).x_label_area_size(x_area).y_label_area_size(80);
+    let n_cats = if rotate.is_some() { axes.x_categories.map_or(0, |c| c.len()) } else { 0 };
+    let below_axis = if log {
         let mut chart = builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
-        mesh(&mut chart, axes, &y_label)?;
+        mesh(&mut chart, axes, &y_label, rotate.is_some())?;
         draw_series(&mut chart, series, categorical)?;
+        (0..n_cats).map(|i| chart.backend_coord(&(i as f64, y0))).collect::<Vec<_>>()
     } else {
         let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1)?;
-        mesh(&mut chart, axes, &y_label)?;
+        mesh(&mut chart, axes, &y_label, rotate.is_some())?;
         draw_series(&mut chart, series, categorical)?;
+        (0..n_cats).map(|i| chart.backend_coord(&(i as f64, y0))).collect::<Vec<_>>()
+    };
+    if let (Some(_), Some(cats)) = (rotate, axes.x_categories) {
+        category_labels(area, cats, &below_axis)?;
     }
     Ok(())
+}
+
+/// Category labels written downwards from the axis, each starting just below its tick (`ticks[i]`: the
+/// backend pixel of category i on the x axis).
+fn category_labels(
+    area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
+    categories: &[String],
+    ticks: &[(i32, i32)],
+) -> Result<()> {
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    let style = TextStyle::from(("sans-serif", 14).into_font().transform(FontTransform::Rotate90))
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    let (bx, by) = area.get_base_pixel();
+    for (label, &(x, y)) in categories.iter().zip(ticks) {
+        area.draw(&Text::new(fit_label(label), (x - bx, y - by + 8), style.clone()))?;
+    }
+    Ok(())
+}
+
+/// Width of one character of a category label, in pixels (14-point sans-serif).
+const CATEGORY_CHAR_PX: u32 = 8;
+
+/// The longest category label's length when the labels, written across, would not fit beside each other
+/// in `width` pixels (they are then written upwards); `None` when they fit.
+fn rotated_categories(categories: Option<&[String]>, width: u32) -> Option<usize> {
+    let cats = categories?;
+    let longest = cats.iter().map(|c| fit_label(c).chars().count()).max().unwrap_or(0);
+    let room = width.saturating_sub(100) / (cats.len().max(1) as u32);
+    (longest as u32 * CATEGORY_CHAR_PX > room).then_some(longest)
 }
 
 type Chart<'a, Y> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>;
@@ -377,6 +420,7 @@ fn mesh<Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
     chart: &mut Chart<'_, Y>,
     axes: &Axes,
     y_label: &str,
+    rotate: bool,
 ) -> Result<()> {
     let category_label = |x: &f64| {
         let cats = axes.x_categories.unwrap_or(&[]);
@@ -391,7 +435,10 @@ fn mesh<Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
     let mut mesh = chart.configure_mesh();
     mesh.x_desc(axes.x_label).y_desc(y_label).label_style(("sans-serif", 14)).y_label_formatter(&y_number);
     let number = |x: &f64| short_number(*x);
+    let blank = |_: &f64| String::new();
     match axes.x_categories {
+        // Labels too long to sit beside each other are written downwards by `category_labels` instead.
+        Some(c) if rotate => mesh.x_labels(c.len().max(2) * 2 + 1).x_label_formatter(&blank),
         Some(c) => mesh.x_labels(c.len().max(2) * 2 + 1).x_label_formatter(&category_label),
         None => mesh.x_label_formatter(&number),
     };
@@ -420,6 +467,8 @@ fn draw_series<Y: Ranged<ValueType = f64>>(
                 }
             }
             chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 5, c.filled())))?;
+            // Every run beside its mean, so that a bimodal outcome (some seeds train, some do not) shows.
+            chart.draw_series(s.runs.iter().map(|&(x, v)| Circle::new((x + 0.05, v), 3, c.stroke_width(1))))?;
             continue;
         }
         if s.points.iter().any(|p| p.2 > 0.0) {
@@ -700,7 +749,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
                 let x = xs.iter().find(|x| x.label == y.label)?;
                 let tokens: BTreeMap<i64, f64> = x.points.iter().map(|&(s, t, _)| (s as i64, t)).collect();
                 let points = y.points.iter().filter_map(|&(s, m, sd)| Some((tokens.get(&(s as i64)).copied()?, m, sd)));
-                Some(Series { label: y.label.clone(), points: points.collect() })
+                Some(Series { label: y.label.clone(), points: points.collect(), ..Default::default() })
             })
             .collect();
         if series.is_empty() {
@@ -815,11 +864,16 @@ fn final_metric_series(
         .map(|(label, by_x)| Series {
             label,
             points: by_x
-                .into_iter()
-                .map(|(x, vs)| {
-                    let (m, half) = mean_interval(&vs);
+                .iter()
+                .map(|(&x, vs)| {
+                    let (m, half) = mean_interval(vs);
                     (x as f64, m, half)
                 })
+                .collect(),
+            runs: by_x
+                .iter()
+                .filter(|(_, vs)| vs.len() > 1)
+                .flat_map(|(&x, vs)| vs.iter().map(move |&v| (x as f64, v)))
                 .collect(),
         })
         .collect()
@@ -869,7 +923,7 @@ fn length_generalisation_chart(
                     })
                 })
                 .collect();
-            (!points.is_empty()).then(|| Series { label: label.clone(), points })
+            (!points.is_empty()).then(|| Series { label: label.clone(), points, ..Default::default() })
         })
         .collect();
     let title = format!("{name}: held-out loss at longer sequences than trained on{band}");
@@ -894,7 +948,35 @@ mod tests {
     }
 
     fn series(points: &[(f64, f64)]) -> Series {
-        Series { label: "s".into(), points: points.iter().map(|&(x, y)| (x, y, 0.0)).collect() }
+        Series { label: "s".into(), points: points.iter().map(|&(x, y)| (x, y, 0.0)).collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn every_run_of_a_final_metric_is_kept_and_inside_the_axes() {
+        let runs: Vec<BTreeMap<String, String>> =
+            [("a", "0", "2.0"), ("a", "1", "3.0"), ("a", "2", "2.1"), ("b", "0", "1.0")]
+                .iter()
+                .map(|&(v, seed, loss)| {
+                    row(&[("run_id", &format!("{v}{seed}")), ("variant", v), ("seed", seed), ("val_loss", loss)])
+                })
+                .collect();
+        let ids: Vec<String> = runs.iter().map(|r| r["run_id"].clone()).collect();
+        let s = final_metric_series(&runs, &ids, "variant", &[], "val_loss", "all");
+        assert_eq!(s.len(), 1);
+        let mut values: Vec<f64> = s[0].runs.iter().map(|p| p.1).collect();
+        values.sort_by(f64::total_cmp);
+        assert_eq!(values, vec![2.0, 2.1, 3.0], "a lone run is its own point; three seeds are three circles");
+        let (lo, hi) = y_extent(&s, f64::MIN);
+        assert!(lo <= 1.0 && hi >= 3.0);
+    }
+
+    #[test]
+    fn category_labels_are_written_downwards_only_when_they_do_not_fit_across() {
+        let short: Vec<String> = (0..4).map(|i| format!("h={i}")).collect();
+        assert_eq!(rotated_categories(Some(&short), 1000), None);
+        let long: Vec<String> = (0..9).map(|i| format!("post layer_norm + warm-up {i}")).collect();
+        assert_eq!(rotated_categories(Some(&long), 1000), Some(27));
+        assert_eq!(rotated_categories(None, 1000), None);
     }
 
     #[test]
@@ -959,6 +1041,7 @@ mod tests {
             .map(|i| Series {
                 label: format!("variant {i} with a label long enough to be cut in the legend panel"),
                 points: (0..5).map(|s| (s as f64, 1.0 + i as f64 + 1.0 / (1.0 + s as f64), 0.1)).collect(),
+                ..Default::default()
             })
             .collect();
         line_chart(&path, &many, &Axes { title: "t", x_label: "step", y_label: "loss", x_categories: None }).unwrap();
