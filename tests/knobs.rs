@@ -71,6 +71,7 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.attention.pattern.dilation", Some("2"), "transformer.attention.pattern.window: 2"),
     ("transformer.attention.pattern.global_every", Some("3"), ""),
     ("transformer.attention.pattern.global_tokens", Some("2"), ""),
+    ("transformer.attention.layer_patterns", Some("[{window: 2}, {}]"), ""),
     ("transformer.block_size", Some("24"), ""),
     ("transformer.tie_embeddings", None, ""),
     ("transformer.scale_embeddings", Some("true"), ""),
@@ -108,6 +109,8 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.attention.pattern.global_every", ""),
     (Kind::Swin, "transformer.attention.pattern.global_tokens", ""),
     (Kind::Davit, "transformer.attention.pattern.global_tokens", ""),
+    (Kind::Swin, "transformer.attention.layer_patterns", ""),
+    (Kind::Davit, "transformer.attention.layer_patterns", ""),
     (Kind::Swin, "transformer.attention.implementation", "sparse"),
     (Kind::Davit, "transformer.attention.implementation", "sparse"),
     // A LayerNorm of the patch embedding comes first in Swin and DaViT, and cancels a scale.

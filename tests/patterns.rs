@@ -161,3 +161,45 @@ fn no_token_receives_weight_from_outside_its_pattern() {
         }
     }
 }
+
+#[test]
+fn each_layer_keeps_its_own_pattern_and_the_sparse_kernel_agrees_layer_by_layer() {
+    use ablate::models::gpt::Gpt;
+    use ablate::transformer::spec::TransformerSpec;
+    // Layer 0 a window of 2, layer 1 dense, layer 2 (the list repeats) a window of 2 again.
+    let n = 12;
+    let mut spec = TransformerSpec::small(16, 3, 2, n);
+    spec.pre_ln = true;
+    spec.layer_patterns = vec![pattern(Some(2), 1, None, 0), PatternConfig::dense()];
+    let build = |implementation| {
+        tch::manual_seed(8);
+        let mut s = spec.clone();
+        s.attention.implementation = implementation;
+        let vs = nn::VarStore::new(Device::Cpu);
+        let gpt = Gpt::new(&vs.root(), &s, 13);
+        randomise(&vs);
+        (vs, gpt)
+    };
+    let (vs_explicit, explicit) = build(Implementation::Explicit);
+    let idx = Tensor::randint(13, [2, n], (Kind::Int64, Device::Cpu));
+    let (_, weights) = tch::no_grad(|| explicit.forward_with_weights(&idx, false, true));
+    assert_eq!(weights.len(), 3);
+    let window = allowed(&pattern(Some(2), 1, None, 0), n, true, Device::Cpu).unwrap();
+    for (layer, w) in weights.iter().enumerate() {
+        let outside = w.masked_select(&window.logical_not().expand_as(w)).abs().max().double_value(&[]);
+        if layer == 1 {
+            assert!(outside > 1e-4, "the dense layer attends beyond the window");
+        } else {
+            assert!(outside < 1e-12, "layer {layer} keeps its window");
+        }
+    }
+    let (mut vs_sparse, sparse) = build(Implementation::Sparse);
+    vs_sparse.copy(&vs_explicit).unwrap();
+    let before = ablate::transformer::attention::path_counts();
+    let (a, b) = tch::no_grad(|| (explicit.forward(&idx, false), sparse.forward(&idx, false)));
+    let after = ablate::transformer::attention::path_counts();
+    let (diff, scale) = ((&a - &b).abs().max().double_value(&[]), a.abs().max().double_value(&[]));
+    assert!(diff < 1e-4 * scale.max(1.0), "sparse and explicit differ by {diff} (logits up to {scale})");
+    assert_eq!(after[2] - before[2], 2, "the two windowed layers ran the sparse kernel");
+    assert!(after[0] > before[0], "the dense layer ran the fused kernel");
+}

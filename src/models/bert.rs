@@ -66,6 +66,7 @@ impl BertSpec {
             block_size: max_positions,
             tie_embeddings: true,
             scale_embeddings: false,
+            layer_patterns: Vec::new(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The recipe's `transformer:` section as the plain settings every model is built from.
-use super::schema::{Config, Kind, PatternConfig, PositionConfig};
+use super::schema::{Config, Kind, LayerPatternConfig, PatternConfig, PositionConfig};
 use crate::models::spec::{Image, ImageGptSpec, StagedSpec, VitSpec};
 use crate::transformer::spec::{AttentionSpec, Pattern, PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -11,6 +11,13 @@ impl PatternConfig {
             global_every: self.global_every,
             global_tokens: self.global_tokens,
         }
+    }
+}
+
+impl LayerPatternConfig {
+    /// This layer's pattern, with the stack's global tokens.
+    pub fn spec(&self, global_tokens: i64) -> Pattern {
+        Pattern { window: self.window, dilation: self.dilation, global_every: self.global_every, global_tokens }
     }
 }
 
@@ -58,6 +65,7 @@ impl Config {
             position: t.position.spec(t.pe),
             block_size: t.block_size,
             tie_embeddings: t.tie_embeddings,
+            layer_patterns: a.layer_patterns.iter().map(|l| l.spec(a.pattern.global_tokens)).collect(),
             scale_embeddings: t.scale_embeddings,
         }
     }

@@ -64,6 +64,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.attention.kv_heads" => t.kv_heads() == t.heads,
         "transformer.attention.qk_dim" => t.qk_dim() == t.head_dim(),
         "transformer.attention.scoring" => t.attention.scoring == Scoring::Dot,
+        "transformer.attention.layer_patterns" => t.attention.layer_patterns.is_empty(),
         _ => false,
     }
 }
@@ -112,6 +113,9 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
             Some(format!("applies to pe: t5; transformer.pe is {}", name(pe)))
         }
         k if k.starts_with("attention.pattern.") && kind.is_hierarchical() => Some(format!(
+            "a 1-D pattern restricts keys along a sequence; kind {kind} attends inside 2-D windows of vision.window × vision.window tokens (set that instead)"
+        )),
+        "attention.layer_patterns" if kind.is_hierarchical() => Some(format!(
             "a 1-D pattern restricts keys along a sequence; kind {kind} attends inside 2-D windows of vision.window × vision.window tokens (set that instead)"
         )),
         "attention.pattern.dilation" if cfg.transformer.attention.pattern.window.is_none() => {

@@ -336,6 +336,25 @@ pub struct AttentionConfig {
     /// Which keys each query may see over a 1-D sequence (dense by default).
     #[serde(default)]
     pub pattern: PatternConfig,
+    /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
+    /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
+    /// depth, `[{window: 4}, {window: 4, dilation: 5}]`. Global tokens stay the stack's (`pattern.global_tokens`).
+    pub layer_patterns: Vec<LayerPatternConfig>,
+}
+
+/// One layer's pattern in `transformer.attention.layer_patterns` (`{}`: dense).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LayerPatternConfig {
+    pub window: Option<i64>,
+    pub dilation: i64,
+    pub global_every: Option<i64>,
+}
+
+impl Default for LayerPatternConfig {
+    fn default() -> Self {
+        Self { window: None, dilation: 1, global_every: None }
+    }
 }
 
 impl Default for AttentionConfig {
@@ -349,6 +368,7 @@ impl Default for AttentionConfig {
             dropout: 0.0,
             bias: true,
             pattern: PatternConfig::default(),
+            layer_patterns: Vec::new(),
         }
     }
 }

@@ -220,12 +220,36 @@ impl Config {
             }
         }
         at_least("transformer.attention.pattern.dilation", p.dilation, 1)?;
+        let layers = &t.attention.layer_patterns;
+        if !layers.is_empty() && (p.window.is_some() || p.global_every.is_some()) {
+            return Err(invalid(
+                "transformer.attention.layer_patterns",
+                "gives every layer its pattern: set the window and global positions there, not also in transformer.attention.pattern (which keeps only global_tokens)",
+            ));
+        }
+        let key = "transformer.attention.layer_patterns";
+        for (i, l) in layers.iter().enumerate() {
+            let entry = |message: String| Err(invalid(key, format!("entry {i}: {message}")));
+            if l.window.is_some_and(|w| w < 1) || l.dilation < 1 || l.global_every.is_some_and(|e| e < 1) {
+                return entry("window, dilation and global_every must be at least 1".into());
+            }
+            match (l.window, sequence) {
+                (Some(w), Some(n)) if w.saturating_mul(l.dilation) >= n => return entry(format!(
+                    "window {w} × dilation {} covers the whole sequence of {n} tokens: use {{}} (dense) for that layer",
+                    l.dilation
+                )),
+                (None, _) if l.dilation != 1 => {
+                    return entry("a dilation spaces a window's neighbours: give the layer a window too".into())
+                }
+                _ => {}
+            }
+        }
         if let Some(e) = p.global_every {
             at_least("transformer.attention.pattern.global_every", e, 1)?;
         }
         at_least("transformer.attention.pattern.global_tokens", p.global_tokens, 0)?;
         if t.attention.implementation == Implementation::Sparse {
-            if p.window.is_none() {
+            if p.window.is_none() && layers.iter().all(|l| l.window.is_none()) {
                 return Err(invalid(
                     "transformer.attention.implementation",
                     "sparse needs a window pattern (transformer.attention.pattern.window); use fused or explicit for dense attention",

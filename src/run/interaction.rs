@@ -1,5 +1,6 @@
 //! Interaction matrices (UDL §12.9, the figure of sparse attention patterns): for each variant of a recipe,
-//! which keys each query may attend to in the first layer (first stage for Swin), computed with the functions
+//! which keys each query may attend to in the first layer, or in every layer where `layer_patterns` gives
+//! each its own (first stage for Swin), computed with the functions
 //! the models themselves use, so the figure shows what was trained rather than a drawing of the idea.
 use std::path::Path;
 
@@ -35,12 +36,21 @@ fn to_rows(t: &Tensor) -> Vec<Vec<bool>> {
 /// whose attention is not one pattern over one sequence (translate reads two sequences; DaViT alternates
 /// spatial windows with channel attention).
 pub fn run_interactions(label: &str, config: &Config) -> Vec<Interaction> {
-    let pattern = config.transformer.attention.pattern.spec();
+    let spec = config.transformer_spec();
     let sequence = |n: i64, causal: bool| {
-        let n = n + pattern.global_tokens;
-        let matrix = allowed(&pattern, n, causal, Device::Cpu)
-            .unwrap_or_else(|| Tensor::ones([n, n], (DType::Bool, Device::Cpu)));
-        vec![Interaction { label: label.to_string(), allowed: to_rows(&matrix) }]
+        // One matrix for a stack whose layers share the pattern, else one per layer (up to the depth).
+        let per_layer = !spec.layer_patterns.is_empty();
+        let layers = if per_layer { spec.layers.min(spec.layer_patterns.len() as i64).max(1) } else { 1 };
+        (0..layers)
+            .map(|i| {
+                let pattern = spec.for_layer(i).attention.pattern;
+                let n = n + pattern.global_tokens;
+                let matrix = allowed(&pattern, n, causal, Device::Cpu)
+                    .unwrap_or_else(|| Tensor::ones([n, n], (DType::Bool, Device::Cpu)));
+                let label = if per_layer { format!("{label} (layer {i})") } else { label.to_string() };
+                Interaction { label, allowed: to_rows(&matrix) }
+            })
+            .collect::<Vec<_>>()
     };
     match config.kind {
         Kind::Lm => sequence(config.transformer.block_size, true),
@@ -108,7 +118,10 @@ pub fn recipe_interactions(recipe: &Recipe) -> Vec<Interaction> {
 
 /// Whether a recipe compares attention patterns, so that its interaction figure is worth drawing.
 pub fn has_patterns(recipe: &Recipe) -> bool {
-    recipe.runs.iter().any(|r| !r.config.transformer.attention.pattern.spec().is_dense())
+    recipe.runs.iter().any(|r| {
+        let a = &r.config.transformer.attention;
+        !a.pattern.spec().is_dense() || a.layer_patterns.iter().any(|l| !l.spec(0).is_dense())
+    })
 }
 
 /// The panels side by side, allowed pairs dark; each caption gives the keys per query on average.
@@ -166,7 +179,10 @@ pub fn draw(dir: &Path, recipe: &Recipe) -> Result<()> {
     if panels.is_empty() {
         return Ok(());
     }
-    let title = format!("{}: which keys each query may attend to (first layer / stage; UDL §12.9)", recipe.name);
+    let title = format!(
+        "{}: which keys each query may attend to (every layer where they differ, else the first; first stage; UDL §12.9)",
+        recipe.name
+    );
     interaction_chart(&dir.join("interaction.png"), &panels, &title)
 }
 

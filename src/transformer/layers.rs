@@ -344,7 +344,8 @@ pub struct Stack {
     pub embedding_scale: f64,
 }
 
-/// The layers of `spec` under `vs / name / i`; layer i cross-attends when `cross(i)`.
+/// The layers of `spec` under `vs / name / i` (each with its own pattern where the spec gives one); layer i
+/// cross-attends when `cross(i)`.
 pub fn layers(
     vs: &nn::Path,
     spec: &TransformerSpec,
@@ -353,7 +354,7 @@ pub fn layers(
     init: LayerInit,
     grid: Option<Grid>,
 ) -> Vec<TransformerLayer> {
-    (0..count).map(|i| TransformerLayer::new(vs / i, spec, cross(i), init, grid)).collect()
+    (0..count).map(|i| TransformerLayer::new(vs / i, &spec.for_layer(i), cross(i), init, grid)).collect()
 }
 
 /// The stack's final norm of width `d` when `spec.final_norm`, of the spec's kind (none when the spec

@@ -314,9 +314,21 @@ pub struct TransformerSpec {
     /// The embedded tokens are multiplied by √d_model before positions are added (the Annotated
     /// Transformer's `Embeddings.forward`).
     pub scale_embeddings: bool,
+    /// A self-attention pattern per layer (layer i takes entry i mod the length); empty: every layer takes
+    /// `attention.pattern`.
+    pub layer_patterns: Vec<Pattern>,
 }
 
 impl TransformerSpec {
+    /// Layer i's settings: its own pattern where `layer_patterns` gives one.
+    pub fn for_layer(&self, i: i64) -> TransformerSpec {
+        let mut s = self.clone();
+        if !self.layer_patterns.is_empty() {
+            s.attention.pattern = self.layer_patterns[(i as usize) % self.layer_patterns.len()].clone();
+        }
+        s
+    }
+
     /// What the embedded tokens are multiplied by.
     pub fn embedding_factor(&self) -> f64 {
         if self.scale_embeddings {
@@ -343,6 +355,7 @@ impl TransformerSpec {
             block_size,
             tie_embeddings: false,
             scale_embeddings: false,
+            layer_patterns: Vec::new(),
         }
     }
 

@@ -361,6 +361,7 @@ impl MultiHeadAttention {
         let dropout = if train { self.dropout } else { 0.0 };
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
+            && self.pattern.window.is_some()
             && !want_weights
             && mask.key_padding.is_none()
             && mask.bias.is_none()
