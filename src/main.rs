@@ -220,6 +220,22 @@ enum Command {
         #[arg(long)]
         no_cache: bool,
     },
+    /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the held-out loss change
+    /// when each head is removed alone (a layer × head heatmap per checkpoint), then heads removed least
+    /// important first (the pruning curve of all of them).
+    HeadsImportance {
+        /// Checkpoints saved by kind lm runs with `train.checkpoint: true`.
+        #[arg(required = true)]
+        checkpoints: Vec<PathBuf>,
+        /// Output directory for the CSVs and PNGs.
+        #[arg(long, default_value = "heads-importance")]
+        out: PathBuf,
+        /// Held-out batches to evaluate on (default: the run's `train.eval_batches`).
+        #[arg(long)]
+        batches: Option<i64>,
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
     /// Draw per-head attention weights of a checkpoint (or of a fresh model built from a recipe) on a text.
     Attention {
         /// A checkpoint saved by a run with `train.checkpoint: true`.
@@ -437,6 +453,9 @@ fn main() -> ExitCode {
                 DecodingArg::Beam => Err(anyhow::anyhow!("--width must be at least 1")),
             };
             decoding.and_then(|d| generate_text(&checkpoint, &prompt, tokens, d, seed, &device, !no_cache))
+        }
+        Some(Command::HeadsImportance { checkpoints, out, batches, device }) => {
+            device_or_exit(&device).and_then(|d| ablate::run::heads::run(&checkpoints, &out, batches, d))
         }
         Some(Command::Attention { checkpoint, recipe, text, out, seed }) => {
             attention_map(checkpoint.as_deref(), recipe.as_deref(), &text, &out, seed)

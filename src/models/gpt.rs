@@ -97,6 +97,11 @@ impl Gpt {
         self.head(&self.stack.forward_cached(&self.token_embedding.forward(idx), &Mask::causal(), None, cache))
     }
 
+    /// The decoder's layers (to inspect them, or to mask attention heads).
+    pub fn layers(&self) -> &[crate::transformer::layers::TransformerLayer] {
+        &self.stack.layers
+    }
+
     pub fn device(&self) -> tch::Device {
         self.device
     }

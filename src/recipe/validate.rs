@@ -234,10 +234,12 @@ impl Config {
                 return entry("window, dilation and global_every must be at least 1".into());
             }
             match (l.window, sequence) {
-                (Some(w), Some(n)) if w.saturating_mul(l.dilation) >= n => return entry(format!(
+                (Some(w), Some(n)) if w.saturating_mul(l.dilation) >= n => {
+                    return entry(format!(
                     "window {w} × dilation {} covers the whole sequence of {n} tokens: use {{}} (dense) for that layer",
                     l.dilation
-                )),
+                ))
+                }
                 (None, _) if l.dilation != 1 => {
                     return entry("a dilation spaces a window's neighbours: give the layer a window too".into())
                 }

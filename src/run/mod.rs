@@ -3,6 +3,7 @@
 //! Slurm, and the benchmarks (sequence-length complexity, training-step throughput).
 pub mod bench;
 pub mod complexity;
+pub mod heads;
 pub mod interaction;
 pub mod launch;
 pub mod plot;

@@ -567,6 +567,64 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
 
 /// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
 /// with queries as rows and keys as columns. Darker is more weight (each panel scaled to its own maximum).
+/// A layer × head grid of loss changes (`values[l][h]`), each cell shaded by its value — blue where removing
+/// the head raises the loss, red where it lowers it, white at 0, relative to the largest magnitude — and
+/// labelled with the number itself.
+pub fn importance_heatmap(path: &Path, values: &[Vec<f64>], title: &str) -> Result<()> {
+    register_font();
+    let layers = values.len();
+    let heads = values.iter().map(Vec::len).max().unwrap_or(0);
+    if layers == 0 || heads == 0 {
+        return Err(anyhow!("no heads to draw"));
+    }
+    let largest = values.iter().flatten().fold(1e-12f64, |m, v| m.max(v.abs()));
+    let (cell_w, cell_h) = (90u32, 44u32);
+    let (width, height) = ((cell_w * heads as u32 + 140).max(900), cell_h * layers as u32 + 130);
+    crate::files::write_atomically_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, (width, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        root.draw(&Text::new(title.to_string(), (10, 8), ("sans-serif", 16)))?;
+        root.draw(&Text::new(
+            format!("Δ held-out loss (nats/token): blue = removing the head hurts, red = it helps; shade relative to the largest |Δ| = {largest:.4}"),
+            (10, 32),
+            ("sans-serif", 13),
+        ))?;
+        let (x0, y0) = (80i32, 70i32);
+        for (l, row) in values.iter().enumerate() {
+            let y = y0 + (l as u32 * cell_h) as i32;
+            root.draw(&Text::new(format!("layer {l}"), (10, y + cell_h as i32 / 2 - 7), ("sans-serif", 13)))?;
+            for (h, &v) in row.iter().enumerate() {
+                let x = x0 + (h as u32 * cell_w) as i32;
+                let t = (v.abs() / largest).clamp(0.0, 1.0);
+                let fade = (255.0 * (1.0 - t)) as u8;
+                let colour = if v >= 0.0 { RGBColor(fade, fade, 255) } else { RGBColor(255, fade, fade) };
+                root.draw(&Rectangle::new([(x, y), (x + cell_w as i32, y + cell_h as i32)], colour.filled()))?;
+                root.draw(&Rectangle::new(
+                    [(x, y), (x + cell_w as i32, y + cell_h as i32)],
+                    BLACK.mix(0.3).stroke_width(1),
+                ))?;
+                let ink = if t > 0.6 { WHITE } else { BLACK };
+                root.draw(&Text::new(
+                    format!("{v:+.4}"),
+                    (x + 12, y + cell_h as i32 / 2 - 7),
+                    ("sans-serif", 13).into_font().color(&ink),
+                ))?;
+            }
+        }
+        for h in 0..heads {
+            let x = x0 + (h as u32 * cell_w) as i32;
+            root.draw(&Text::new(
+                format!("head {h}"),
+                (x + 18, y0 + (layers as u32 * cell_h) as i32 + 8),
+                ("sans-serif", 13),
+            ))?;
+        }
+        root.present()?;
+        drop(root);
+        recompress_png(tmp)
+    })
+}
+
 pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Result<()> {
     register_font();
     let layers = maps.len();

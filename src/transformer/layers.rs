@@ -212,6 +212,11 @@ impl TransformerLayer {
         }
     }
 
+    /// Its self-attention unit (to inspect it, or to mask its heads).
+    pub fn self_attention(&self) -> &MultiHeadAttention {
+        &self.self_attention
+    }
+
     /// Whether this layer cross-attends to an encoder's output.
     pub fn has_cross_attention(&self) -> bool {
         self.cross.is_some()

@@ -108,6 +108,9 @@ pub struct MultiHeadAttention {
     dropout: f64,
     pattern: Pattern,
     relative: Relative,
+    /// Per-head factors (H) on the heads' outputs before they are mixed: 0 removes a head (head importance
+    /// and pruning, Michel et al. 2019). Set between evaluations, never while training.
+    head_mask: std::sync::Mutex<Option<Tensor>>,
 }
 
 /// The output of one attention call; `weights` is (B, H, N_q, N_k) when they were asked for.
@@ -198,6 +201,7 @@ impl MultiHeadAttention {
             dropout: spec.dropout,
             pattern: spec.pattern.clone(),
             relative: Relative::new(&vs, position, spec.heads, spec.qk_dim, grid),
+            head_mask: std::sync::Mutex::new(None),
         }
     }
 
@@ -205,6 +209,19 @@ impl MultiHeadAttention {
     pub fn plain(vs: nn::Path, d_model: i64, spec: &AttentionSpec, out_init_std: f64) -> Self {
         let spec = AttentionSpec { pattern: Pattern::dense(), ..spec.clone() };
         Self::new(vs, d_model, &spec, &PositionSpec::of(PositionEncoding::None), None, out_init_std)
+    }
+
+    /// Multiplies each head's output by `mask` (H: 1 keeps a head, 0 removes it) in every later call;
+    /// `None` keeps every head.
+    pub fn set_head_mask(&self, mask: Option<Tensor>) {
+        if let Some(m) = &mask {
+            assert_eq!(m.size(), vec![self.heads], "one factor per head");
+        }
+        *self.head_mask.lock().unwrap_or_else(|e| e.into_inner()) = mask;
+    }
+
+    pub fn heads(&self) -> i64 {
+        self.heads
     }
 
     /// Self-attention: queries, keys and values all come from `x` (B, N, D). `qk_add` (N, D) is added to the
@@ -404,6 +421,13 @@ impl MultiHeadAttention {
                 count(0);
                 (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scale, dropout), None)
             }
+        };
+        let heads_out = match self.head_mask.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(m) => {
+                let m = m.to(heads_out.device()).to_kind(heads_out.kind()).view([1, self.heads, 1, 1]);
+                heads_out * m
+            }
+            None => heads_out,
         };
         // Concatenate the heads and mix them with Ω_c (UDL's MhSa).
         let merged = heads_out.transpose(1, 2).contiguous().view([b, n_q, self.heads * self.head_dim]);
