@@ -66,13 +66,12 @@ pub fn head_importance(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<Head
     Ok(HeadImportance { base_loss, delta, pruning, order })
 }
 
+/// A loaded decoder, the store holding its weights, and its held-out batches.
+type LoadedDecoder = (Gpt, nn::VarStore, Vec<(Tensor, Tensor)>);
+
 /// A decoder checkpoint with its held-out batches: `eval_batches` batches of the run's own batch size and
 /// block, from the run's own data.
-fn load(
-    checkpoint: &Path,
-    eval_batches: Option<i64>,
-    device: Device,
-) -> Result<(Gpt, nn::VarStore, Vec<(Tensor, Tensor)>)> {
+fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<LoadedDecoder> {
     let (config, tokenizer) = load_description(checkpoint)?;
     if config.kind != RunKind::Lm {
         bail!(
