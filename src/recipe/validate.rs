@@ -45,6 +45,15 @@ fn open_fraction(key: &str, value: f64) -> Result<(), Invalid> {
     }
 }
 
+/// What is wrong with a window that, spaced `dilation` apart, reaches across the whole sequence of
+/// `sequence` tokens (the stack's pattern and each layer's alike); `None` when it does not, or the
+/// sequence is not one length (Swin's and DaViT's windows).
+fn covers_sequence(window: Option<i64>, dilation: i64, sequence: Option<i64>) -> Option<String> {
+    let (w, n) = (window?, sequence?);
+    (w.saturating_mul(dilation) >= n)
+        .then(|| format!("window {w} × dilation {dilation} covers the whole sequence of {n} tokens"))
+}
+
 fn at_least(key: &str, value: i64, min: i64) -> Result<(), Invalid> {
     if value < min {
         return Err(invalid(key, format!("must be at least {min}, got {value}")));
@@ -207,17 +216,12 @@ impl Config {
         };
         if let Some(w) = p.window {
             at_least("transformer.attention.pattern.window", w, 1)?;
-            if let Some(n) = sequence {
-                if w.saturating_mul(p.dilation) >= n {
-                    return Err(invalid(
-                        "transformer.attention.pattern.window",
-                        format!(
-                            "window {w} × dilation {} covers the whole sequence of {n} tokens: use dense attention (no window) instead",
-                            p.dilation
-                        ),
-                    ));
-                }
-            }
+        }
+        if let Some(covers) = covers_sequence(p.window, p.dilation, sequence) {
+            return Err(invalid(
+                "transformer.attention.pattern.window",
+                format!("{covers}: use dense attention (no window) instead"),
+            ));
         }
         at_least("transformer.attention.pattern.dilation", p.dilation, 1)?;
         let layers = &t.attention.layer_patterns;
@@ -233,17 +237,11 @@ impl Config {
             if l.window.is_some_and(|w| w < 1) || l.dilation < 1 || l.global_every.is_some_and(|e| e < 1) {
                 return entry("window, dilation and global_every must be at least 1".into());
             }
-            match (l.window, sequence) {
-                (Some(w), Some(n)) if w.saturating_mul(l.dilation) >= n => {
-                    return entry(format!(
-                    "window {w} × dilation {} covers the whole sequence of {n} tokens: use {{}} (dense) for that layer",
-                    l.dilation
-                ))
-                }
-                (None, _) if l.dilation != 1 => {
-                    return entry("a dilation spaces a window's neighbours: give the layer a window too".into())
-                }
-                _ => {}
+            if let Some(covers) = covers_sequence(l.window, l.dilation, sequence) {
+                return entry(format!("{covers}: use {{}} (dense) for that layer"));
+            }
+            if l.window.is_none() && l.dilation != 1 {
+                return entry("a dilation spaces a window's neighbours: give the layer a window too".into());
             }
         }
         if let Some(e) = p.global_every {

@@ -101,6 +101,8 @@ pub struct MultiHeadAttention {
     kv_heads: i64,
     qk_dim: i64,
     head_dim: i64,
+    /// Rows of the stacked projection for queries, keys and values (`AttentionSpec::projection_widths`).
+    widths: [i64; 3],
     /// Bahdanau's w per head (H, qk_dim), when scores are additive.
     additive: Option<Tensor>,
     scale: f64,
@@ -190,6 +192,7 @@ impl MultiHeadAttention {
         });
         Self {
             qkv: nn::linear(&vs / "qkv", d_model, spec.projection_widths().iter().sum(), lin(0.02)),
+            widths: spec.projection_widths(),
             out: nn::linear(&vs / "out", spec.inner(), d_model, lin(out_init_std)),
             heads: spec.heads,
             kv_heads: spec.kv_heads,
@@ -253,7 +256,7 @@ impl MultiHeadAttention {
 
     /// Rows of the stacked projection: queries, keys, values.
     fn widths(&self) -> [i64; 3] {
-        [self.heads * self.qk_dim, self.kv_heads * self.qk_dim, self.kv_heads * self.head_dim]
+        self.widths
     }
 
     /// The queries, keys and values of self-attention, (B, N, ·) each.
