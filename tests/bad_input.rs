@@ -71,7 +71,7 @@ const CASES: &[(&str, usize, &str)] = &[
     // Also found by cargo fuzz: YAML ends a line at a lone carriage return, and so do the line numbers.
     ("train:\r  lr: fast\r", 2, "train.lr"),
     // Keys a kind does not read are refused, naming the key, the kind and why.
-    ("vision:\n  patch_size: 4\n", 2, "vision.patch_size: the vision section is read by kind vit, swin, davit, image_gpt only; this run is kind lm"),
+    ("vision:\n  patch_size: 4\n", 2, "vision.patch_size: the vision section is read by kind vit, swin, davit, image_gpt, cnn only; this run is kind lm"),
     ("bert:\n  task: spam\n", 2, "bert.task: the bert section is read by kind bert only; this run is kind lm"),
     ("data:\n  images:\n    dataset: mnist\n", 3, "image data is for the vision kinds; this run is kind lm"),
     ("kind: vit\ntransformer:\n  block_size: 32\n", 3, "transformer.block_size: kind vit reads the image's token grid"),
@@ -117,8 +117,8 @@ const CASES: &[(&str, usize, &str)] = &[
     // BERT.
     ("kind: bert\nbert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
     ("kind: bert\nbert:\n  task: qa\n", 3, "expected one of `mlm`, `pretrain`, `spam`, `punctuation`, `locate`"),
-    ("kind: bert\nbert:\n  objective: electra\n", 3, "expected `masked` or `next_token`"),
-    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 7, "chooses the objective of task: pretrain"),
+    ("kind: bert\nbert:\n  objective: electra\n", 3, "expected one of `masked`, `masked_nsp`, `next_token`"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 7, "this fine-tuning run does not pre-train"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  eval_mask_fraction: 0\n", 6, "bert.eval_mask_fraction: must be in (0, 1), got 0"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 6, "bert.mask_fraction"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 6, "task: pretrain pre-trains for train.steps"),

@@ -22,6 +22,7 @@ fn base(kind: Kind) -> &'static str {
         Kind::ImageGpt => {
             "kind: image_gpt\ntransformer: {d_model: 32, layers: 2, heads: 4}\nvision: {patch_size: 4}\nimage_gpt: {palette: 8}\n"
         }
+        Kind::Cnn => "kind: cnn\ncnn: {channels: [4, 8]}\n",
     }
 }
 
@@ -52,6 +53,8 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.pe", Some("conv"), ""),
     ("transformer.position.at", Some("every_layer"), "transformer.pe: learned"),
     ("transformer.position.at", Some("qk"), "transformer.pe: learned"),
+    ("transformer.position.combine", Some("concat"), "transformer.pe: learned"),
+    ("transformer.position.concat_dim", Some("4"), "transformer.pe: learned, transformer.position.combine: concat"),
     ("transformer.position.rope_theta", Some("100.0"), "transformer.pe: rope"),
     ("transformer.position.rope_fraction", Some("0.5"), "transformer.pe: rope"),
     ("transformer.position.shaw_max_distance", Some("2"), "transformer.pe: shaw"),
@@ -118,10 +121,21 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.scale_embeddings", ""),
     (Kind::Swin, "transformer.position.at", ""),
     (Kind::Davit, "transformer.position.at", ""),
+    // Concatenated positions narrow the token embeddings: built for the decoders and ViT; BERT and the
+    // encoder–decoder sum (and tie) their embeddings, Swin and DaViT normalise their patch embedding.
+    (Kind::Bert, "transformer.position.combine", ""),
+    (Kind::Translate, "transformer.position.combine", ""),
+    (Kind::Swin, "transformer.position.combine", ""),
+    (Kind::Davit, "transformer.position.combine", ""),
+    (Kind::Bert, "transformer.position.concat_dim", ""),
+    (Kind::Translate, "transformer.position.concat_dim", ""),
+    (Kind::Swin, "transformer.position.concat_dim", ""),
+    (Kind::Davit, "transformer.position.concat_dim", ""),
 ];
 
 fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
-    REFUSED.iter().any(|&(k, rk, rv)| k == kind && rk == key && (rv.is_empty() || rv == value))
+    // The convolutional baseline has no Transformer: its whole section is refused.
+    kind == Kind::Cnn || REFUSED.iter().any(|&(k, rk, rv)| k == kind && rk == key && (rv.is_empty() || rv == value))
 }
 
 /// A recipe of `kind` whose single variant sets `settings` (dotted key, YAML value).

@@ -9,7 +9,9 @@ use ablate::models::imagegpt::ImageGpt;
 use ablate::models::seq2seq::{translate, Seq2Seq, Seq2SeqSpec};
 use ablate::models::spec::{Image, ImageGptSpec};
 use ablate::transformer::layers::StackCache;
-use ablate::transformer::spec::{AbsoluteAt, Implementation, Pattern, PositionEncoding, PositionSpec, TransformerSpec};
+use ablate::transformer::spec::{
+    AbsoluteAt, Combine, Implementation, Pattern, PositionEncoding, PositionSpec, TransformerSpec,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 const VOCAB: i64 = 13;
@@ -117,6 +119,11 @@ fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern
                 decoder_spec(encoding, at, Pattern::dense(), Implementation::Auto),
             ));
         }
+    }
+    for encoding in [Sinusoidal, Learned] {
+        let mut spec = decoder_spec(encoding, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
+        (spec.position.combine, spec.position.concat_dim) = (Combine::Concat, 8);
+        cases.push((format!("{encoding:?} concatenated"), spec));
     }
     for (i, (name, spec)) in cases.iter().enumerate() {
         let (_vs, model) = gpt(spec, i as i64);

@@ -176,3 +176,77 @@ fn position_encodings_tell_who_ate_whom_and_no_encoding_cannot() {
         assert!(diff > 1e-4, "{pe:?} at {at:?} cannot tell the sentences apart (difference {diff})");
     }
 }
+
+/// A stack of no layers: what it returns is its input after the positions joined it.
+fn joined_input(encoding: PositionEncoding, concat: bool, x: &Tensor, table_width: i64) -> (Tensor, Tensor) {
+    use ablate::transformer::layers::{GlobalTokens, Stack};
+    let vs = nn::VarStore::new(Device::Cpu);
+    let positions = AbsolutePositions::new(vs.root() / "position", encoding, 10, table_width);
+    let table = positions.table(x.size()[1]).unwrap();
+    let stack = Stack {
+        positions,
+        at: AbsoluteAt::Input,
+        embedding_norm: None,
+        global_tokens: GlobalTokens::new(&vs.root(), 0, 32),
+        layers: Vec::new(),
+        conv_positions: None,
+        final_norm: None,
+        dropout: 0.0,
+        embedding_scale: 1.0,
+        concat_positions: concat,
+    };
+    (stack.forward(x, &Mask::default(), None, false, false).0, table)
+}
+
+#[test]
+fn concatenated_positions_take_their_own_dimensions_and_added_ones_share_all() {
+    tch::manual_seed(0);
+    for encoding in [PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
+        // Concatenated: 24 token features, then the 8 of the position table, untouched by each other.
+        let tokens = Tensor::randn([2, 6, 24], (Kind::Float, Device::Cpu));
+        let (out, table) = joined_input(encoding, true, &tokens, 8);
+        assert_eq!(out.size(), [2, 6, 32]);
+        assert!(out.narrow(2, 0, 24).equal(&tokens), "{encoding:?}: the token part changed");
+        for b in 0..2 {
+            assert!(out.get(b).narrow(1, 24, 8).equal(&table), "{encoding:?}: the position part is not Π");
+        }
+        // Added: every dimension carries both.
+        let tokens = Tensor::randn([2, 6, 32], (Kind::Float, Device::Cpu));
+        let (out, table) = joined_input(encoding, false, &tokens, 32);
+        assert!(out.allclose(&(&tokens + &table), 0.0, 0.0, false));
+    }
+    // The sinusoid table of width P is Vaswani's formula at P (not the first P columns of the D-wide one).
+    let narrow = ablate::transformer::positions::sinusoidal_table(10, 8, Device::Cpu);
+    let expected = (3.0f64 / 10000f64.powf(2.0 / 8.0)).sin();
+    assert!((narrow.double_value(&[3, 2]) - expected).abs() < 1e-6);
+}
+
+#[test]
+fn concatenated_positions_shrink_the_token_embedding_and_the_table() {
+    let count = |extra: &str| {
+        let text = format!(
+            "kind: lm\ntransformer: {{d_model: 32, layers: 1, heads: 4, block_size: 16, pe: learned{extra}}}\n"
+        );
+        let cfg = ablate::recipe::parse(&text, "p.yaml", "p", false).unwrap().runs[0].config.clone();
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _model = ablate::tasks::task(cfg.kind).build(&cfg, &vs.root(), 50);
+        vs.trainable_variables().iter().map(|t| t.numel() as i64).sum::<i64>()
+    };
+    let added = count("");
+    let concatenated = count(", position: {combine: concat, concat_dim: 8}");
+    // Tokens: 50 × 32 → 50 × 24; positions: 16 × 32 → 16 × 8.
+    assert_eq!(added - concatenated, 50 * 8 + 16 * 24);
+    // Without a width, a quarter of d_model.
+    assert_eq!(count(", position: {combine: concat}"), concatenated);
+    for (text, message) in [
+        ("transformer: {pe: learned, position: {combine: concat, at: qk}}", "once, at the input"),
+        ("transformer: {pe: rope, position: {combine: concat}}", "transformer.pe is rope"),
+        ("transformer: {pe: learned, tie_embeddings: true, position: {combine: concat}}", "tie_embeddings: false"),
+        ("transformer: {pe: learned, position: {combine: concat, concat_dim: 128}}", "1 to 127, got 128"),
+        ("transformer: {pe: learned, position: {concat_dim: 8}}", "transformer.position.concat_dim: is the width"),
+    ] {
+        let e = ablate::recipe::parse(&format!("kind: lm\n{text}\n"), "p.yaml", "p", false).unwrap_err();
+        assert!(e.to_string().contains(message), "{text}: {e}");
+        assert_eq!(e.to_string().lines().count(), 1);
+    }
+}

@@ -169,6 +169,8 @@ impl Bert {
             final_norm: layers::final_norm(vs / "final_norm", d, t, spec.norm_eps),
             dropout: t.dropout,
             embedding_scale: t.embedding_factor(),
+            // Summed embeddings: the recipe refuses concatenated positions for this kind.
+            concat_positions: false,
         };
         Self { word, segment, stack, pooler, spec: spec.clone() }
     }

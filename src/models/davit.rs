@@ -174,4 +174,8 @@ impl ImageClassifier for Davit {
         let (x, weights) = self.features(images, train, want_weights);
         (self.head.forward(&x.mean_dim(1, false, Kind::Float)), weights)
     }
+
+    fn head(&self) -> &nn::Linear {
+        &self.head
+    }
 }

@@ -37,8 +37,10 @@ impl Gpt {
                 nn::LinearConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, bs_init: None, bias: false };
             nn::linear(vs / "lm_head", d, vocab_size, c)
         });
-        let token_embedding = nn::embedding(vs / "token_embedding", vocab_size, d, emb_cfg);
-        let positions = AbsolutePositions::new(vs / "position", spec.position.encoding, spec.block_size, d);
+        // With concatenated positions the tokens take D − P of the D dimensions and the table the rest.
+        let token_embedding = nn::embedding(vs / "token_embedding", vocab_size, spec.token_width(), emb_cfg);
+        let positions =
+            AbsolutePositions::new(vs / "position", spec.position.encoding, spec.block_size, spec.position_width());
         let global_tokens = GlobalTokens::new(vs, spec.attention.pattern.global_tokens, d);
         let stack = Stack {
             positions,
@@ -50,6 +52,7 @@ impl Gpt {
             final_norm: layers::final_norm(vs / "final_norm", d, spec, 1e-5),
             dropout: spec.dropout,
             embedding_scale: spec.embedding_factor(),
+            concat_positions: spec.concatenates_positions(),
         };
         Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }
     }

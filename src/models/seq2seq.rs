@@ -85,6 +85,8 @@ impl Seq2Seq {
             final_norm: layers::final_norm(vs / name, d, t, 1e-5),
             dropout: t.dropout,
             embedding_scale: t.embedding_factor(),
+            // Summed embeddings: the recipe refuses concatenated positions for this kind.
+            concat_positions: false,
         };
         let encoder = stack(positions.shallow_clone(), encoder_layers, "encoder_norm", "encoder_tokens");
         let decoder = stack(positions, decoder_layers, "decoder_norm", "decoder_tokens");

@@ -40,6 +40,34 @@ pub struct VitSpec {
     pub transformer: TransformerSpec,
 }
 
+/// The convolutional baseline: stages of k×k convolutions, 2×2 max-pooling between them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CnnSpec {
+    pub image: Image,
+    /// Output channels of each stage.
+    pub channels: Vec<i64>,
+    pub kernel: i64,
+}
+
+impl CnnSpec {
+    /// Side of the feature map stage `i` works on (each pooling floors half the side).
+    pub fn side(&self, i: usize) -> i64 {
+        (0..i).fold(self.image.size, |s, _| s / 2)
+    }
+
+    /// Multiply-accumulates of one forward pass on one image: the convolutions and the classifier.
+    pub fn forward_macs(&self) -> f64 {
+        let k2 = (self.kernel * self.kernel) as f64;
+        let mut inputs = self.image.channels;
+        let mut macs = 0.0;
+        for (i, &c) in self.channels.iter().enumerate() {
+            macs += (self.side(i) * self.side(i)) as f64 * (inputs * c) as f64 * k2;
+            inputs = c;
+        }
+        macs + (inputs * self.image.classes) as f64
+    }
+}
+
 /// Swin or DaViT: stages of blocks over a token grid that halves (and a width that doubles) per stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StagedSpec {

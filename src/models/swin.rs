@@ -216,4 +216,8 @@ impl ImageClassifier for Swin {
         let (x, weights) = self.features(images, train, want_weights);
         (self.head.forward(&x.mean_dim(1, false, Kind::Float)), weights)
     }
+
+    fn head(&self) -> &nn::Linear {
+        &self.head
+    }
 }

@@ -28,10 +28,12 @@ impl Vit {
         let grid = spec.grid();
         let cls_tokens = i64::from(spec.pool == Pool::Cls);
         let conv = nn::ConvConfig { stride: spec.image.patch, ..Default::default() };
-        let patch_embed = nn::conv2d(vs / "patch_embed", spec.image.channels, d, spec.image.patch, conv);
-        let cls = (spec.pool == Pool::Cls).then(|| vs.var("cls_token", &[1, 1, d], nn::Init::Const(0.0)));
+        // With concatenated positions the patches (and `<cls>`) take D − P dimensions and the table the rest.
+        let width = t.token_width();
+        let patch_embed = nn::conv2d(vs / "patch_embed", spec.image.channels, width, spec.image.patch, conv);
+        let cls = (spec.pool == Pool::Cls).then(|| vs.var("cls_token", &[1, 1, width], nn::Init::Const(0.0)));
         let tokens = grid * grid + cls_tokens;
-        let positions = AbsolutePositions::new(vs / "pos_embed", t.position.encoding, tokens, d);
+        let positions = AbsolutePositions::new(vs / "pos_embed", t.position.encoding, tokens, t.position_width());
         let globals = t.attention.pattern.global_tokens;
         let on_grid = Grid { side: grid, lead: globals + cls_tokens };
         let layers = layers::layers(&(vs / "blocks"), t, t.layers, |_| false, LayerInit::default(), Some(on_grid));
@@ -49,6 +51,7 @@ impl Vit {
             final_norm: layers::final_norm(vs / "norm", d, t, 1e-5),
             dropout: t.dropout,
             embedding_scale: t.embedding_factor(),
+            concat_positions: t.concatenates_positions(),
         };
         Self {
             patch_embed,
@@ -79,5 +82,9 @@ impl ImageClassifier for Vit {
             Pool::Mean => x.mean_dim(1, false, Kind::Float),
         };
         (self.head.forward(&pooled), weights)
+    }
+
+    fn head(&self) -> &nn::Linear {
+        &self.head
     }
 }

@@ -26,6 +26,8 @@ impl PositionConfig {
         PositionSpec {
             encoding,
             at: self.at,
+            combine: self.combine,
+            concat_dim: self.concat_dim.unwrap_or(0),
             rope_theta: self.rope_theta,
             rope_fraction: self.rope_fraction,
             shaw_max_distance: self.shaw_max_distance,
@@ -89,6 +91,12 @@ impl Config {
 
     pub fn vit_spec(&self) -> VitSpec {
         VitSpec { image: self.image(), pool: self.vision().pool, transformer: self.vision_transformer() }
+    }
+
+    /// The convolutional baseline's structure.
+    pub fn cnn_spec(&self) -> crate::models::spec::CnnSpec {
+        let c = self.cnn();
+        crate::models::spec::CnnSpec { image: self.image(), channels: c.channels.clone(), kernel: c.kernel }
     }
 
     /// Swin's or DaViT's structure.

@@ -59,7 +59,7 @@ impl RecipeError {
 struct RecipeFile {
     name: Option<String>,
     description: Option<String>,
-    /// What the runs train: lm, bert, translate, vit, swin, davit or image_gpt.
+    /// What the runs train: lm, bert, translate, vit, swin, davit, image_gpt or cnn.
     kind: Option<Kind>,
     transformer: Option<Value>,
     data: Option<Value>,
@@ -68,6 +68,7 @@ struct RecipeFile {
     translate: Option<Value>,
     vision: Option<Value>,
     image_gpt: Option<Value>,
+    cnn: Option<Value>,
     /// Dotted config key -> list of values; several keys form a grid.
     #[serde(default)]
     sweep: Mapping,
@@ -97,6 +98,7 @@ struct TypedSections {
     translate: Option<TranslateConfig>,
     vision: Option<VisionConfig>,
     image_gpt: Option<ImageGptConfig>,
+    cnn: Option<CnnConfig>,
     sweep: Option<Value>,
     variants: Option<Value>,
     seeds: Option<Value>,
@@ -104,7 +106,7 @@ struct TypedSections {
 }
 
 /// The config sections of a recipe file, in schema order.
-const SECTIONS: [&str; 7] = ["transformer", "data", "train", "bert", "translate", "vision", "image_gpt"];
+const SECTIONS: [&str; 8] = ["transformer", "data", "train", "bert", "translate", "vision", "image_gpt", "cnn"];
 
 /// One concrete run of a sweep.
 #[derive(Debug, Clone)]
@@ -325,6 +327,7 @@ pub fn parse_with(
         &parsed.translate,
         &parsed.vision,
         &parsed.image_gpt,
+        &parsed.cnn,
     ]) {
         match section {
             Some(v @ Value::Mapping(_)) => {
@@ -482,7 +485,7 @@ pub fn parse_with(
                 Some(s) => serde_yaml::from_value::<Kind>(s.value.clone())
                     .map_err(|e| at(&s.source, format!("kind: {}", explain_serde_error(&e.to_string()))))?,
                 None => parsed.kind.ok_or_else(|| {
-                    err(1, "kind: missing: say what the recipe trains (kind: lm, bert, translate, vit, swin, davit or image_gpt)".into())
+                    err(1, "kind: missing: say what the recipe trains (kind: lm, bert, translate, vit, swin, davit, image_gpt or cnn)".into())
                 })?,
             };
             let defaults = to_value(&Config::defaults(kind));
@@ -724,9 +727,11 @@ fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settin
         cap("data.max_chars", 50_000);
     }
     // Pre-training length is capped even when swept: the smoke run keeps "none" (0) apart from "some".
-    if let Some(steps) = get_path(value, "bert.pretrain_steps").and_then(Value::as_i64) {
-        if steps > 4 {
-            set_path(value, "bert.pretrain_steps", Value::from(4));
+    for key in ["bert.pretrain_steps", "vision.pretrain_steps"] {
+        if let Some(steps) = get_path(value, key).and_then(Value::as_i64) {
+            if steps > 4 {
+                set_path(value, key, Value::from(4));
+            }
         }
     }
 }

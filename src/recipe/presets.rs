@@ -56,6 +56,7 @@ pub fn preset(name: &str) -> Option<Config> {
         window: 7,
         shift: true,
         attention_types: vec![BlockKind::Spatial, BlockKind::Channel],
+        ..VisionConfig::default()
     });
     cfg.resolve();
     Some(cfg)

@@ -23,14 +23,33 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
                 .then(|| "GNMT's length penalty ranks beam hypotheses; translate.beam_width is 1 (greedy)".into())
         }),
         "image_gpt" => only(&[Kind::ImageGpt], "the image_gpt section"),
+        "cnn" => only(&[Kind::Cnn], "the cnn section"),
         "vision" => {
-            let vision = [Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt];
+            let vision = [Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt, Kind::Cnn];
             only(&vision, "the vision section").or_else(|| match rest {
+                "patch_size" => only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt], "vision.patch_size"),
                 "pool" => only(&[Kind::Vit], "vision.pool (a <cls> token or mean pooling)"),
                 "depths" => only(&[Kind::Swin, Kind::Davit], "vision.depths (blocks per stage)"),
                 "window" => only(&[Kind::Swin, Kind::Davit], "vision.window (2-D attention windows)"),
                 "shift" => only(&[Kind::Swin], "vision.shift (shifted windows)"),
                 "attention_types" => only(&[Kind::Davit], "vision.attention_types (spatial and channel blocks)"),
+                "pretrain_steps" => {
+                    only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::Cnn], "supervised pre-training of a classifier")
+                }
+                _ if rest.starts_with("pretrain_on") || rest == "pretrain_lr" => {
+                    only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::Cnn], "supervised pre-training of a classifier")
+                        .or_else(|| {
+                            (cfg.vision().pretrain_steps == 0).then(|| {
+                                "shapes the pre-training before fine-tuning, and vision.pretrain_steps is 0".to_string()
+                            })
+                        })
+                        .or_else(|| {
+                            let on = &cfg.vision().pretrain_on;
+                            (rest == "pretrain_on.path" && !on.dataset.needs_path()).then(|| {
+                                format!("vision.pretrain_on.dataset {:?} is fetched and cached; a path is for idx and cifar10", on.dataset)
+                            })
+                        })
+                }
                 _ => None,
             })
         }
@@ -42,11 +61,14 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "world_size" => (cfg.train.world_size == 1).then(|| {
                 "is set by a data-parallel launch (torchrun, srun) to its number of processes; 1 (one process) is the default and recorded nowhere".into()
             }),
-            "probe_attention" => matches!(kind, Kind::Bert | Kind::Translate).then(|| {
+            "probe_attention" => matches!(kind, Kind::Bert | Kind::Translate | Kind::Cnn).then(|| {
                 format!("attention probes are recorded for kinds lm, vit, swin, davit and image_gpt; this run is kind {kind}")
             }),
             _ => None,
         },
+        "transformer" if kind == Kind::Cnn => {
+            Some("the transformer section; kind cnn is the convolutional baseline, set its cnn section".into())
+        }
         "transformer" => transformer_key(cfg, rest, t.pe),
         _ => None,
     }
@@ -59,12 +81,15 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
     let t = &cfg.transformer;
     match key {
         "transformer.norm" => t.norm == Norm::LayerNorm,
+        "transformer.position.combine" => t.position.combine == crate::recipe::Combine::Add,
         "transformer.residual" => t.residual,
         "transformer.scale_embeddings" => !t.scale_embeddings,
         "transformer.attention.kv_heads" => t.kv_heads() == t.heads,
         "transformer.attention.qk_dim" => t.qk_dim() == t.head_dim(),
         "transformer.attention.scoring" => t.attention.scoring == Scoring::Dot,
         "transformer.attention.layer_patterns" => t.attention.layer_patterns.is_empty(),
+        "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
+        "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         _ => false,
     }
 }
@@ -99,6 +124,20 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         "tie_embeddings" if matches!(kind, Kind::Vit | Kind::Swin | Kind::Davit) => Some(format!(
             "kind {kind} predicts classes, not tokens: it has no output vocabulary to tie to an embedding"
         )),
+        "position.combine" if !pe.is_absolute() => Some(format!(
+            "says how an absolute encoding (sinusoidal, learned) joins the tokens; transformer.pe is {}",
+            name(pe)
+        )),
+        "position.combine" if !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit) => Some(format!(
+            "concatenated positions are built for kinds lm, image_gpt and vit; kind {kind} keeps x + Π"
+        )),
+        "position.concat_dim"
+            if t.position.combine != crate::recipe::Combine::Concat
+                || !pe.is_absolute()
+                || !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit) =>
+        {
+            Some("is the width of concatenated positions, and this run adds its positions (or has none to add)".into())
+        }
         "position.at" if !pe.is_absolute() => Some(format!(
             "says where an absolute encoding (sinusoidal, learned) enters; transformer.pe is {}",
             name(pe)
@@ -133,7 +172,7 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
             return Some(format!("image data is for the vision kinds; this run is kind {kind}"));
         }
         let dataset = cfg.images().dataset;
-        return (key == "images.path" && dataset.shape().is_some())
+        return (key == "images.path" && !dataset.needs_path())
             .then(|| format!("data.images.dataset {dataset:?} is fetched and cached; a path is for idx and cifar10"));
     }
     if kind.is_vision() {
@@ -166,8 +205,8 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
 fn bert_key(cfg: &Config, key: &str) -> Option<String> {
     let b = cfg.bert();
     match key {
-        "objective" if b.task != BertTask::Pretrain => Some(
-            "chooses the objective of task: pretrain (fine-tuning pre-trains by masked-LM first)".into(),
+        "objective" if !b.pretrains() => Some(
+            "chooses the pre-training objective, and this fine-tuning run does not pre-train (bert.pretrain_steps is 0)".into(),
         ),
         "pretrain_steps" | "pretrain_lr" if b.task == BertTask::Pretrain => {
             Some("task: pretrain pre-trains for train.steps at train.lr".into())

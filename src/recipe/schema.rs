@@ -6,7 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
-pub use crate::transformer::spec::{AbsoluteAt, Activation, Implementation, Norm, PositionEncoding, Scale, Scoring};
+pub use crate::transformer::spec::{
+    AbsoluteAt, Activation, Combine, Implementation, Norm, PositionEncoding, Scale, Scoring,
+};
 
 /// What a run trains: the recipe's `kind:`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -26,11 +28,14 @@ pub enum Kind {
     Davit,
     /// ImageGPT: a decoder over the pixels of a quantised image (UDL §12.10.1).
     ImageGpt,
+    /// A small convolutional network: the baseline with a locality prior that the vision Transformers
+    /// are compared with (UDL §12.10.2). Not a Transformer: it reads the `cnn` section, not `transformer`.
+    Cnn,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] =
-        [Kind::Lm, Kind::Bert, Kind::Translate, Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt];
+    pub const ALL: [Kind; 8] =
+        [Kind::Lm, Kind::Bert, Kind::Translate, Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt, Kind::Cnn];
 
     /// The name a recipe uses.
     pub fn name(self) -> &'static str {
@@ -42,12 +47,18 @@ impl Kind {
             Kind::Swin => "swin",
             Kind::Davit => "davit",
             Kind::ImageGpt => "image_gpt",
+            Kind::Cnn => "cnn",
         }
     }
 
     /// Models over images (the `vision` section and `data.images`).
     pub fn is_vision(self) -> bool {
-        matches!(self, Kind::Vit | Kind::Swin | Kind::Davit | Kind::ImageGpt)
+        matches!(self, Kind::Vit | Kind::Swin | Kind::Davit | Kind::ImageGpt | Kind::Cnn)
+    }
+
+    /// Models that map an image to class logits (trained by the classification task).
+    pub fn is_classifier(self) -> bool {
+        matches!(self, Kind::Vit | Kind::Swin | Kind::Davit | Kind::Cnn)
     }
 
     /// Image classifiers whose stages double their width (Swin, DaViT).
@@ -91,6 +102,9 @@ pub struct Config {
     /// kind image_gpt: the palette, the probe and the completions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_gpt: Option<ImageGptConfig>,
+    /// kind cnn: the convolutional stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cnn: Option<CnnConfig>,
 }
 
 impl Config {
@@ -100,7 +114,7 @@ impl Config {
     pub fn defaults(kind: Kind) -> Self {
         let mut t = TransformerConfig::default();
         let mut data = DataConfig::default();
-        let (mut bert, mut translate, mut vision, mut image_gpt) = (None, None, None, None);
+        let (mut bert, mut translate, mut vision, mut image_gpt, mut cnn) = (None, None, None, None, None);
         match kind {
             Kind::Lm => {}
             Kind::Bert => {
@@ -114,6 +128,11 @@ impl Config {
                 t.activation = Activation::Relu;
                 t.tie_embeddings = true;
                 translate = Some(TranslateConfig::default());
+            }
+            Kind::Cnn => {
+                data.images = Some(ImageDataConfig::default());
+                vision = Some(VisionConfig::default());
+                cnn = Some(CnnConfig::default());
             }
             Kind::Vit | Kind::Swin | Kind::Davit | Kind::ImageGpt => {
                 t.pre_ln = true;
@@ -142,7 +161,7 @@ impl Config {
                 vision = Some(v);
             }
         }
-        Self { kind, transformer: t, data, train: TrainConfig::default(), bert, translate, vision, image_gpt }
+        Self { kind, transformer: t, data, train: TrainConfig::default(), bert, translate, vision, image_gpt, cnn }
     }
 
     /// The kind's own section, present after loading (defaults fill it).
@@ -162,6 +181,10 @@ impl Config {
         self.image_gpt.as_ref().expect("an image_gpt run has its section (filled by Config::defaults)")
     }
 
+    pub fn cnn(&self) -> &CnnConfig {
+        self.cnn.as_ref().expect("a cnn run has its section (filled by Config::defaults)")
+    }
+
     pub fn images(&self) -> ImageDataConfig {
         self.data.images.clone().unwrap_or_default()
     }
@@ -174,6 +197,9 @@ impl Config {
         t.ffn_hidden = Some(t.ffn_hidden());
         t.head_dim = Some(t.head_dim());
         t.final_norm = Some(final_norm);
+        if t.position.combine == Combine::Concat {
+            t.position.concat_dim.get_or_insert(t.d_model / 4);
+        }
         if let Some(tr) = self.translate.as_mut() {
             tr.cross_attention_layers.get_or_insert(tr.decoder_layers);
         }
@@ -288,6 +314,11 @@ pub struct PositionConfig {
     /// Where an absolute encoding enters (UDL §12.3.1 names all three): `input`, `every_layer`, `qk`
     /// (the query and key inputs of every layer, never the values).
     pub at: AbsoluteAt,
+    /// How an absolute encoding joins the token embeddings: `add` (x + Π) or `concat` ([x ; Π], tokens
+    /// taking d_model − concat_dim dimensions).
+    pub combine: Combine,
+    /// Width of the concatenated position part (`null`: d_model / 4).
+    pub concat_dim: Option<i64>,
     /// RoPE's base wavelength θ.
     pub rope_theta: f64,
     /// Fraction of each head's dimensions RoPE rotates (the rest pass through).
@@ -303,6 +334,8 @@ impl Default for PositionConfig {
     fn default() -> Self {
         Self {
             at: AbsoluteAt::Input,
+            combine: Combine::Add,
+            concat_dim: None,
             rope_theta: 10000.0,
             rope_fraction: 1.0,
             shaw_max_distance: 16,
@@ -401,8 +434,10 @@ pub struct BertConfig {
     /// `pretrain`: the pre-training objective alone, for `train.steps`. A fine-tuning task (`spam`,
     /// `punctuation`, `locate`) trains its head for `train.steps`, after `pretrain_steps` of pre-training.
     pub task: BertTask,
-    /// The pre-training objective: `masked` (BERT's masked-LM, bidirectional attention) or `next_token`
-    /// (the same encoder and head with causal attention, predicting every next token: the GPT objective).
+    /// The pre-training objective: `masked` (BERT's masked-LM, bidirectional attention), `masked_nsp`
+    /// (masked-LM on segment pairs plus BERT's next-sentence prediction: is the second segment the text
+    /// that follows the first, or a random one?) or `next_token` (the same encoder and head with causal
+    /// attention, predicting every next token: the GPT objective).
     pub objective: PretrainObjective,
     /// Pre-training steps before fine-tuning (0: fine-tune from random weights, the baseline).
     pub pretrain_steps: i64,
@@ -443,7 +478,7 @@ impl BertConfig {
 
     /// Whether its pre-training masks tokens.
     pub fn masks(&self) -> bool {
-        self.pretrains() && self.objective == PretrainObjective::Masked
+        self.pretrains() && self.objective.masks()
     }
 }
 
@@ -481,7 +516,17 @@ pub enum BertTask {
 pub enum PretrainObjective {
     #[default]
     Masked,
+    /// Masked-LM on `<cls> A <sep> B <sep>` pairs whose B is A's continuation or (half the time) a random
+    /// span, plus the next-sentence classification of the pooled `<cls>` state (Devlin et al. 2019).
+    MaskedNsp,
     NextToken,
+}
+
+impl PretrainObjective {
+    /// Whether the objective masks tokens (and so reads the masking settings).
+    pub fn masks(self) -> bool {
+        matches!(self, PretrainObjective::Masked | PretrainObjective::MaskedNsp)
+    }
 }
 
 /// What a translation run does (UDL §12.8).
@@ -550,6 +595,13 @@ pub struct VisionConfig {
     pub shift: bool,
     /// davit: the block kinds, cycled through each stage's blocks.
     pub attention_types: Vec<BlockKind>,
+    /// Classifiers: supervised pre-training steps on `pretrain_on` before the run's own images; the head
+    /// is then drawn afresh and the whole model fine-tuned for `train.steps` (0: train from scratch).
+    pub pretrain_steps: i64,
+    /// The images of that pre-training (the same image shape and number of classes as the run's).
+    pub pretrain_on: ImageDataConfig,
+    /// Peak learning rate of that pre-training (`null`: `train.lr`).
+    pub pretrain_lr: Option<f64>,
 }
 
 impl Default for VisionConfig {
@@ -564,6 +616,9 @@ impl Default for VisionConfig {
             window: 7,
             shift: true,
             attention_types: vec![BlockKind::Spatial, BlockKind::Channel],
+            pretrain_steps: 0,
+            pretrain_on: ImageDataConfig::default(),
+            pretrain_lr: None,
         }
     }
 }
@@ -586,6 +641,24 @@ impl VisionConfig {
     /// Swin does not shift), as in timm.
     pub fn stage_window(&self, kind: Kind, i: usize) -> i64 {
         self.window.min(self.stage_grid(kind, i))
+    }
+}
+
+/// kind cnn: a small convolutional classifier. Each stage is a k×k convolution (same padding), BatchNorm
+/// and ReLU, with 2×2 max-pooling between stages; the last stage's map is averaged and a linear layer
+/// gives the classes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CnnConfig {
+    /// Output channels of each stage.
+    pub channels: Vec<i64>,
+    /// Side of every convolution's kernel (odd, so "same" padding keeps the map's size).
+    pub kernel: i64,
+}
+
+impl Default for CnnConfig {
+    fn default() -> Self {
+        Self { channels: vec![32, 64, 128], kernel: 3 }
     }
 }
 
@@ -688,6 +761,11 @@ pub enum ImageDataset {
 
 impl ImageDataset {
     /// (channels, side, classes) of the known sets; an `idx` set is checked against the model when loaded.
+    /// Sets read from a directory of files (`data.images.path`) rather than fetched and cached.
+    pub fn needs_path(self) -> bool {
+        matches!(self, ImageDataset::Idx | ImageDataset::Cifar10)
+    }
+
     pub fn shape(self) -> Option<(i64, i64, i64)> {
         match self {
             ImageDataset::FashionMnist | ImageDataset::Mnist => Some((1, 28, 10)),

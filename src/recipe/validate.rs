@@ -79,10 +79,13 @@ impl Config {
                 self.validate_images()?;
             }
         }
-        self.validate_transformer()?;
+        if self.kind != Kind::Cnn {
+            self.validate_transformer()?;
+        }
         self.validate_train()?;
         match self.kind {
             Kind::Bert => self.validate_bert(),
+            Kind::Cnn => self.validate_cnn(),
             Kind::Translate => self.validate_translate(),
             Kind::ImageGpt => self.validate_image_gpt(),
             _ => Ok(()),
@@ -118,6 +121,31 @@ impl Config {
                 ))
             }
             None => {}
+        }
+        if t.position.combine == Combine::Concat && t.pe.is_absolute() {
+            if t.position.at != AbsoluteAt::Input {
+                return Err(invalid(
+                    "transformer.position.combine",
+                    "concat joins the positions to the token embeddings once, at the input: set transformer.position.at: input",
+                ));
+            }
+            let p = t.position.concat_dim.unwrap_or(t.d_model / 4);
+            if !(1..t.d_model).contains(&p) {
+                return Err(invalid(
+                    "transformer.position.concat_dim",
+                    format!(
+                        "the position part must leave the tokens some of d_model {}: 1 to {}, got {p}",
+                        t.d_model,
+                        t.d_model - 1
+                    ),
+                ));
+            }
+            if t.tie_embeddings && matches!(kind, Kind::Lm | Kind::ImageGpt) {
+                return Err(invalid(
+                    "transformer.tie_embeddings",
+                    "with concatenated positions the token embedding is d_model − concat_dim wide and cannot be the d_model-wide output layer: set transformer.tie_embeddings: false",
+                ));
+            }
         }
         if let Some(kv) = t.attention.kv_heads {
             at_least("transformer.attention.kv_heads", kv, 1)?;
@@ -212,7 +240,7 @@ impl Config {
         let sequence = match kind {
             Kind::Lm | Kind::Bert | Kind::Translate => Some(t.block_size),
             Kind::Vit | Kind::ImageGpt => Some(self.vision().grid(kind).pow(2)),
-            Kind::Swin | Kind::Davit => None,
+            Kind::Swin | Kind::Davit | Kind::Cnn => None,
         };
         if let Some(w) = p.window {
             at_least("transformer.attention.pattern.window", w, 1)?;
@@ -500,7 +528,7 @@ impl Config {
         if v.image_size > 1 << 16 {
             return Err(invalid("vision.image_size", format!("must be at most 65536, got {}", v.image_size)));
         }
-        if kind != Kind::Davit && v.image_size % v.patch_size != 0 {
+        if !matches!(kind, Kind::Davit | Kind::Cnn) && v.image_size % v.patch_size != 0 {
             return Err(invalid(
                 "vision.patch_size",
                 format!(
@@ -553,6 +581,33 @@ impl Config {
         Ok(())
     }
 
+    /// The convolutional baseline's stages: each pooling halves the map, so every stage has one to work on.
+    fn validate_cnn(&self) -> Result<(), Invalid> {
+        let c = self.cnn();
+        if c.channels.is_empty() || c.channels.iter().any(|&n| !(1..=1 << 14).contains(&n)) {
+            return Err(invalid(
+                "cnn.channels",
+                format!("1 or more stages of 1 to 16384 channels, got {:?}", c.channels),
+            ));
+        }
+        if c.kernel < 1 || c.kernel % 2 == 0 || c.kernel > 63 {
+            return Err(invalid("cnn.kernel", format!("must be odd, 1 to 63 (same padding), got {}", c.kernel)));
+        }
+        let side = self.cnn_spec().side(c.channels.len() - 1);
+        if side < 1 {
+            return Err(invalid(
+                "cnn.channels",
+                format!(
+                    "{} stages pool a {}-pixel image to nothing: at most {}",
+                    c.channels.len(),
+                    self.vision().image_size,
+                    self.vision().image_size.ilog2() + 1
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// A vision run's images, and that the model fits them.
     fn validate_images(&self) -> Result<(), Invalid> {
         let v = self.vision();
@@ -575,6 +630,39 @@ impl Config {
             ] {
                 if want != got {
                     return Err(invalid(key, format!("{:?} images need {want}, got {got}", images.dataset)));
+                }
+            }
+        }
+        at_least("vision.pretrain_steps", v.pretrain_steps, 0)?;
+        if v.pretrain_steps > 0 {
+            let on = &v.pretrain_on;
+            if !(on.train_fraction > 0.0 && on.train_fraction <= 1.0) {
+                return Err(invalid(
+                    "vision.pretrain_on.train_fraction",
+                    format!("must be in (0, 1], got {}", on.train_fraction),
+                ));
+            }
+            at_least("vision.pretrain_on.crop_padding", on.crop_padding, 0)?;
+            if let Some(lr) = v.pretrain_lr {
+                if !(lr > 0.0 && lr.is_finite()) {
+                    return Err(invalid("vision.pretrain_lr", format!("must be positive, got {lr}")));
+                }
+            }
+            if matches!(on.dataset, ImageDataset::Idx | ImageDataset::Cifar10) && on.path.is_none() {
+                return Err(invalid(
+                    "vision.pretrain_on.path",
+                    format!("{:?} needs the directory of its files", on.dataset),
+                ));
+            }
+            if let Some((channels, size, classes)) = on.dataset.shape() {
+                if (channels, size, classes) != (v.channels, v.image_size, v.classes) {
+                    return Err(invalid(
+                        "vision.pretrain_on.dataset",
+                        format!(
+                            "{:?} has {channels}-channel {size}×{size} images of {classes} classes; the model is built for {}-channel {}×{} images of {} classes",
+                            on.dataset, v.channels, v.image_size, v.image_size, v.classes
+                        ),
+                    ));
                 }
             }
         }

@@ -74,7 +74,8 @@ pub fn run_interactions(label: &str, config: &Config) -> Vec<Interaction> {
             }
             out
         }
-        Kind::Translate | Kind::Davit => Vec::new(),
+        // A convolution has no attention pattern to draw.
+        Kind::Translate | Kind::Davit | Kind::Cnn => Vec::new(),
     }
 }
 

@@ -31,7 +31,7 @@ use crate::metrics::{self, Metric};
 use crate::models::bert::{Bert as Encoder, BertSpec};
 use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
 use crate::train::distributed::{self, sum_over_share, BatchShard};
-use crate::train::{optimise, Evaluation, Objective, StateFile};
+use crate::train::{optimise, Evaluation, Objective};
 
 pub struct Bert;
 
@@ -97,16 +97,34 @@ impl MlmHead {
 }
 
 /// The encoder with its MLM head. With `causal` set the same model is a next-token predictor: attention
-/// sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens.
+/// sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens. With
+/// `nsp` it also classifies whether a pair's second segment follows its first (BERT's next-sentence head:
+/// a linear layer on the pooled `<cls>` state).
 pub struct MaskedLm {
     pub bert: Encoder,
     head: MlmHead,
     pub causal: bool,
+    pub nsp: Option<nn::Linear>,
+}
+
+/// The two losses of a masked-LM + next-sentence batch, with what scoring needs.
+pub struct PairLoss {
+    pub mlm: Tensor,
+    pub mlm_logits: Tensor,
+    pub mlm_targets: Tensor,
+    pub nsp: Tensor,
+    /// (B, 2): not-next, next.
+    pub nsp_logits: Tensor,
 }
 
 impl MaskedLm {
     pub fn new(vs: &nn::Path, spec: &BertSpec) -> Self {
-        Self { bert: Encoder::new(&(vs / "bert"), spec), head: MlmHead::new(&(vs / "mlm"), spec), causal: false }
+        Self {
+            bert: Encoder::new(&(vs / "bert"), spec),
+            head: MlmHead::new(&(vs / "mlm"), spec),
+            causal: false,
+            nsp: None,
+        }
     }
 
     /// Logits (B, N, V) of the head at every position of `inputs` (B, N).
@@ -115,11 +133,15 @@ impl MaskedLm {
         self.head.logits(&hidden, self.bert.word_embeddings())
     }
 
-    /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M). The head
-    /// runs on the chosen positions only (15% of them): the others have no loss, so their logits would be
-    /// wasted work — the vocabulary projection is the head's largest matmul.
+    /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M).
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
         let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
+        self.predicted_loss(&hidden, targets)
+    }
+
+    /// The head runs on the chosen positions only (15% of them): the others have no loss, so their logits
+    /// would be wasted work — the vocabulary projection is the head's largest matmul.
+    fn predicted_loss(&self, hidden: &Tensor, targets: &Tensor) -> (Tensor, Tensor, Tensor) {
         let d = hidden.size()[2];
         let flat_targets = targets.reshape([-1]);
         let chosen = flat_targets.ne(IGNORE).nonzero().squeeze_dim(1);
@@ -127,6 +149,24 @@ impl MaskedLm {
         let targets = flat_targets.index_select(0, &chosen);
         let logits = self.head.logits(&picked, self.bert.word_embeddings()).to_kind(Kind::Float);
         (logits.cross_entropy_for_logits(&targets), logits, targets)
+    }
+
+    /// Masked-LM and next-sentence losses of segment pairs `inputs` (B, N) with their `segments` (B, N) and
+    /// whether each second segment follows its first, `follows` (B) int64 1 / 0. Needs the `nsp` head.
+    pub fn pair_loss(
+        &self,
+        inputs: &Tensor,
+        segments: &Tensor,
+        targets: &Tensor,
+        follows: &Tensor,
+        train: bool,
+    ) -> PairLoss {
+        let nsp_head = self.nsp.as_ref().expect("pair_loss needs the next-sentence head");
+        let hidden = self.bert.forward_with(inputs, Some(segments), None, false, train);
+        let (mlm, mlm_logits, mlm_targets) = self.predicted_loss(&hidden, targets);
+        let nsp_logits = nsp_head.forward(&self.bert.pooled(&hidden)).to_kind(Kind::Float);
+        let nsp = nsp_logits.cross_entropy_for_logits(follows);
+        PairLoss { mlm, mlm_logits, mlm_targets, nsp, nsp_logits }
     }
 }
 
@@ -142,6 +182,46 @@ fn framed_windows(ids: &Tensor, starts: &Tensor, block: i64, s: Specials) -> Ten
     Tensor::cat(&[cls, rows, sep], 1)
 }
 
+/// Lengths of a pair's two segments in a block: `<cls> A <sep> B <sep>` with A the shorter half.
+pub fn segment_lengths(block: i64) -> (i64, i64) {
+    let inner = block - 3;
+    (inner / 2, inner - inner / 2)
+}
+
+/// BERT's next-sentence pairs from the corpus `ids`: `<cls> A <sep> B <sep>` filling `block` positions,
+/// A read from each of `starts`, B from where A ends when `follows` (bool) is true, else from
+/// `random_starts`. Returns the token ids (B, N) and the segment ids (B, N): 0 through the first `<sep>`,
+/// 1 after it. (BERT cuts at sentence boundaries of documents; here a segment is a span of the corpus.)
+pub fn sentence_pairs(
+    ids: &Tensor,
+    starts: &Tensor,
+    random_starts: &Tensor,
+    follows: &Tensor,
+    block: i64,
+    s: Specials,
+) -> (Tensor, Tensor) {
+    let (first, second) = segment_lengths(block);
+    let b = starts.size()[0];
+    let span = |from: &Tensor, len: i64| {
+        let idx = from.unsqueeze(1) + Tensor::arange(len, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        ids.index_select(0, &idx.view([-1])).view([b, len])
+    };
+    let second_starts = (starts + first).where_self(follows, random_starts);
+    let special = |id: i64| Tensor::full([b, 1], id, (Kind::Int64, Device::Cpu));
+    let tokens = Tensor::cat(
+        &[special(s.cls), span(starts, first), special(s.sep), span(&second_starts, second), special(s.sep)],
+        1,
+    );
+    let segments = Tensor::cat(
+        &[
+            Tensor::zeros([b, first + 2], (Kind::Int64, Device::Cpu)),
+            Tensor::ones([b, second + 1], (Kind::Int64, Device::Cpu)),
+        ],
+        1,
+    );
+    (tokens, segments)
+}
+
 /// Next-token targets of windows (B, N): position i predicts token i + 1; the last position and special
 /// targets (the closing `<sep>`) are `IGNORE`, so both objectives predict ordinary tokens only.
 pub fn next_token_targets(windows: &Tensor, first_ordinary: i64) -> Tensor {
@@ -150,12 +230,22 @@ pub fn next_token_targets(windows: &Tensor, first_ordinary: i64) -> Tensor {
     next.where_self(&next.ge(first_ordinary), &next.full_like(IGNORE))
 }
 
-/// Pre-training on the corpus: masked-LM, or next-token prediction with the same encoder and head.
+/// A batch of pre-training: inputs (B, N), targets (B, N) (`IGNORE` where nothing is predicted), and for
+/// next-sentence prediction the segment ids (B, N) and whether each second segment follows (B, int64).
+pub struct PretrainBatch {
+    inputs: Tensor,
+    targets: Tensor,
+    pairs: Option<(Tensor, Tensor)>,
+}
+
+/// Pre-training on the corpus: masked-LM (on single windows, or on segment pairs with next-sentence
+/// prediction), or next-token prediction with the same encoder and head.
 struct Pretraining<'a> {
     model: &'a MaskedLm,
     data: &'a TextData,
-    /// Fixed held-out (inputs, targets): the masking is drawn once, so every evaluation scores the same.
-    val: Vec<(Tensor, Tensor)>,
+    /// Fixed held-out batches: the masking (and the pairing) is drawn once, so every evaluation scores the
+    /// same.
+    val: Vec<PretrainBatch>,
     cfg: &'a BertConfig,
     specials: Specials,
     vocab: i64,
@@ -165,52 +255,127 @@ struct Pretraining<'a> {
 }
 
 impl Pretraining<'_> {
-    /// Inputs and targets of windows, masking `fraction` of the tokens for the masked objective.
-    fn inputs_and_targets(&self, windows: &Tensor, fraction: f64) -> (Tensor, Tensor) {
+    /// `count` examples of `ids` read from `starts` (next-sentence pairs take their random second segments
+    /// from `random_starts`, where `follows` is false), with `fraction` of the tokens masked.
+    fn batch(
+        &self,
+        ids: &Tensor,
+        starts: &Tensor,
+        random_starts: &Tensor,
+        follows: &Tensor,
+        fraction: f64,
+    ) -> PretrainBatch {
+        let (windows, segments) = match self.cfg.objective {
+            PretrainObjective::MaskedNsp => {
+                let (w, s) = sentence_pairs(ids, starts, random_starts, follows, self.block, self.specials);
+                (w, Some(s))
+            }
+            _ => (framed_windows(ids, starts, self.block, self.specials), None),
+        };
         let (x, y) = match self.cfg.objective {
-            PretrainObjective::Masked => {
+            PretrainObjective::Masked | PretrainObjective::MaskedNsp => {
                 let eligible = windows.ge(self.specials.first_ordinary);
-                mask_tokens(windows, &eligible, fraction, self.cfg.replace_rule, self.specials, self.vocab)
+                mask_tokens(&windows, &eligible, fraction, self.cfg.replace_rule, self.specials, self.vocab)
             }
             PretrainObjective::NextToken => {
-                (windows.shallow_clone(), next_token_targets(windows, self.specials.first_ordinary))
+                (windows.shallow_clone(), next_token_targets(&windows, self.specials.first_ordinary))
             }
         };
-        (x.to_device(self.device), y.to_device(self.device))
+        let pairs = segments.map(|s| (s.to_device(self.device), follows.to_kind(Kind::Int64).to_device(self.device)));
+        PretrainBatch { inputs: x.to_device(self.device), targets: y.to_device(self.device), pairs }
     }
 
-    /// Tokens that carry loss per window: the chosen fraction of the ordinary ones, or all of them.
-    fn predicted_per_window(&self) -> f64 {
-        let ordinary = (self.block - 2) as f64;
+    /// Corpus tokens an example reads from its start (a pair's second segment may come from elsewhere).
+    fn example_span(&self) -> i64 {
         match self.cfg.objective {
-            PretrainObjective::Masked => ordinary * self.cfg.mask_fraction,
-            PretrainObjective::NextToken => ordinary,
+            PretrainObjective::MaskedNsp => self.block - 3,
+            _ => self.block - 2,
         }
+    }
+
+    /// The fixed held-out batches: `count` examples evenly spaced over `ids`, in batches of `batch`, half
+    /// of the pairs (alternately) with a random second segment.
+    fn held_out(&self, ids: &Tensor, count: i64, batch: i64, fraction: f64) -> Vec<PretrainBatch> {
+        let span = ids.numel() as i64 - self.example_span();
+        let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
+        let follows: Vec<bool> = (0..count).map(|i| i % 2 == 0).collect();
+        let (starts, follows) = (Tensor::from_slice(&starts), Tensor::from_slice(&follows));
+        let (_, second) = segment_lengths(self.block);
+        let random = Tensor::randint(ids.numel() as i64 - second, [count], (Kind::Int64, Device::Cpu));
+        let chunk = |t: &Tensor| t.split(batch, 0);
+        let (starts, random, follows) = (chunk(&starts), chunk(&random), chunk(&follows));
+        (0..starts.len()).map(|i| self.batch(ids, &starts[i], &random[i], &follows[i], fraction)).collect()
+    }
+
+    /// Tokens that carry masked-LM or next-token loss per example: the chosen fraction of the ordinary
+    /// ones, or all of them.
+    fn predicted_per_window(&self) -> f64 {
+        predicted_per_example(self.cfg, self.block)
+    }
+}
+
+/// Tokens that carry the pre-training head's loss per example of `block` tokens.
+fn predicted_per_example(b: &BertConfig, block: i64) -> f64 {
+    match b.objective {
+        PretrainObjective::Masked => (block - 2) as f64 * b.mask_fraction,
+        PretrainObjective::MaskedNsp => (block - 3) as f64 * b.mask_fraction,
+        PretrainObjective::NextToken => (block - 2) as f64,
     }
 }
 
 impl Objective for Pretraining<'_> {
     fn training_loss(&self, shard: &BatchShard) -> Tensor {
         let n = self.data.train.numel() as i64;
-        let starts = Tensor::randint(n - self.block, [shard.global(self.batch)], (Kind::Int64, Device::Cpu));
-        let windows = framed_windows(&self.data.train, &starts, self.block, self.specials);
-        let (x, y) = self.inputs_and_targets(&windows, self.cfg.mask_fraction);
-        let [x, y] = shard.take([x, y]);
-        self.model.loss(&x, &y, true).0
+        let g = shard.global(self.batch);
+        let starts = Tensor::randint(n - self.example_span(), [g], (Kind::Int64, Device::Cpu));
+        let (random, follows) = if self.cfg.objective == PretrainObjective::MaskedNsp {
+            let (_, second) = segment_lengths(self.block);
+            let random = Tensor::randint(n - second, [g], (Kind::Int64, Device::Cpu));
+            (random, Tensor::rand([g], (Kind::Float, Device::Cpu)).lt(0.5))
+        } else {
+            (starts.shallow_clone(), starts.ones_like().to_kind(Kind::Bool))
+        };
+        let batch = self.batch(&self.data.train, &starts, &random, &follows, self.cfg.mask_fraction);
+        match batch.pairs {
+            Some((segments, follows)) => {
+                let [x, y, s, f] = shard.take([batch.inputs, batch.targets, segments, follows]);
+                let l = self.model.pair_loss(&x, &s, &y, &f, true);
+                l.mlm + l.nsp
+            }
+            None => {
+                let [x, y] = shard.take([batch.inputs, batch.targets]);
+                self.model.loss(&x, &y, true).0
+            }
+        }
     }
 
     fn evaluate(&self, step: i64) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let [loss, correct, count] = sum_over_share(&self.val, |(x, y)| {
-            let (l, logits, targets) = self.model.loss(x, y, false);
+        let count = |t: &Tensor| t.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+        let [loss, correct, predicted, nsp_loss, nsp_correct, pairs] = sum_over_share(&self.val, |b| {
+            let (l, logits, targets, nsp) = match &b.pairs {
+                Some((segments, follows)) => {
+                    let p = self.model.pair_loss(&b.inputs, segments, &b.targets, follows, false);
+                    let pairs = follows.size()[0] as f64;
+                    let right = count(&p.nsp_logits.argmax(-1, false).eq_tensor(follows));
+                    (p.mlm, p.mlm_logits, p.mlm_targets, [p.nsp.double_value(&[]) * pairs, right, pairs])
+                }
+                None => {
+                    let (l, logits, targets) = self.model.loss(&b.inputs, &b.targets, false);
+                    (l, logits, targets, [0.0; 3])
+                }
+            };
             let n = targets.size()[0] as f64;
-            let right = logits.argmax(-1, false).eq_tensor(&targets);
-            [l.double_value(&[]) * n, right.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]), n]
+            let right = count(&logits.argmax(-1, false).eq_tensor(&targets));
+            [l.double_value(&[]) * n, right, n, nsp[0], nsp[1], nsp[2]]
         })?;
-        let (loss, accuracy) = (loss / count, correct / count);
+        let (loss, accuracy) = (loss / predicted, correct / predicted);
         let mut e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
-        if self.cfg.objective == PretrainObjective::Masked {
+        if self.cfg.objective.masks() {
             e = e.with("val/mlm_loss", loss).with("val/mlm_accuracy", accuracy);
+        }
+        if pairs > 0.0 {
+            e = e.with("val/nsp_loss", nsp_loss / pairs).with("val/nsp_accuracy", nsp_correct / pairs);
         }
         // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count), by all
         // data-parallel processes.
@@ -477,17 +642,6 @@ impl Objective for Locating<'_> {
     }
 }
 
-/// The state file of a run's pre-training phase, next to the run's own.
-fn pretrain_state(state: Option<&StateFile>) -> Option<StateFile> {
-    state.map(|s| StateFile {
-        path: s.path.with_file_name(
-            s.path.file_name().map(|n| n.to_string_lossy().replace(".state.", ".pretrain.state.")).unwrap_or_default(),
-        ),
-        config_hash: s.config_hash.clone(),
-        world_size: s.world_size,
-    })
-}
-
 /// Copies a checkpoint's encoder weights (`bert.*`, and the MLM head when present) into `vs`.
 pub fn init_from(vs: &nn::VarStore, path: &Path) -> Result<()> {
     let stored: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(path)
@@ -539,6 +693,9 @@ pub fn build_model(vs: &nn::Path, cfg: &Config, vocab: i64) -> (MaskedLm, TaskHe
     let spec = BertSpec::new(cfg.transformer_spec(), vocab);
     let mut mlm = MaskedLm::new(vs, &spec);
     mlm.causal = b.objective == PretrainObjective::NextToken;
+    if b.pretrains() && b.objective == PretrainObjective::MaskedNsp {
+        mlm.nsp = Some(nn::linear(vs / "nsp", spec.transformer.d_model, 2, Default::default()));
+    }
     let (task, hidden, dropout) = (vs / "task", spec.transformer.d_model, spec.transformer.dropout);
     let head = match b.task {
         BertTask::Pretrain => TaskHead::None,
@@ -627,6 +784,23 @@ impl Task for Bert {
                     .detail()
                     .no_charts(),
             ],
+            (BertTask::Pretrain, PretrainObjective::MaskedNsp) => vec![
+                Metric::both(
+                    "val_loss",
+                    "val/loss",
+                    "held-out masked-LM loss (on segment pairs)",
+                    "nats/masked token",
+                    false,
+                ),
+                Metric::both("val_accuracy", "val/accuracy", "held-out masked-token accuracy", "", true),
+                Metric::both("mlm_loss", "val/mlm_loss", "held-out masked-LM loss", "nats/masked token", false)
+                    .detail(),
+                Metric::both("mlm_accuracy", "val/mlm_accuracy", "held-out masked-token accuracy", "", true)
+                    .detail()
+                    .no_charts(),
+                Metric::both("nsp_loss", "val/nsp_loss", "held-out next-sentence loss", "nats/pair", false).detail(),
+                Metric::both("nsp_accuracy", "val/nsp_accuracy", "held-out next-sentence accuracy", "", true),
+            ],
             (BertTask::Pretrain, PretrainObjective::NextToken) => vec![
                 Metric::both("val_loss", "val/loss", "held-out next-token loss", "nats/token", false),
                 Metric::both("val_accuracy", "val/accuracy", "held-out next-token accuracy", "", true),
@@ -666,6 +840,15 @@ impl Task for Bert {
                         "nats/masked token",
                         false,
                     ));
+                    if b.objective == PretrainObjective::MaskedNsp {
+                        m.push(Metric::column("nsp_accuracy", "next-sentence accuracy after pre-training", "", true));
+                        m.push(Metric::curve(
+                            "pretrain_val/nsp_accuracy",
+                            "next-sentence held-out accuracy during pre-training",
+                            "",
+                            true,
+                        ));
+                    }
                 }
                 m
             }
@@ -752,12 +935,7 @@ fn encoder_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
 /// only.
 fn head_flops_per_token(cfg: &Config, vocab: i64) -> f64 {
     let (b, t) = (cfg.bert(), &cfg.transformer);
-    let ordinary = (t.block_size - 2) as f64;
-    let predicted = match b.objective {
-        PretrainObjective::Masked => ordinary * b.mask_fraction,
-        PretrainObjective::NextToken => ordinary,
-    };
-    6.0 * predicted / t.block_size as f64 * (vocab * t.d_model) as f64
+    6.0 * predicted_per_example(b, t.block_size) / t.block_size as f64 * (vocab * t.d_model) as f64
 }
 
 /// Trains a BERT run: the pre-training objective on `data` (the whole run for `task: pretrain`, else
@@ -784,20 +962,13 @@ fn train_bert(
     if let Some(path) = b.init_from_path(results_root) {
         init_from(&vs, &path)?;
     }
-    // Held-out windows, evenly spaced, masked once with a fixed seed.
-    tch::manual_seed(0x3a5c);
-    let count = t.eval_batches * t.global_batch();
-    let span = data.val.numel() as i64 - block;
-    let starts: Vec<i64> = (0..count).map(|i| i * span / count.max(1)).collect();
-    let val_windows = framed_windows(&data.val, &Tensor::from_slice(&starts), block, specials);
+    // Held-out examples, evenly spaced, masked (and paired) once with a fixed seed.
     let mut pretraining =
         Pretraining { model: &mlm, data, val: Vec::new(), cfg: b, specials, vocab, batch: t.batch_size, block, device };
+    tch::manual_seed(0x3a5c);
     let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
-    pretraining.val = val_windows
-        .split(t.global_batch(), 0)
-        .iter()
-        .map(|w| pretraining.inputs_and_targets(w, eval_fraction))
-        .collect();
+    pretraining.val =
+        pretraining.held_out(&data.val, t.eval_batches * t.global_batch(), t.global_batch(), eval_fraction);
     tch::manual_seed(t.seed as i64);
 
     let (mut tokens_seen, mut train_time) = (0i64, 0.0);
@@ -813,7 +984,14 @@ fn train_bert(
         if b.pretrain_steps > 0 {
             let pre = crate::recipe::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
             let mut quiet = |_: i64, _: f64| {};
-            let mut run = optimise(&pre, &pretraining, &mut vs, device, &mut quiet, pretrain_state(state).as_ref())?;
+            let mut run = optimise(
+                &pre,
+                &pretraining,
+                &mut vs,
+                device,
+                &mut quiet,
+                state.map(|s| s.for_phase("pretrain")).as_ref(),
+            )?;
             for c in run.curves.iter_mut() {
                 c.split = format!("pretrain_{}", c.split);
             }
@@ -877,9 +1055,12 @@ fn train_bert(
     let metrics = task.metrics(cfg);
     let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &metrics);
     // A fine-tuning run's masked-LM columns: its pre-training's last held-out evaluation.
-    if let Some(e) = pretrained_eval.filter(|_| b.objective == PretrainObjective::Masked) {
+    if let Some(e) = pretrained_eval.filter(|_| b.objective.masks()) {
         outcome.set("mlm_loss", e.get("val/mlm_loss"));
         outcome.set("mlm_accuracy", e.get("val/mlm_accuracy"));
+        if b.objective == PretrainObjective::MaskedNsp {
+            outcome.set("nsp_accuracy", e.get("val/nsp_accuracy"));
+        }
     }
     Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })
 }

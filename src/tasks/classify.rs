@@ -1,4 +1,4 @@
-//! kinds vit, swin, davit: an image classifier trained by cross-entropy on (augmented) training batches,
+//! kinds vit, swin, davit and cnn: an image classifier trained by cross-entropy on (augmented) training batches,
 //! with test loss and accuracy at every evaluation, through the same optimisation loop as every kind.
 use anyhow::Result;
 use std::time::Instant;
@@ -7,6 +7,7 @@ use tch::{nn, Device, Kind as DType, Tensor};
 use super::{Built, DataCache, RunContext, Task, Trained};
 use crate::data::images::ImageTask;
 use crate::metrics::{self, Metric};
+use crate::models::cnn::Cnn;
 use crate::models::davit::Davit;
 use crate::models::spec::Image;
 use crate::models::swin::Swin;
@@ -26,20 +27,27 @@ pub fn images_key(cfg: &Config) -> String {
     serde_yaml::to_string(&cfg.images()).unwrap_or_default()
 }
 
-/// The classifier of a vit, swin or davit run.
+/// The classifier of a vit, swin, davit or cnn run.
 pub fn classifier(cfg: &Config, vs: &nn::Path) -> Box<dyn ImageClassifier> {
     match cfg.kind {
         Kind::Vit => Box::new(Vit::new(vs, &cfg.vit_spec())),
         Kind::Swin => Box::new(Swin::new(vs, &cfg.staged_spec())),
         Kind::Davit => Box::new(Davit::new(vs, &cfg.staged_spec())),
+        Kind::Cnn => Box::new(Cnn::new(vs, &cfg.cnn_spec())),
         other => unreachable!("kind {other} is not an image classifier (tasks::task routes it elsewhere)"),
     }
+}
+
+/// The image set a classifier's pre-training reads.
+fn pretrain_key(cfg: &Config) -> String {
+    serde_yaml::to_string(&cfg.vision().pretrain_on).unwrap_or_default()
 }
 
 /// Analytic multiply-accumulates of one forward pass on one image.
 pub fn forward_macs(cfg: &Config) -> f64 {
     match cfg.kind {
         Kind::Vit => cfg.vit_spec().forward_macs(),
+        Kind::Cnn => cfg.cnn_spec().forward_macs(),
         _ => cfg.staged_spec().forward_macs(),
     }
 }
@@ -100,15 +108,31 @@ impl Task for Classification {
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
         }
+        if cfg.vision().pretrain_steps > 0 {
+            m.push(Metric::column(
+                "pretrain_accuracy",
+                "test accuracy on the pre-training images, before fine-tuning",
+                "",
+                true,
+            ));
+            m.push(Metric::curve("pretrain_val/accuracy", "test accuracy during pre-training", "", true));
+        }
         m.extend(metrics::optimisation("nats/image"));
-        m.extend(metrics::cost("patch tokens/s", cfg.train.world_size));
+        let tokens = if cfg.kind == Kind::Cnn { "pixels/s" } else { "patch tokens/s" };
+        m.extend(metrics::cost(tokens, cfg.train.world_size));
         m
     }
 
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
         let images = cfg.images();
         let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
-        task.check_model(&cfg.image())
+        task.check_model(&cfg.image())?;
+        if cfg.vision().pretrain_steps > 0 {
+            let on = &cfg.vision().pretrain_on;
+            let source = DataCache::get_or_load(&mut data.images, pretrain_key(cfg), || ImageTask::load(on))?;
+            source.check_model(&cfg.image())?;
+        }
+        Ok(())
     }
 
     fn vocab(&self, _cfg: &Config, _data: &DataCache) -> Result<i64> {
@@ -123,15 +147,17 @@ impl Task for Classification {
         (2.0 * forward_macs(cfg), "image".into())
     }
 
-    /// Evaluation uses the first `eval_batches × 500` test images (all 10,000 at 20 batches).
+    /// Evaluation uses the first `eval_batches × 500` test images (all 10,000 at 20 batches). With
+    /// `vision.pretrain_steps`, the model first trains on `vision.pretrain_on` (evaluated on its test
+    /// images), then its head is drawn afresh and the whole model fine-tuned on the run's images.
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let task = DataCache::loaded(&data.images, &images_key(cfg))?;
-        let (t, device) = (&cfg.train, ctx.device);
+        let (t, device, v) = (&cfg.train, ctx.device, cfg.vision());
         tch::manual_seed(t.seed as i64);
         let started = Instant::now();
         let mut vs = nn::VarStore::new(device);
         let model = classifier(cfg, &vs.root());
-        let objective = Classifying {
+        let objective = |task| Classifying {
             model: model.as_ref(),
             task,
             test: task.test_batches(t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
@@ -139,13 +165,43 @@ impl Task for Classification {
             device,
             probe_attention: t.probe_attention,
         };
-        let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
-        let images_per_s = (run.steps_done * t.global_batch()) as f64 / run.train_time.max(1e-9);
-        let grid = cfg.vision().grid(cfg.kind);
+        let (mut curves, mut pretrain_accuracy, mut pretrain_time, mut pretrain_steps) = (Vec::new(), None, 0.0, 0);
+        if v.pretrain_steps > 0 {
+            let source = DataCache::loaded(&data.images, &pretrain_key(cfg))?;
+            let lr = v.pretrain_lr.unwrap_or(t.lr);
+            let phase = crate::recipe::TrainConfig { steps: v.pretrain_steps, lr, ..t.clone() };
+            let mut quiet = |_: i64, _: f64| {};
+            let state = ctx.state.map(|s| s.for_phase("pretrain"));
+            let mut run = optimise(&phase, &objective(source), &mut vs, device, &mut quiet, state.as_ref())?;
+            for c in run.curves.iter_mut() {
+                c.split = format!("pretrain_{}", c.split);
+            }
+            if run.diverged_at.is_some() {
+                // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
+                (ctx.progress)(t.steps, run.last_loss);
+                let outcome = run.into_outcome(started, 0.0, 0.0, device, t.precision, &self.metrics(cfg));
+                return Ok(Trained { outcome, vs, tokenizer: None });
+            }
+            pretrain_accuracy = Some(run.final_eval.get("val/accuracy"));
+            (pretrain_time, pretrain_steps) = (run.train_time, run.steps_done);
+            curves.append(&mut run.curves);
+            // A new head: the pre-training's classes are not the run's (even when they have the same count).
+            crate::models::redraw(model.head());
+        }
+        let mut run = optimise(t, &objective(task), &mut vs, device, ctx.progress, ctx.state)?;
+        curves.append(&mut run.curves);
+        run.curves = curves;
+        let images = ((run.steps_done + pretrain_steps) * t.global_batch()) as f64;
+        let images_per_s = images / (run.train_time + pretrain_time).max(1e-9);
+        // A convolution reads every pixel.
+        let grid = if cfg.kind == Kind::Cnn { v.image_size } else { v.grid(cfg.kind) };
         let model_flops = images_per_s * 6.0 * forward_macs(cfg);
         // Tokens are the first stage's patches.
         let tokens_per_s = images_per_s * (grid * grid) as f64;
-        let outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
+        let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
+        if let Some(accuracy) = pretrain_accuracy {
+            outcome.set("pretrain_accuracy", accuracy);
+        }
         Ok(Trained { outcome, vs, tokenizer: None })
     }
 }

@@ -41,7 +41,29 @@ fn sequence(cfg: &Config) -> (f64, f64) {
             let side = v.grid(cfg.kind) as f64;
             (side * side, (v.window * v.window) as f64)
         }
+        // A convolution's positions are the pixels; nothing attends.
+        Kind::Cnn => {
+            let side = cfg.vision.clone().unwrap_or_default().image_size as f64;
+            (side * side, 0.0)
+        }
     }
+}
+
+/// The convolutional baseline: its state, and per example each stage's map kept three times (the
+/// convolution's output, the normalised one, the ReLU's) and the input.
+fn cnn_bytes(cfg: &Config) -> f64 {
+    let spec = cfg.cnn_spec();
+    let k2 = (spec.kernel * spec.kernel) as f64;
+    let (mut inputs, mut params, mut values) = (spec.image.channels as f64, 0.0, 0.0);
+    for (i, &c) in spec.channels.iter().enumerate() {
+        let c = c as f64;
+        params += inputs * c * k2 + 2.0 * c;
+        values += 3.0 * c * (spec.side(i) * spec.side(i)) as f64;
+        inputs = c;
+    }
+    params += inputs * spec.image.classes as f64;
+    values += (spec.image.channels * spec.image.size * spec.image.size) as f64;
+    16.0 * params + cfg.train.batch_size as f64 * 4.0 * values
 }
 
 /// Parameters from the shapes (an estimate close to the built model's count).
@@ -81,6 +103,9 @@ fn vocabulary(cfg: &Config) -> f64 {
 
 /// Estimated peak bytes of training `cfg` (see the module's comment for what is counted).
 pub fn training_bytes(cfg: &Config) -> f64 {
+    if cfg.kind == Kind::Cnn {
+        return cnn_bytes(cfg);
+    }
     let t = &cfg.transformer;
     let (tokens, keys) = sequence(cfg);
     let vocab = vocabulary(cfg);
@@ -102,14 +127,16 @@ pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> 
     if needed <= limit {
         return Ok(());
     }
+    let model = match cfg.kind {
+        Kind::Cnn => format!("channels {:?}", cfg.cnn().channels),
+        _ => format!("d_model {}, {} layers", cfg.transformer.d_model, cfg.transformer.layers),
+    };
     Err(format!(
-        "needs about {} to train (estimated: batch of {}, {} tokens per example, d_model {}, {} layers) but {device} has {}: \
+        "needs about {} to train (estimated: batch of {}, {} positions per example, {model}) but {device} has {}: \
          lower train.batch_size, the sequence length or the model's size",
         human(needed),
         cfg.train.batch_size,
         sequence(cfg).0,
-        cfg.transformer.d_model,
-        cfg.transformer.layers,
         human(limit)
     ))
 }

@@ -35,7 +35,7 @@ pub fn task(kind: Kind) -> &'static dyn Task {
         Kind::Lm => &lm::LanguageModel,
         Kind::Bert => &bert::Bert,
         Kind::Translate => &translate::Translation,
-        Kind::Vit | Kind::Swin | Kind::Davit => &classify::Classification,
+        Kind::Vit | Kind::Swin | Kind::Davit | Kind::Cnn => &classify::Classification,
         Kind::ImageGpt => &imagegpt::ImageGpt,
     }
 }

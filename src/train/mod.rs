@@ -169,6 +169,18 @@ pub struct StateFile {
     pub world_size: i64,
 }
 
+impl StateFile {
+    /// The state file of one phase of a run (a pre-training before fine-tuning), next to the run's own.
+    pub fn for_phase(&self, phase: &str) -> StateFile {
+        let name = self.path.file_name().map(|n| n.to_string_lossy().replace(".state.", &format!(".{phase}.state.")));
+        StateFile {
+            path: self.path.with_file_name(name.unwrap_or_default()),
+            config_hash: self.config_hash.clone(),
+            world_size: self.world_size,
+        }
+    }
+}
+
 /// A saved state from a run on another number of processes: resuming it would change the global batch.
 #[derive(Debug)]
 pub struct WrongWorldSize(pub String);

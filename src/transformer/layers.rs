@@ -347,6 +347,8 @@ pub struct Stack {
     pub dropout: f64,
     /// What the embedded tokens are multiplied by before positions are added (`transformer.scale_embeddings`).
     pub embedding_scale: f64,
+    /// The absolute table is concatenated to the (narrower) token embeddings instead of added.
+    pub concat_positions: bool,
 }
 
 /// The layers of `spec` under `vs / name / i` (each with its own pattern where the spec gives one); layer i
@@ -378,6 +380,17 @@ impl Stack {
             x.shallow_clone()
         } else {
             x * self.embedding_scale
+        }
+    }
+
+    /// The embedded tokens `x` (B, N, D or D − P) joined with the positions `table` (N, D or P) at the
+    /// input: added, or concatenated along the features.
+    fn join_positions(&self, x: &Tensor, table: &Tensor) -> Tensor {
+        if self.concat_positions {
+            let (b, n, _) = x.size3().unwrap();
+            Tensor::cat(&[x, &table.unsqueeze(0).expand([b, n, -1], false)], 2)
+        } else {
+            x + table
         }
     }
 
@@ -415,7 +428,7 @@ impl Stack {
         let table = self.positions.table(start + n).map(|t| t.narrow(0, start, n));
         let mut x = self.scaled(x);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
-            x = &x + t;
+            x = self.join_positions(&x, t);
         }
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(&x);
@@ -458,7 +471,7 @@ impl Stack {
         let mut x = self.scaled(x);
         let table = self.positions.table(n);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
-            x = &x + t;
+            x = self.join_positions(&x, t);
         }
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(&x);

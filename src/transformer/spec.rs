@@ -79,6 +79,18 @@ pub enum AbsoluteAt {
     Qk,
 }
 
+/// How an absolute encoding joins the token embeddings (UDL §12.3.1 adds Π to X; the Annotated
+/// Transformer's notes ask why not concatenate).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Combine {
+    /// x + Π: positions and tokens share every dimension.
+    Add,
+    /// [x ; Π]: tokens take D − P dimensions and positions the other P, so neither can disturb the other
+    /// at the input (the model width stays D).
+    Concat,
+}
+
 /// What the raw scores q·k are multiplied by before the softmax.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scale {
@@ -196,6 +208,9 @@ impl Pattern {
 pub struct PositionSpec {
     pub encoding: PositionEncoding,
     pub at: AbsoluteAt,
+    pub combine: Combine,
+    /// Width P of the position part when concatenated.
+    pub concat_dim: i64,
     pub rope_theta: f64,
     pub rope_fraction: f64,
     pub shaw_max_distance: i64,
@@ -209,6 +224,8 @@ impl PositionSpec {
         Self {
             encoding,
             at: AbsoluteAt::Input,
+            combine: Combine::Add,
+            concat_dim: 0,
             rope_theta: 10000.0,
             rope_fraction: 1.0,
             shaw_max_distance: 16,
@@ -320,6 +337,25 @@ pub struct TransformerSpec {
 }
 
 impl TransformerSpec {
+    /// Whether the absolute positions are concatenated to the token embeddings (not added).
+    pub fn concatenates_positions(&self) -> bool {
+        self.position.combine == Combine::Concat && self.position.encoding.is_absolute()
+    }
+
+    /// Width of the token embeddings: D, or D − P when positions are concatenated.
+    pub fn token_width(&self) -> i64 {
+        self.d_model - self.position_width() * i64::from(self.concatenates_positions())
+    }
+
+    /// Width of the absolute position table: D when added, P when concatenated.
+    pub fn position_width(&self) -> i64 {
+        if self.concatenates_positions() {
+            self.position.concat_dim
+        } else {
+            self.d_model
+        }
+    }
+
     /// Layer i's settings: its own pattern where `layer_patterns` gives one.
     pub fn for_layer(&self, i: i64) -> TransformerSpec {
         let mut s = self.clone();
