@@ -31,7 +31,7 @@ use crate::metrics::{self, Metric};
 use crate::models::bert::{Bert as Encoder, BertSpec};
 use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
 use crate::train::distributed::{self, sum_over_share, BatchShard};
-use crate::train::{optimise, Evaluation, Objective};
+use crate::train::{optimise, optimise_phase, Evaluation, Objective};
 
 pub struct Bert;
 
@@ -983,18 +983,7 @@ fn train_bert(
         }
         if b.pretrain_steps > 0 {
             let pre = crate::recipe::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
-            let mut quiet = |_: i64, _: f64| {};
-            let mut run = optimise(
-                &pre,
-                &pretraining,
-                &mut vs,
-                device,
-                &mut quiet,
-                state.map(|s| s.for_phase("pretrain")).as_ref(),
-            )?;
-            for c in run.curves.iter_mut() {
-                c.split = format!("pretrain_{}", c.split);
-            }
+            let mut run = optimise_phase("pretrain", &pre, &pretraining, &mut vs, device, state)?;
             if run.diverged_at.is_some() {
                 // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
                 progress(t.steps, run.last_loss);

@@ -15,7 +15,7 @@ use crate::models::vit::Vit;
 use crate::models::ImageClassifier;
 use crate::recipe::{Config, Kind};
 use crate::train::distributed::{sum_over_share, BatchShard};
-use crate::train::{optimise, Evaluation, Objective};
+use crate::train::{optimise, optimise_phase, Evaluation, Objective};
 
 pub struct Classification;
 
@@ -170,12 +170,7 @@ impl Task for Classification {
             let source = DataCache::loaded(&data.images, &pretrain_key(cfg))?;
             let lr = v.pretrain_lr.unwrap_or(t.lr);
             let phase = crate::recipe::TrainConfig { steps: v.pretrain_steps, lr, ..t.clone() };
-            let mut quiet = |_: i64, _: f64| {};
-            let state = ctx.state.map(|s| s.for_phase("pretrain"));
-            let mut run = optimise(&phase, &objective(source), &mut vs, device, &mut quiet, state.as_ref())?;
-            for c in run.curves.iter_mut() {
-                c.split = format!("pretrain_{}", c.split);
-            }
+            let mut run = optimise_phase("pretrain", &phase, &objective(source), &mut vs, device, ctx.state)?;
             if run.diverged_at.is_some() {
                 // Recorded like any diverged run (the sweep goes on); there is nothing to fine-tune.
                 (ctx.progress)(t.steps, run.last_loss);

@@ -420,6 +420,24 @@ impl Optimised {
 /// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
 /// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
 /// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
+/// A first phase of a run (pre-training before fine-tuning) under `phase`: trained without progress
+/// lines, resumable from its own state file next to the run's, its curves' splits prefixed `<phase>_`.
+pub fn optimise_phase(
+    phase: &str,
+    t: &TrainConfig,
+    objective: &dyn Objective,
+    vs: &mut nn::VarStore,
+    device: Device,
+    state: Option<&StateFile>,
+) -> Result<Optimised> {
+    let mut quiet = |_: i64, _: f64| {};
+    let mut run = optimise(t, objective, vs, device, &mut quiet, state.map(|s| s.for_phase(phase)).as_ref())?;
+    for c in run.curves.iter_mut() {
+        c.split = format!("{phase}_{}", c.split);
+    }
+    Ok(run)
+}
+
 pub fn optimise(
     t: &TrainConfig,
     objective: &dyn Objective,
