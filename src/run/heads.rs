@@ -4,13 +4,13 @@
 //! important first, and the loss recorded after each removal: the pruning curve. `ablate heads-importance`.
 use anyhow::{bail, Context, Result};
 use std::path::Path;
-use tch::{nn, Device, Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::plot::{importance_heatmap, line_chart, Axes, Series};
 use crate::data::Dataset;
 use crate::models::gpt::Gpt;
 use crate::recipe::Kind as RunKind;
-use crate::tasks::checkpoint::{file_stem, load_description};
+use crate::tasks::checkpoint::{file_stem, Loaded};
 use crate::tasks::lm::evaluate;
 
 /// What removing heads does to one model's held-out loss.
@@ -66,13 +66,11 @@ pub fn head_importance(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<Head
     Ok(HeadImportance { base_loss, delta, pruning, order })
 }
 
-/// A loaded decoder, the store holding its weights, and its held-out batches.
-type LoadedDecoder = (Gpt, nn::VarStore, Vec<(Tensor, Tensor)>);
-
-/// A decoder checkpoint with its held-out batches: `eval_batches` batches of the run's own batch size and
-/// block, from the run's own data.
-fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<LoadedDecoder> {
-    let (config, tokenizer) = load_description(checkpoint)?;
+/// A decoder checkpoint (through the one checkpoint loader) with its held-out batches: `eval_batches`
+/// batches of the run's own batch size and block, from the run's own data.
+fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<(Loaded, Vec<(Tensor, Tensor)>)> {
+    let loaded = crate::tasks::checkpoint::load(checkpoint, device)?;
+    let config = &loaded.config;
     if config.kind != RunKind::Lm {
         bail!(
             "{}: heads-importance reads a decoder (kind lm); this checkpoint is kind {}",
@@ -80,7 +78,8 @@ fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<
             config.kind
         );
     }
-    let tokenizer = tokenizer.with_context(|| format!("{} holds no vocabulary", checkpoint.display()))?;
+    let tokenizer =
+        loaded.tokenizer.as_ref().with_context(|| format!("{} holds no vocabulary", checkpoint.display()))?;
     let data = Dataset::load(&config.data)?;
     if data.tokenizer().vocab_size() != tokenizer.vocab_size() {
         bail!(
@@ -90,14 +89,10 @@ fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<
             tokenizer.vocab_size()
         );
     }
-    let mut vs = nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &config.transformer_spec(), tokenizer.vocab_size());
-    let weights = checkpoint.with_extension("safetensors");
-    vs.load(&weights).with_context(|| format!("loading weights from {}", weights.display()))?;
     let t = &config.train;
     let batches =
         data.val_batches(eval_batches.unwrap_or(t.eval_batches), t.batch_size, config.transformer.block_size, device);
-    Ok((model, vs, batches))
+    Ok((loaded, batches))
 }
 
 /// `ablate heads-importance`: for each checkpoint, `<stem>.head_importance.csv` and `.png` (the heatmap of
@@ -110,8 +105,9 @@ pub fn run(checkpoints: &[std::path::PathBuf], out: &Path, eval_batches: Option<
         String::from("checkpoint,heads_removed,fraction_removed,val_loss,removed_layer,removed_head\n");
     for checkpoint in checkpoints {
         let name = checkpoint.file_stem().and_then(|s| s.to_str()).unwrap_or("checkpoint").to_string();
-        let (model, _vs, batches) = load(checkpoint, eval_batches, device)?;
-        let result = tch::no_grad(|| head_importance(&model, &batches))?;
+        let (loaded, batches) = load(checkpoint, eval_batches, device)?;
+        let model = loaded.model.gpt().context("a kind lm checkpoint builds a GPT")?;
+        let result = tch::no_grad(|| head_importance(model, &batches))?;
         let stem = file_stem(&name);
         let mut csv = String::from("layer,head,val_loss,delta_val_loss\n");
         for (l, row) in result.delta.iter().enumerate() {

@@ -123,6 +123,10 @@ impl Built for BuiltGpt {
     fn decoder(&self) -> Option<&dyn NextToken> {
         Some(&self.model)
     }
+
+    fn gpt(&self) -> Option<&Gpt> {
+        Some(&self.model)
+    }
 }
 
 impl Task for LanguageModel {

@@ -105,6 +105,10 @@ pub trait Built {
     fn decoder(&self) -> Option<&dyn NextToken> {
         None
     }
+    /// The GPT itself, for a language model (to inspect or mask its heads).
+    fn gpt(&self) -> Option<&crate::models::gpt::Gpt> {
+        None
+    }
 }
 
 pub trait Task: Sync {
