@@ -166,6 +166,8 @@ impl Task for Classification {
             probe_attention: t.probe_attention,
         };
         let (mut curves, mut pretrain_accuracy, mut pretrain_time, mut pretrain_steps) = (Vec::new(), None, 0.0, 0);
+        // The fine-tuning phase restarts the peak: the run's is the larger of the two phases'.
+        let mut pretrain_peak_mb = f64::NAN;
         if v.pretrain_steps > 0 {
             let source = DataCache::loaded(&data.images, &pretrain_key(cfg))?;
             let lr = v.pretrain_lr.unwrap_or(t.lr);
@@ -178,12 +180,13 @@ impl Task for Classification {
                 return Ok(Trained { outcome, vs, tokenizer: None });
             }
             pretrain_accuracy = Some(run.final_eval.get("val/accuracy"));
-            (pretrain_time, pretrain_steps) = (run.train_time, run.steps_done);
+            (pretrain_time, pretrain_steps, pretrain_peak_mb) = (run.train_time, run.steps_done, run.peak_memory_mb);
             curves.append(&mut run.curves);
             // A new head: the pre-training's classes are not the run's (even when they have the same count).
             crate::models::redraw(model.head());
         }
         let mut run = optimise(t, &objective(task), &mut vs, device, ctx.progress, ctx.state)?;
+        run.peak_memory_mb = run.peak_memory_mb.max(pretrain_peak_mb);
         curves.append(&mut run.curves);
         run.curves = curves;
         let images = ((run.steps_done + pretrain_steps) * t.global_batch()) as f64;
