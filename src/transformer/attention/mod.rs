@@ -15,7 +15,7 @@
 //! - `Sparse`: for windowed patterns, the blocked kernel in `pattern.rs`, whose cost grows with N·window.
 //!
 //! Tests prove they agree, and [`path_counts`] tells which one ran.
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
@@ -27,17 +27,24 @@ pub mod relative;
 pub use relative::Grid;
 use relative::Relative;
 
-/// Calls of each implementation since the process started: fused, explicit, sparse.
-static PATHS: [AtomicUsize; 3] = [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+thread_local! {
+    /// Calls of each implementation on this thread since it started: fused, explicit, sparse. Per thread,
+    /// so that what one caller counts is its own calls, whatever else runs beside it (tests in parallel).
+    static PATHS: Cell<[usize; 3]> = const { Cell::new([0; 3]) };
+}
 
-/// How many attention calls each implementation computed so far (fused, explicit, sparse): what shows
-/// that `transformer.attention.implementation` acts, since all three compute the same numbers.
+/// How many attention calls each implementation computed so far on this thread (fused, explicit, sparse):
+/// what shows that `transformer.attention.implementation` acts, since all three compute the same numbers.
 pub fn path_counts() -> [usize; 3] {
-    [0, 1, 2].map(|i| PATHS[i].load(Ordering::Relaxed))
+    PATHS.with(Cell::get)
 }
 
 fn count(path: usize) {
-    PATHS[path].fetch_add(1, Ordering::Relaxed);
+    PATHS.with(|p| {
+        let mut counts = p.get();
+        counts[path] += 1;
+        p.set(counts);
+    });
 }
 
 /// What restricts which keys a query may attend to, besides the layer's own pattern. Every part becomes an
