@@ -33,11 +33,9 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
                 "window" => only(&[Kind::Swin, Kind::Davit], "vision.window (2-D attention windows)"),
                 "shift" => only(&[Kind::Swin], "vision.shift (shifted windows)"),
                 "attention_types" => only(&[Kind::Davit], "vision.attention_types (spatial and channel blocks)"),
-                "pretrain_steps" => {
-                    only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::Cnn], "supervised pre-training of a classifier")
-                }
+                "pretrain_steps" => only(&classifiers(), "supervised pre-training of a classifier"),
                 _ if rest.starts_with("pretrain_on") || rest == "pretrain_lr" => {
-                    only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::Cnn], "supervised pre-training of a classifier")
+                    only(&classifiers(), "supervised pre-training of a classifier")
                         .or_else(|| {
                             (cfg.vision().pretrain_steps == 0).then(|| {
                                 "shapes the pre-training before fine-tuning, and vision.pretrain_steps is 0".to_string()
@@ -72,6 +70,11 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
         "transformer" => transformer_key(cfg, rest, t.pe),
         _ => None,
     }
+}
+
+/// The image classifiers (`Kind::is_classifier`), in the order refusals list them.
+fn classifiers() -> Vec<Kind> {
+    Kind::ALL.into_iter().filter(|k| k.is_classifier()).collect()
 }
 
 /// Whether `key` holds a value that leaves the model as it was before the key existed: such a key is read

@@ -612,16 +612,7 @@ impl Config {
     fn validate_images(&self) -> Result<(), Invalid> {
         let v = self.vision();
         let images = self.images();
-        if !(images.train_fraction > 0.0 && images.train_fraction <= 1.0) {
-            return Err(invalid(
-                "data.images.train_fraction",
-                format!("must be in (0, 1], got {}", images.train_fraction),
-            ));
-        }
-        at_least("data.images.crop_padding", images.crop_padding, 0)?;
-        if matches!(images.dataset, ImageDataset::Idx | ImageDataset::Cifar10) && images.path.is_none() {
-            return Err(invalid("data.images.path", format!("{:?} needs the directory of its files", images.dataset)));
-        }
+        check_image_set("data.images", &images)?;
         if let Some((channels, size, classes)) = images.dataset.shape() {
             for (key, want, got) in [
                 ("vision.channels", channels, v.channels),
@@ -636,23 +627,11 @@ impl Config {
         at_least("vision.pretrain_steps", v.pretrain_steps, 0)?;
         if v.pretrain_steps > 0 {
             let on = &v.pretrain_on;
-            if !(on.train_fraction > 0.0 && on.train_fraction <= 1.0) {
-                return Err(invalid(
-                    "vision.pretrain_on.train_fraction",
-                    format!("must be in (0, 1], got {}", on.train_fraction),
-                ));
-            }
-            at_least("vision.pretrain_on.crop_padding", on.crop_padding, 0)?;
+            check_image_set("vision.pretrain_on", on)?;
             if let Some(lr) = v.pretrain_lr {
                 if !(lr > 0.0 && lr.is_finite()) {
                     return Err(invalid("vision.pretrain_lr", format!("must be positive, got {lr}")));
                 }
-            }
-            if matches!(on.dataset, ImageDataset::Idx | ImageDataset::Cifar10) && on.path.is_none() {
-                return Err(invalid(
-                    "vision.pretrain_on.path",
-                    format!("{:?} needs the directory of its files", on.dataset),
-                ));
             }
             if let Some((channels, size, classes)) = on.dataset.shape() {
                 if (channels, size, classes) != (v.channels, v.image_size, v.classes) {
@@ -668,6 +647,25 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An image set's own settings (`data.images`, or the pre-training's `vision.pretrain_on`, named by
+/// `prefix`): a fraction of its training images, its augmentation, the directory a file-based set needs.
+fn check_image_set(prefix: &str, images: &ImageDataConfig) -> Result<(), Invalid> {
+    if !(images.train_fraction > 0.0 && images.train_fraction <= 1.0) {
+        return Err(invalid(
+            &format!("{prefix}.train_fraction"),
+            format!("must be in (0, 1], got {}", images.train_fraction),
+        ));
+    }
+    at_least(&format!("{prefix}.crop_padding"), images.crop_padding, 0)?;
+    if images.dataset.needs_path() && images.path.is_none() {
+        return Err(invalid(
+            &format!("{prefix}.path"),
+            format!("{:?} needs the directory of its files", images.dataset),
+        ));
+    }
+    Ok(())
 }
 
 fn pe_name(pe: PositionEncoding) -> String {
