@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use ablate::models::decode::Decoding;
 use ablate::recipe::{self, Precision, RecipeError};
-use ablate::run::bench::{self, BenchConfig};
+use ablate::run::bench::{self, BenchConfig, BenchModel};
 use ablate::run::plot::plot_results;
 use ablate::run::scale::{Shard, WorkerPlan, Workers};
 use ablate::run::sweep::{run_recipe, SweepOptions};
@@ -508,7 +508,8 @@ fn main() -> ExitCode {
             };
             (|| {
                 let device = device_or_exit(&device)?;
-                let cfg = BenchConfig { layers, heads, d_model, block, batch, vocab, warmup, steps, precision };
+                let model = BenchModel { layers, heads, d_model, block, batch, vocab };
+                let cfg = BenchConfig { model, warmup, steps, precision };
                 if let Some(n) = generate {
                     anyhow::ensure!(n >= 1, "--generate needs at least 1 token");
                     for cached in [true, false] {
@@ -568,13 +569,13 @@ fn main() -> ExitCode {
 /// `--workers auto`: times every split of the cores into workers × threads on a GPT of the first run's size
 /// and picks one (see `scale::choose_split`), saying what it measured.
 fn auto_workers(recipe: &recipe::Recipe, device: tch::Device, quiet: bool) -> anyhow::Result<(usize, usize)> {
-    use ablate::run::scale::{choose_split, probe_splits, ProbeModel};
+    use ablate::run::scale::{choose_split, probe_splits};
     if device != tch::Device::Cpu {
         anyhow::bail!("--workers auto splits CPU cores; on GPUs list them with --devices cuda:0,cuda:1,...");
     }
     let first = &recipe.runs.first().ok_or_else(|| anyhow::anyhow!("{}: no runs", recipe.name))?.config;
     let t = first.transformer_spec();
-    let model = ProbeModel {
+    let model = BenchModel {
         layers: t.layers,
         heads: t.attention.heads,
         d_model: t.d_model,

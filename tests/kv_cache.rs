@@ -189,6 +189,32 @@ fn a_batch_through_the_cache_one_token_at_a_time_equals_one_forward_pass() {
 }
 
 #[test]
+fn the_cache_grows_past_its_buffers_and_reorders_without_losing_a_position() {
+    let _turn = exclusive();
+    // Chunks of uneven size cross the buffers' doublings (16, 32, 64 positions), with a beam-style reorder
+    // in the middle: every chunk's logits equal the uncached forward's over the reordered sequence.
+    let mut spec = decoder_spec(PositionEncoding::Rope, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
+    spec.block_size = 80;
+    let (_vs, model) = gpt(&spec, 4);
+    let _guard = tch::no_grad_guard();
+    let mut idx = Tensor::randint(VOCAB, [3, 70], (Kind::Int64, Device::Cpu));
+    let mut cache = StackCache::default();
+    let mut start = 0;
+    for (i, chunk) in [5i64, 1, 9, 1, 1, 17, 3, 1, 30, 2].into_iter().enumerate() {
+        if i == 5 {
+            let order = Tensor::from_slice(&[1i64, 0, 1]);
+            cache.select_rows(&order);
+            idx = idx.index_select(0, &order);
+        }
+        let stepped = model.forward_cached(&idx.narrow(1, start, chunk), &mut cache);
+        start += chunk;
+        let whole = model.forward(&idx.narrow(1, 0, start), false).narrow(1, start - chunk, chunk);
+        assert!(max_diff(&stepped, &whole) < 1e-4, "chunk {i} ends at {start}: {}", max_diff(&stepped, &whole));
+    }
+    assert_eq!(cache.len(), 70);
+}
+
+#[test]
 fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
     let _turn = exclusive();
     for (i, encoding) in

@@ -2,7 +2,9 @@
 //! recipe sets it (one line naming the key, the kind and why), and left out of the run's CSV columns and
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
-use super::schema::{BertTask, BlockKind, Config, Kind, Norm, PositionEncoding, Scoring, Task, Tokenizer};
+use super::schema::{
+    BertTask, BlockKind, Config, ImageDataset, Kind, Norm, PositionEncoding, Scoring, Task, Tokenizer,
+};
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
 pub fn unread(cfg: &Config, key: &str) -> Option<String> {
@@ -43,9 +45,7 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
                         })
                         .or_else(|| {
                             let on = &cfg.vision().pretrain_on;
-                            (rest == "pretrain_on.path" && !on.dataset.needs_path()).then(|| {
-                                format!("vision.pretrain_on.dataset {:?} is fetched and cached; a path is for idx and cifar10", on.dataset)
-                            })
+                            (rest == "pretrain_on.path").then(|| fetched_set_path("vision.pretrain_on", on.dataset)).flatten()
                         })
                 }
                 _ => None,
@@ -167,6 +167,12 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
     }
 }
 
+/// Why `section.path` does nothing for `dataset`, if it does nothing: a set that is fetched and cached.
+fn fetched_set_path(section: &str, dataset: ImageDataset) -> Option<String> {
+    (!dataset.needs_path())
+        .then(|| format!("{section}.dataset {dataset:?} is fetched and cached; a path is for idx and cifar10"))
+}
+
 fn data_key(cfg: &Config, key: &str) -> Option<String> {
     let kind = cfg.kind;
     let (field, _) = key.split_once('.').unwrap_or((key, ""));
@@ -175,8 +181,7 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
             return Some(format!("image data is for the vision kinds; this run is kind {kind}"));
         }
         let dataset = cfg.images().dataset;
-        return (key == "images.path" && !dataset.needs_path())
-            .then(|| format!("data.images.dataset {dataset:?} is fetched and cached; a path is for idx and cifar10"));
+        return (key == "images.path").then(|| fetched_set_path("data.images", dataset)).flatten();
     }
     if kind.is_vision() {
         return Some(format!("kind {kind} reads images (data.images), not text"));

@@ -5,18 +5,48 @@ use tch::{Device, Kind, Tensor};
 
 use crate::models::gpt::Gpt;
 use crate::recipe::Precision;
-use crate::train::backward_and_step;
 use crate::train::optim::AdamW;
 use crate::train::precision::{self, LossScaler};
+use crate::train::{backward_and_step, backward_scaled, optimiser_step};
 use crate::transformer::spec::TransformerSpec;
 
-pub struct BenchConfig {
+/// The benchmark's model and batch: a nanoGPT-layout GPT (what `bench/eager_gpt.py` builds) on random
+/// tokens. `--workers auto` probes splits of the cores at a run's size through the same flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchModel {
     pub layers: i64,
     pub heads: i64,
     pub d_model: i64,
     pub block: i64,
     pub batch: i64,
     pub vocab: i64,
+}
+
+impl BenchModel {
+    /// nanoGPT's layout: pre-LN, GELU, learned positions, tied embeddings, over a context of `block`.
+    fn spec(&self, block: i64) -> TransformerSpec {
+        let mut spec = TransformerSpec::small(self.d_model, self.layers, self.heads, block);
+        spec.pre_ln = true;
+        spec.tie_embeddings = true;
+        spec
+    }
+
+    /// The `ablate bench` flags that build this model.
+    pub fn args(&self) -> Vec<String> {
+        let flags = [
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--d-model", self.d_model),
+            ("--block", self.block),
+            ("--batch", self.batch),
+            ("--vocab", self.vocab),
+        ];
+        flags.iter().flat_map(|(flag, value)| [flag.to_string(), value.to_string()]).collect()
+    }
+}
+
+pub struct BenchConfig {
+    pub model: BenchModel,
     pub warmup: i64,
     pub steps: i64,
     pub precision: Precision,
@@ -39,16 +69,14 @@ struct Setup {
 }
 
 fn setup(b: &BenchConfig, device: Device) -> Setup {
-    // nanoGPT's layout: pre-LN, GELU, learned positions, tied embeddings — what the eager script builds.
-    let mut spec = TransformerSpec::small(b.d_model, b.layers, b.heads, b.block);
-    spec.pre_ln = true;
-    spec.tie_embeddings = true;
+    let m = &b.model;
+    let spec = m.spec(m.block);
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &spec, b.vocab);
+    let model = Gpt::new(&vs.root(), &spec, m.vocab);
     let opt = AdamW::new(vs.trainable_variables(), 0.9, 0.99, 0.1);
-    let x = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
-    let y = Tensor::randint(b.vocab, [b.batch, b.block], (Kind::Int64, device));
+    let x = Tensor::randint(m.vocab, [m.batch, m.block], (Kind::Int64, device));
+    let y = Tensor::randint(m.vocab, [m.batch, m.block], (Kind::Int64, device));
     Setup { _vs: vs, model, opt, x, y, spec }
 }
 
@@ -73,7 +101,7 @@ pub fn run(b: &BenchConfig, device: Device) -> BenchResult {
     let secs = start.elapsed().as_secs_f64();
     BenchResult {
         params: opt.num_params(),
-        tokens_per_s: (b.steps * b.batch * b.block) as f64 / secs,
+        tokens_per_s: (b.steps * b.model.batch * b.model.block) as f64 / secs,
         step_ms: secs * 1000.0 / b.steps as f64,
     }
 }
@@ -210,20 +238,11 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
         synchronize(device);
         phase[0] += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        opt.zero_grad();
-        if scaler.enabled {
-            (&loss * scaler.scale).backward();
-        } else {
-            loss.backward();
-        }
+        backward_scaled(&loss, opt, scaler);
         synchronize(device);
         phase[1] += t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let report = opt.step(1e-3, Some(1.0), scaler.scale);
-        scaler.update(report.applied);
-        if report.applied {
-            crate::train::native::clear_autocast_cache();
-        }
+        optimiser_step(opt, 1e-3, Some(1.0), scaler);
         let _ = loss.double_value(&[]);
         synchronize(device);
         phase[2] += t.elapsed().as_secs_f64();
@@ -260,12 +279,13 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
         c.ops.sort_by(|a, b| b.1.total_cmp(&a.1));
     }
     classes.sort_by(|a, b| b.ms.total_cmp(&a.ms));
-    let tokens = (b.batch * b.block) as f64;
+    let m = &b.model;
+    let tokens = (m.batch * m.block) as f64;
     // Weight matmuls: every parameter but the position table takes part in one multiply-add per token
     // forward and two backward; attention's QKᵀ and AV add 12·L·T·inner FLOPs per token over the step.
-    let matmul_params = (opt.num_params() - b.block * b.d_model) as f64;
+    let matmul_params = (opt.num_params() - m.block * m.d_model) as f64;
     let matmul_flops = 6.0 * matmul_params * tokens;
-    let attention_flops = 12.0 * (spec.layers * b.block * spec.attention.inner()) as f64 * tokens;
+    let attention_flops = 12.0 * (spec.layers * m.block * spec.attention.inner()) as f64 * tokens;
     let ms = |s: f64| s * 1000.0 / b.steps as f64;
     Ok(Profile {
         tokens_per_s: b.steps as f64 * tokens / secs,
@@ -335,13 +355,12 @@ pub fn profile_csv(p: &Profile, label: &str) -> String {
 /// cached one feeds one position.
 pub fn generation(b: &BenchConfig, new_tokens: usize, cached: bool, device: Device) -> f64 {
     const PROMPT: usize = 16;
-    let mut spec = TransformerSpec::small(b.d_model, b.layers, b.heads, (PROMPT + new_tokens) as i64);
-    spec.pre_ln = true;
-    spec.tie_embeddings = true;
+    let m = &b.model;
+    let spec = m.spec((PROMPT + new_tokens) as i64);
     tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &spec, b.vocab);
-    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 7) % b.vocab).collect();
+    let model = Gpt::new(&vs.root(), &spec, m.vocab);
+    let prompt: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 7) % m.vocab).collect();
     let _autocast = precision::autocast(b.precision, device);
     let decode =
         |n: usize| crate::models::decode::generate(&model, &prompt, n, crate::models::decode::Decoding::Greedy, cached);

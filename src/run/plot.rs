@@ -368,21 +368,39 @@ fn panel(
     let mut builder = ChartBuilder::on(area);
     builder.caption(title, ("sans-serif", 18)).margin(12).x_label_area_size(x_area).y_label_area_size(80);
     let n_cats = if rotate.is_some() { axes.x_categories.map_or(0, |c| c.len()) } else { 0 };
+    let frame = Frame { axes, y_label: &y_label, rotate: rotate.is_some(), series, categorical, n_cats, y0 };
     let below_axis = if log {
-        let mut chart = builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
-        mesh(&mut chart, axes, &y_label, rotate.is_some())?;
-        draw_series(&mut chart, series, categorical)?;
-        (0..n_cats).map(|i| chart.backend_coord(&(i as f64, y0))).collect::<Vec<_>>()
+        frame.draw(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?)?
     } else {
-        let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1)?;
-        mesh(&mut chart, axes, &y_label, rotate.is_some())?;
-        draw_series(&mut chart, series, categorical)?;
-        (0..n_cats).map(|i| chart.backend_coord(&(i as f64, y0))).collect::<Vec<_>>()
+        frame.draw(builder.build_cartesian_2d(x0..x1, y0..y1)?)?
     };
     if let (Some(_), Some(cats)) = (rotate, axes.x_categories) {
         category_labels(area, cats, &below_axis)?;
     }
     Ok(())
+}
+
+/// What a panel draws on its chart, whichever kind of y axis the chart has.
+struct Frame<'a> {
+    axes: &'a Axes<'a>,
+    y_label: &'a str,
+    rotate: bool,
+    series: &'a [Series],
+    categorical: bool,
+    n_cats: usize,
+    y0: f64,
+}
+
+impl Frame<'_> {
+    /// Mesh and series on `chart`; returns the pixel of each category's tick on the x axis.
+    fn draw<Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
+        &self,
+        mut chart: Chart<'_, Y>,
+    ) -> Result<Vec<(i32, i32)>> {
+        mesh(&mut chart, self.axes, self.y_label, self.rotate)?;
+        draw_series(&mut chart, self.series, self.categorical)?;
+        Ok((0..self.n_cats).map(|i| chart.backend_coord(&(i as f64, self.y0))).collect())
+    }
 }
 
 /// Category labels written downwards from the axis, each starting just below its tick (`ticks[i]`: the

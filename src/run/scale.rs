@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 
+use super::bench::BenchModel;
 use super::plot::plot_results;
 use super::results::{write_resolved, ResultsDir};
 use crate::files::write_atomically;
@@ -74,17 +75,6 @@ impl FromStr for Workers {
     }
 }
 
-/// The model a `--workers auto` probe times: a GPT at a run's width, depth, heads, context and batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProbeModel {
-    pub layers: i64,
-    pub heads: i64,
-    pub d_model: i64,
-    pub block: i64,
-    pub batch: i64,
-    pub vocab: i64,
-}
-
 /// `workers` processes of `threads` intra-op threads each, and what they trained together per second.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Split {
@@ -109,7 +99,7 @@ pub fn choose_split(splits: &[Split]) -> Option<Split> {
 
 /// Times every candidate split on this machine: `w` concurrent `ablate bench` children at `model`'s size,
 /// `threads` each, summed tokens/s. Steps are sized so each child runs for about a second.
-pub fn probe_splits(model: &ProbeModel, cores: usize, runs: usize) -> Result<Vec<Split>> {
+pub fn probe_splits(model: &BenchModel, cores: usize, runs: usize) -> Result<Vec<Split>> {
     let exe = std::env::current_exe().context("locating the ablate binary")?;
     let m = model;
     let params = 12 * m.layers * m.d_model * m.d_model + m.vocab * m.d_model;
@@ -125,9 +115,7 @@ pub fn probe_splits(model: &ProbeModel, cores: usize, runs: usize) -> Result<Vec
                     .env("OMP_NUM_THREADS", threads.to_string())
                     .args(["bench", "--device", "cpu", "--warmup", "2"])
                     .args(["--steps", &steps.to_string()])
-                    .args(["--layers", &m.layers.to_string(), "--heads", &m.heads.to_string()])
-                    .args(["--d-model", &m.d_model.to_string(), "--block", &m.block.to_string()])
-                    .args(["--batch", &m.batch.to_string(), "--vocab", &m.vocab.to_string()])
+                    .args(m.args())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()

@@ -107,18 +107,35 @@ pub fn backward_and_step(
     clip: Option<f64>,
     scaler: &mut LossScaler,
 ) -> (f64, StepReport) {
+    backward_scaled(loss, opt, scaler);
+    let report = optimiser_step(opt, lr, clip, scaler);
+    (loss.double_value(&[]), report)
+}
+
+/// The first half of [`backward_and_step`]: fresh gradients from `loss` times the loss scale.
+pub fn backward_scaled(loss: &Tensor, opt: &mut AdamW, scaler: &LossScaler) {
     opt.zero_grad();
     if scaler.enabled {
         (loss * scaler.scale).backward();
     } else {
         loss.backward();
     }
+}
+
+/// The second half of [`backward_and_step`]: clipping and the update, then its bookkeeping.
+pub fn optimiser_step(opt: &mut AdamW, lr: f64, clip: Option<f64>, scaler: &mut LossScaler) -> StepReport {
     let report = opt.step(lr, clip, scaler.scale);
+    after_update(&report, scaler);
+    report
+}
+
+/// The loss scale learns whether the step was applied (fp16 skips steps with overflowed gradients), and
+/// autocast's cached low-precision copies of the weights go once the weights have changed.
+fn after_update(report: &StepReport, scaler: &mut LossScaler) {
     scaler.update(report.applied);
     if report.applied {
         native::clear_autocast_cache();
     }
-    (loss.double_value(&[]), report)
 }
 
 /// [`backward_and_step`] of one rank of a data-parallel group: the gradients, the loss and the stop flag
@@ -133,18 +150,10 @@ fn data_parallel_step(
     scaler: &mut LossScaler,
     stop: bool,
 ) -> Result<(f64, StepReport, bool)> {
-    opt.zero_grad();
-    if scaler.enabled {
-        (loss * scaler.scale).backward();
-    } else {
-        loss.backward();
-    }
+    backward_scaled(loss, opt, scaler);
     let (grads, extras) = group.average(&opt.grads(), &[loss.double_value(&[]), f64::from(u8::from(stop))])?;
     let report = opt.step_with(grads, lr, clip, scaler.scale);
-    scaler.update(report.applied);
-    if report.applied {
-        native::clear_autocast_cache();
-    }
+    after_update(&report, scaler);
     Ok((extras[0], report, extras[1] > 0.0))
 }
 

@@ -131,45 +131,72 @@ pub struct Attended {
 /// The keys and values one attention unit has computed so far in a decoding loop, (B, H_kv, N_seen, ·)
 /// each (one per key/value head: multi-query and grouped-query attention keep the cache that much
 /// smaller), keys already rotated for RoPE at their absolute positions; empty before the first call.
+/// The positions live in buffers with room for more, doubled when full, so that a step writes its own
+/// keys and values in place instead of copying every earlier position into a new tensor (a `cat` per
+/// step costs O(t) at step t, O(N²) over a sequence; this costs O(N) in all).
 #[derive(Debug, Default)]
 pub struct KvCache {
-    kv: Option<(Tensor, Tensor)>,
+    /// Keys and values, (B, H_kv, capacity, ·) each; positions `0..len` are filled.
+    buffers: Option<(Tensor, Tensor)>,
+    len: i64,
 }
 
 impl KvCache {
     /// How many positions it holds.
     pub fn len(&self) -> i64 {
-        self.kv.as_ref().map_or(0, |(k, _)| k.size()[2])
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.kv.is_none()
+        self.len == 0
     }
 
-    /// Numbers held (keys and values): what the cache costs in memory, in elements.
+    /// Numbers held (keys and values): what the positions seen so far cost in memory, in elements (the
+    /// buffers' spare room, at most as much again, is not counted).
     pub fn elements(&self) -> i64 {
-        self.kv.as_ref().map_or(0, |(k, v)| (k.numel() + v.numel()) as i64)
+        self.buffers.as_ref().map_or(0, |(k, v)| {
+            let per_position = |t: &Tensor| t.numel() as i64 / t.size()[2];
+            self.len * (per_position(k) + per_position(v))
+        })
     }
 
     fn keys_values(&self) -> Option<(Tensor, Tensor)> {
-        self.kv.as_ref().map(|(k, v)| (k.shallow_clone(), v.shallow_clone()))
+        self.buffers.as_ref().map(|(k, v)| (k.narrow(2, 0, self.len), v.narrow(2, 0, self.len)))
     }
 
-    /// Appends the new positions' keys and values and returns all of them.
+    /// Appends the new positions' keys and values and returns all of them (views of the buffers: the
+    /// positions they cover are never written again).
     fn append(&mut self, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
-        let kv = match self.kv.take() {
-            None => (k, v),
-            Some((old_k, old_v)) => (Tensor::cat(&[old_k, k], 2), Tensor::cat(&[old_v, v], 2)),
-        };
-        self.kv = Some(kv);
-        self.keys_values().expect("just set")
+        let new = k.size()[2];
+        let needed = self.len + new;
+        let capacity = self.buffers.as_ref().map_or(0, |(k, _)| k.size()[2]);
+        if needed > capacity {
+            let room = needed.max(2 * capacity).max(16);
+            let grown = |t: &Tensor, old: Option<&Tensor>| {
+                let mut size = t.size();
+                size[2] = room;
+                let buffer = Tensor::empty(size.as_slice(), (t.kind(), t.device()));
+                if let Some(old) = old {
+                    buffer.narrow(2, 0, self.len).copy_(&old.narrow(2, 0, self.len));
+                }
+                buffer
+            };
+            let old = self.buffers.take();
+            let (old_k, old_v) = old.as_ref().map(|(k, v)| (Some(k), Some(v))).unwrap_or((None, None));
+            self.buffers = Some((grown(&k, old_k), grown(&v, old_v)));
+        }
+        let (keys, values) = self.buffers.as_ref().expect("just made room");
+        keys.narrow(2, self.len, new).copy_(&k);
+        values.narrow(2, self.len, new).copy_(&v);
+        self.len = needed;
+        self.keys_values().expect("just filled")
     }
 
     /// Keeps the rows `rows` (an int64 index into the batch, repeats allowed): beam search's reordering.
     pub fn select_rows(&mut self, rows: &Tensor) {
-        if let Some((k, v)) = &self.kv {
+        if let Some((k, v)) = &self.buffers {
             let rows = rows.to_device(k.device());
-            self.kv = Some((k.index_select(0, &rows), v.index_select(0, &rows)));
+            self.buffers = Some((k.index_select(0, &rows), v.index_select(0, &rows)));
         }
     }
 }
