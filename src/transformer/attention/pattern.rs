@@ -69,10 +69,11 @@ pub fn sliding_window_attention(
     dropout: f64,
     train: bool,
 ) -> Tensor {
-    windowed(q, k, v, pattern, causal, scale, relative, dropout, train, CHUNK_BYTES)
+    windowed(q, k, v, pattern, causal, scale, relative, dropout, train, CHUNK_BYTES, true)
 }
 
-/// [`sliding_window_attention`] with the chunk budget as a parameter (the tests shrink it to force chunks).
+/// [`sliding_window_attention`] with the chunk budget as a parameter (the tests shrink it to force chunks),
+/// and whether blocks may go through libtorch's fused attention (`fused`; the tests compare both ways).
 #[allow(clippy::too_many_arguments)]
 fn windowed(
     q: &Tensor,
@@ -85,7 +86,15 @@ fn windowed(
     dropout: f64,
     train: bool,
     chunk_bytes: i64,
+    fused: bool,
 ) -> Tensor {
+    if fused
+        && pattern.global_positions(q.size()[2]).is_empty()
+        && !relative.biases_scores()
+        && !(train && dropout > 0.0)
+    {
+        return windowed_fused(q, k, v, pattern, causal, scale, chunk_bytes);
+    }
     let w = pattern.window.expect("the sparse kernel needs a window");
     let d = pattern.dilation;
     let (b, h, n, dh) = q.size4().unwrap();
@@ -109,21 +118,7 @@ fn windowed(
     let (k_blocks, v_blocks) = (unfold(&kg), unfold(&vg));
     let q_blocks = qg.view([b, h, d, blocks, w, dh]);
 
-    // Offsets in residue steps: query a of block c is at c·w + a, key t of its span at (c − 1)·w + t.
-    let a = Tensor::arange(w, (Kind::Int64, device)).view([w, 1]);
-    let t = Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]);
-    let steps = &a + w - &t; // (w, span·w): query index minus key index within the residue class
-    let mut allowed = steps.abs().le(w);
-    if causal {
-        allowed = allowed.logical_and(&steps.ge(0));
-    }
-    // Keys that fall outside the sequence (block padding, the residue class running past N) are invalid.
-    let c = Tensor::arange(blocks, (Kind::Int64, device)).view([blocks, 1]);
-    let key_index = (&c - 1) * w + Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]); // (blocks, span·w)
-    let r = Tensor::arange(d, (Kind::Int64, device)).view([d, 1, 1]);
-    let key_pos = key_index.unsqueeze(0) * d + &r; // (d, blocks, span·w)
-    let key_ok = key_index.ge(0).unsqueeze(0).logical_and(&key_index.lt(m).unsqueeze(0)).logical_and(&key_pos.lt(n));
-    let invalid = allowed.view([1, 1, w, span * w]).logical_and(&key_ok.unsqueeze(2)).logical_not(); // (d, blocks, w, span·w)
+    let (steps, invalid) = block_mask(w, d, n, causal, device);
 
     let globals = pattern.global_positions(n);
     let g_idx = Tensor::from_slice(&globals).to(device);
@@ -194,6 +189,110 @@ fn windowed(
     out
 }
 
+/// The offsets and the mask of the kernel's blocks: `steps` (w, span·w), query index minus key index within
+/// a residue class, and `invalid` (d, blocks, w, span·w), true where a query may not see a key of its span
+/// (outside the window, after it when causal, or outside the sequence: block padding, a residue class
+/// running past N).
+fn block_mask(w: i64, d: i64, n: i64, causal: bool, device: tch::Device) -> (Tensor, Tensor) {
+    let m = (n + d - 1) / d;
+    let blocks = (m + w - 1) / w;
+    let span = if causal { 2 } else { 3 };
+    // Offsets in residue steps: query a of block c is at c·w + a, key t of its span at (c − 1)·w + t.
+    let a = Tensor::arange(w, (Kind::Int64, device)).view([w, 1]);
+    let t = Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]);
+    let steps = &a + w - &t;
+    let mut allowed = steps.abs().le(w);
+    if causal {
+        allowed = allowed.logical_and(&steps.ge(0));
+    }
+    let c = Tensor::arange(blocks, (Kind::Int64, device)).view([blocks, 1]);
+    let key_index = (&c - 1) * w + Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]); // (blocks, span·w)
+    let r = Tensor::arange(d, (Kind::Int64, device)).view([d, 1, 1]);
+    let key_pos = key_index.unsqueeze(0) * d + &r; // (d, blocks, span·w)
+    let key_ok = key_index.ge(0).unsqueeze(0).logical_and(&key_index.lt(m).unsqueeze(0)).logical_and(&key_pos.lt(n));
+    let invalid = allowed.view([1, 1, w, span * w]).logical_and(&key_ok.unsqueeze(2)).logical_not();
+    (steps, invalid)
+}
+
+/// The window kernel through libtorch's fused attention, for patterns without global positions, a relative
+/// score bias or dropout: each block of w queries is plain attention over its span of keys under an additive
+/// mask, computed without materialising the scores, forward and backward. The blocks are the fused kernel's
+/// batch and the heads stay its heads, so queries and the output keep the projection's (B, N, H, ·) memory
+/// layout: for a contiguous window no copy of either is made.
+fn windowed_fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    pattern: &Pattern,
+    causal: bool,
+    scale: f64,
+    chunk_bytes: i64,
+) -> Tensor {
+    let w = pattern.window.expect("the sparse kernel needs a window");
+    let d = pattern.dilation;
+    let (b, h, n, dh) = q.size4().unwrap();
+    let dv = v.size()[3];
+    let kind = q.kind();
+    let m = (n + d - 1) / d;
+    let blocks = (m + w - 1) / w;
+    let m_pad = blocks * w;
+    let span = if causal { 2 } else { 3 };
+    let pad_right = if causal { 0 } else { w };
+    // (B, H, N, x) -> (B, d, m_pad, H, x): position s·d + r at residue r, index s (views when d = 1 and w
+    // divides N).
+    let regroup = |t: &Tensor, left: i64, right: i64| {
+        let x = t.size()[3];
+        let by_position = t.transpose(1, 2);
+        let by_position = if m * d > n { by_position.constant_pad_nd([0, 0, 0, 0, 0, m * d - n]) } else { by_position };
+        let by_residue = by_position.view([b, m, d, h, x]).transpose(1, 2);
+        let (left, right) = (left, right + m_pad - m);
+        if left + right > 0 {
+            by_residue.constant_pad_nd([0, 0, 0, 0, left, right])
+        } else {
+            by_residue
+        }
+    };
+    let qg = regroup(q, 0, 0);
+    // Keys padded by a block on the left (and right, non-causal), as whole blocks: (B, d, blocks + span − 1,
+    // w, H, x); a block's span is `span` consecutive ones.
+    let key_blocks = |t: &Tensor| regroup(t, w, pad_right).view([b, d, blocks + span - 1, w, h, t.size()[3]]);
+    let (kb, vb) = (key_blocks(k), key_blocks(v));
+    let (_, invalid) = block_mask(w, d, n, causal, q.device());
+    let mask = Tensor::zeros_like(&invalid).to_kind(kind).masked_fill(&invalid, MASKED); // (d, blocks, w, span·w)
+                                                                                         // Chunks of blocks keep the gathered keys under `chunk_bytes` (glibc's mmap threshold, as below).
+    let per_block = b * h * d * span * w * dh.max(dv) * kind.elt_size_in_bytes() as i64;
+    let chunk = (chunk_bytes / per_block.max(1)).clamp(1, blocks);
+    let outs: Vec<Tensor> = (0..blocks)
+        .step_by(chunk as usize)
+        .map(|c0| {
+            let cb = chunk.min(blocks - c0);
+            let spans = |t: &Tensor| {
+                let x = t.size()[5];
+                let parts: Vec<Tensor> = (0..span).map(|j| t.narrow(2, c0 + j, cb)).collect();
+                Tensor::cat(&parts, 3).view([b * d * cb, span * w, h, x]).transpose(1, 2)
+            };
+            let qb = qg.narrow(2, c0 * w, cb * w).reshape([b * d * cb, w, h, dh]).transpose(1, 2);
+            let mask = mask.narrow(1, c0, cb).unsqueeze(0).expand([b, d, cb, w, span * w], false);
+            let mask = mask.reshape([b * d * cb, 1, w, span * w]);
+            let out = Tensor::scaled_dot_product_attention(
+                &qb,
+                &spans(&kb),
+                &spans(&vb),
+                Some(mask),
+                0.0,
+                false,
+                Some(scale),
+                false,
+            ); // (B·d·cb, H, w, dv), laid out as (B·d·cb, w, H, dv)
+            out.transpose(1, 2).reshape([b, d, cb * w, h, dv])
+        })
+        .collect();
+    let out = if outs.len() == 1 { outs[0].shallow_clone() } else { Tensor::cat(&outs, 2) };
+    // Back to positions: (B, d, m_pad, H, dv) -> (B, m, d, H, dv) -> (B, N, H, dv) -> (B, H, N, dv).
+    let out = out.narrow(2, 0, m).transpose(1, 2).reshape([b, m * d, h, dv]);
+    out.narrow(1, 0, n).transpose(1, 2)
+}
+
 /// (B, H, N, X) laid out by position -> (B, H, d, m_pad, X) laid out by residue class, as the kernel's blocks.
 fn regroup_rows(t: &Tensor, n: i64, d: i64, m: i64, m_pad: i64) -> Tensor {
     let (b, h, _, x) = t.size4().unwrap();
@@ -205,6 +304,52 @@ fn regroup_rows(t: &Tensor, n: i64, d: i64, m: i64, m_pad: i64) -> Tensor {
 mod tests {
     use super::*;
     use crate::transformer::spec::{PositionEncoding, PositionSpec};
+
+    #[test]
+    fn fused_blocks_compute_what_the_explicit_products_compute_forward_and_backward() {
+        tch::manual_seed(1);
+        let rel = Relative::new(
+            &tch::nn::VarStore::new(tch::Device::Cpu).root(),
+            &PositionSpec::of(PositionEncoding::None),
+            2,
+            8,
+            None,
+        );
+        // Lengths that leave padded blocks and residue classes of unequal length; one block per chunk and
+        // all blocks in one.
+        for (pattern, causal, n, chunk_bytes) in [
+            (Pattern { window: Some(3), ..Pattern::dense() }, false, 41, 1 << 40),
+            (Pattern { window: Some(3), ..Pattern::dense() }, true, 40, 1),
+            (Pattern { window: Some(2), dilation: 3, ..Pattern::dense() }, true, 37, 1 << 40),
+            (Pattern { window: Some(4), dilation: 2, ..Pattern::dense() }, false, 29, 1),
+        ] {
+            let inputs: Vec<Tensor> = (0..3)
+                .map(|_| Tensor::randn([2, 2, n, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
+                .collect();
+            let run = |fused| {
+                let out = windowed(
+                    &inputs[0],
+                    &inputs[1],
+                    &inputs[2],
+                    &pattern,
+                    causal,
+                    0.35,
+                    &rel,
+                    0.0,
+                    false,
+                    chunk_bytes,
+                    fused,
+                );
+                let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
+                (out, grads)
+            };
+            let ((fused, g_fused), (explicit, g_explicit)) = (run(true), run(false));
+            assert!(fused.allclose(&explicit, 1e-5, 1e-5, false), "{pattern:?} causal {causal}");
+            for (a, b) in g_fused.iter().zip(&g_explicit) {
+                assert!(a.allclose(b, 1e-4, 1e-5, false), "{pattern:?} causal {causal} gradients");
+            }
+        }
+    }
 
     #[test]
     fn chunked_blocks_compute_what_one_chunk_computes_forward_and_backward() {
@@ -222,8 +367,19 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |chunk_bytes| {
-                let out =
-                    windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, causal, 0.35, &rel, 0.0, false, chunk_bytes);
+                let out = windowed(
+                    &inputs[0],
+                    &inputs[1],
+                    &inputs[2],
+                    &pattern,
+                    causal,
+                    0.35,
+                    &rel,
+                    0.0,
+                    false,
+                    chunk_bytes,
+                    true,
+                );
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
             };

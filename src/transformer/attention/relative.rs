@@ -114,11 +114,20 @@ impl Relative {
         Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos, rest], -1)
     }
 
+    /// Whether [`Relative::score_bias`] adds anything to the scores (ALiBi, T5, Shaw do; RoPE rotates q and k
+    /// before they are scored, and the 2-D table reaches attention as a mask bias instead).
+    pub fn biases_scores(&self) -> bool {
+        !matches!(self, Relative::None | Relative::Rope { .. } | Relative::Bias2d { .. })
+    }
+
     /// The additive score bias for offsets `dist` (i − j) laid out as the trailing dims of the scores; `q` is the
     /// (already rotated) query tensor in the matching layout (B, H, …, d) with the same leading `…` as `dist`
     /// minus its last dim. `scale` is the factor applied to q·k (Shaw's term is part of the dot product).
     /// Returns a tensor broadcastable to the scores (B, H, …, K), or `None` for schemes without a bias.
     pub fn score_bias(&self, q: &Tensor, dist: &Tensor, causal: bool, scale: f64) -> Option<Tensor> {
+        if !self.biases_scores() {
+            return None;
+        }
         // Views dist-shaped tensors as (1, H?, 1…, dist…) so they broadcast against (B, H, …, K): `extra` counts
         // the query layout dims that `dist` does not cover (the block dims of the sparse kernel).
         let extra = q.dim() as i64 - 2 - dist.dim() as i64;
