@@ -4,13 +4,11 @@ use crate::models::spec::{Image, ImageGptSpec, StagedSpec, VitSpec};
 use crate::transformer::spec::{AttentionSpec, Pattern, PositionEncoding, PositionSpec, TransformerSpec};
 
 impl PatternConfig {
+    /// The stack's pattern: a layer's keys (window, dilation, selected positions) and the global tokens.
     pub fn spec(&self) -> Pattern {
-        Pattern {
-            window: self.window,
-            dilation: self.dilation,
-            global_every: self.global_every,
-            global_tokens: self.global_tokens,
-        }
+        let layer =
+            LayerPatternConfig { window: self.window, dilation: self.dilation, global_every: self.global_every };
+        layer.spec(self.global_tokens)
     }
 }
 
