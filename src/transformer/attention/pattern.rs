@@ -245,7 +245,7 @@ fn windowed_fused(
         let by_position = t.transpose(1, 2);
         let by_position = if m * d > n { by_position.constant_pad_nd([0, 0, 0, 0, 0, m * d - n]) } else { by_position };
         let by_residue = by_position.view([b, m, d, h, x]).transpose(1, 2);
-        let (left, right) = (left, right + m_pad - m);
+        let right = right + m_pad - m;
         if left + right > 0 {
             by_residue.constant_pad_nd([0, 0, 0, 0, left, right])
         } else {
@@ -258,8 +258,9 @@ fn windowed_fused(
     let key_blocks = |t: &Tensor| regroup(t, w, pad_right).view([b, d, blocks + span - 1, w, h, t.size()[3]]);
     let (kb, vb) = (key_blocks(k), key_blocks(v));
     let (_, invalid) = block_mask(w, d, n, causal, q.device());
-    let mask = Tensor::zeros_like(&invalid).to_kind(kind).masked_fill(&invalid, MASKED); // (d, blocks, w, span·w)
-                                                                                         // Chunks of blocks keep the gathered keys under `chunk_bytes` (glibc's mmap threshold, as below).
+    // (d, blocks, w, span·w), additive.
+    let mask = Tensor::zeros_like(&invalid).to_kind(kind).masked_fill(&invalid, MASKED);
+    // Chunks of blocks keep the gathered keys under `chunk_bytes` (glibc's mmap threshold, as below).
     let per_block = b * h * d * span * w * dh.max(dv) * kind.elt_size_in_bytes() as i64;
     let chunk = (chunk_bytes / per_block.max(1)).clamp(1, blocks);
     let outs: Vec<Tensor> = (0..blocks)
