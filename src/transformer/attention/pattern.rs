@@ -88,29 +88,18 @@ fn windowed(
     chunk_bytes: i64,
     fused: bool,
 ) -> Tensor {
-    if fused
-        && pattern.global_positions(q.size()[2]).is_empty()
-        && !relative.biases_scores()
-        && !(train && dropout > 0.0)
-    {
-        return windowed_fused(q, k, v, pattern, causal, scale, chunk_bytes);
-    }
-    let w = pattern.window.expect("the sparse kernel needs a window");
-    let d = pattern.dilation;
     let (b, h, n, dh) = q.size4().unwrap();
+    let globals = pattern.global_positions(n);
+    let geometry = Blocks::new(pattern, n, causal);
+    if fused && globals.is_empty() && !relative.biases_scores() && !(train && dropout > 0.0) {
+        return windowed_fused(q, k, v, &geometry, scale, chunk_bytes);
+    }
+    let Blocks { w, d, m, blocks, m_pad, span, pad_right, .. } = geometry;
     let dv = v.size()[3];
     let device = q.device();
     let kind = q.kind();
-    // Regroup positions by residue mod d: residue r, index s <-> position s·d + r. A dilated window is then a
-    // plain window of w neighbours (each side) within each residue class.
-    let m = (n + d - 1) / d;
-    let blocks = (m + w - 1) / w;
-    let m_pad = blocks * w;
     let regroup = |t: &Tensor| regroup_rows(t, n, d, m, m_pad);
     let (qg, kg, vg) = (regroup(q), regroup(k), regroup(v));
-    // Keys for each query block: the previous block, its own, and (non-causal) the next one.
-    let span = if causal { 2 } else { 3 };
-    let pad_right = if causal { 0 } else { w };
     let unfold = |t: &Tensor| -> Tensor {
         t.constant_pad_nd([0, 0, w, pad_right]).unfold(3, span * w, w).transpose(-1, -2)
         // (B, H, d, blocks, span·w, dh)
@@ -118,9 +107,8 @@ fn windowed(
     let (k_blocks, v_blocks) = (unfold(&kg), unfold(&vg));
     let q_blocks = qg.view([b, h, d, blocks, w, dh]);
 
-    let (steps, invalid) = block_mask(w, d, n, causal, device);
+    let (steps, invalid) = geometry.mask(device);
 
-    let globals = pattern.global_positions(n);
     let g_idx = Tensor::from_slice(&globals).to(device);
     let g = globals.len() as i64;
     // Every query also scores the global keys, except those its window already covers.
@@ -144,8 +132,7 @@ fn windowed(
     // The blocks go through in chunks whose largest intermediate (the scores, or the keys gathered for a
     // matmul) stays under `chunk_bytes`: glibc serves every allocation over 32 MB with a fresh mmap that is
     // page-faulted in on every call, which made the forward at 16K tokens 4× the time at 8K.
-    let per_block = b * h * d * span * w * w.max(dh).max(dv) * kind.elt_size_in_bytes() as i64;
-    let chunk = (chunk_bytes / per_block.max(1)).clamp(1, blocks);
+    let chunk = geometry.blocks_per_chunk(b * h, w.max(dh).max(dv), kind, chunk_bytes);
     let outs: Vec<Tensor> = (0..blocks)
         .step_by(chunk as usize)
         .map(|c0| {
@@ -189,29 +176,65 @@ fn windowed(
     out
 }
 
-/// The offsets and the mask of the kernel's blocks: `steps` (w, span·w), query index minus key index within
-/// a residue class, and `invalid` (d, blocks, w, span·w), true where a query may not see a key of its span
-/// (outside the window, after it when causal, or outside the sequence: block padding, a residue class
-/// running past N).
-fn block_mask(w: i64, d: i64, n: i64, causal: bool, device: tch::Device) -> (Tensor, Tensor) {
-    let m = (n + d - 1) / d;
-    let blocks = (m + w - 1) / w;
-    let span = if causal { 2 } else { 3 };
-    // Offsets in residue steps: query a of block c is at c·w + a, key t of its span at (c − 1)·w + t.
-    let a = Tensor::arange(w, (Kind::Int64, device)).view([w, 1]);
-    let t = Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]);
-    let steps = &a + w - &t;
-    let mut allowed = steps.abs().le(w);
-    if causal {
-        allowed = allowed.logical_and(&steps.ge(0));
+/// How the kernel cuts a sequence of `n` positions. Positions are regrouped by residue mod the dilation
+/// `d` (residue r, index s <-> position s·d + r), so that a dilated window is a plain window of `w`
+/// neighbours (each side) within each residue class of `m` positions, padded to `blocks` blocks of `w`
+/// queries (`m_pad` in all). Each block scores a span of `span` key blocks: the previous one, its own and
+/// (non-causal) the next, the keys padded by a block on the left and `pad_right` on the right.
+#[derive(Clone, Copy)]
+struct Blocks {
+    n: i64,
+    causal: bool,
+    w: i64,
+    d: i64,
+    m: i64,
+    blocks: i64,
+    m_pad: i64,
+    span: i64,
+    pad_right: i64,
+}
+
+impl Blocks {
+    fn new(pattern: &Pattern, n: i64, causal: bool) -> Self {
+        let w = pattern.window.expect("the sparse kernel needs a window");
+        let d = pattern.dilation;
+        let m = (n + d - 1) / d;
+        let blocks = (m + w - 1) / w;
+        let (span, pad_right) = if causal { (2, 0) } else { (3, w) };
+        Self { n, causal, w, d, m, blocks, m_pad: blocks * w, span, pad_right }
     }
-    let c = Tensor::arange(blocks, (Kind::Int64, device)).view([blocks, 1]);
-    let key_index = (&c - 1) * w + Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]); // (blocks, span·w)
-    let r = Tensor::arange(d, (Kind::Int64, device)).view([d, 1, 1]);
-    let key_pos = key_index.unsqueeze(0) * d + &r; // (d, blocks, span·w)
-    let key_ok = key_index.ge(0).unsqueeze(0).logical_and(&key_index.lt(m).unsqueeze(0)).logical_and(&key_pos.lt(n));
-    let invalid = allowed.view([1, 1, w, span * w]).logical_and(&key_ok.unsqueeze(2)).logical_not();
-    (steps, invalid)
+
+    /// The offsets and the mask of the blocks: `steps` (w, span·w), query index minus key index within a
+    /// residue class, and `invalid` (d, blocks, w, span·w), true where a query may not see a key of its span
+    /// (outside the window, after it when causal, or outside the sequence: block padding, a residue class
+    /// running past N).
+    fn mask(&self, device: tch::Device) -> (Tensor, Tensor) {
+        let Self { n, causal, w, d, m, blocks, span, .. } = *self;
+        // Offsets in residue steps: query a of block c is at c·w + a, key t of its span at (c − 1)·w + t.
+        let a = Tensor::arange(w, (Kind::Int64, device)).view([w, 1]);
+        let t = Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]);
+        let steps = &a + w - &t;
+        let mut allowed = steps.abs().le(w);
+        if causal {
+            allowed = allowed.logical_and(&steps.ge(0));
+        }
+        let c = Tensor::arange(blocks, (Kind::Int64, device)).view([blocks, 1]);
+        let key_index = (&c - 1) * w + Tensor::arange(span * w, (Kind::Int64, device)).view([1, span * w]); // (blocks, span·w)
+        let r = Tensor::arange(d, (Kind::Int64, device)).view([d, 1, 1]);
+        let key_pos = key_index.unsqueeze(0) * d + &r; // (d, blocks, span·w)
+        let key_ok =
+            key_index.ge(0).unsqueeze(0).logical_and(&key_index.lt(m).unsqueeze(0)).logical_and(&key_pos.lt(n));
+        let invalid = allowed.view([1, 1, w, span * w]).logical_and(&key_ok.unsqueeze(2)).logical_not();
+        (steps, invalid)
+    }
+
+    /// How many blocks go through at once so that a chunk's largest intermediate stays under `chunk_bytes`
+    /// (why: the chunking in `windowed`): `rows` (batch × heads) of `width` numbers per query–key pair of
+    /// each block's span.
+    fn blocks_per_chunk(&self, rows: i64, width: i64, kind: Kind, chunk_bytes: i64) -> i64 {
+        let per_block = rows * self.d * self.span * self.w * width * kind.elt_size_in_bytes() as i64;
+        (chunk_bytes / per_block.max(1)).clamp(1, self.blocks)
+    }
 }
 
 /// The window kernel through libtorch's fused attention, for patterns without global positions, a relative
@@ -219,25 +242,11 @@ fn block_mask(w: i64, d: i64, n: i64, causal: bool, device: tch::Device) -> (Ten
 /// mask, computed without materialising the scores, forward and backward. The blocks are the fused kernel's
 /// batch and the heads stay its heads, so queries and the output keep the projection's (B, N, H, ·) memory
 /// layout: for a contiguous window no copy of either is made.
-fn windowed_fused(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    pattern: &Pattern,
-    causal: bool,
-    scale: f64,
-    chunk_bytes: i64,
-) -> Tensor {
-    let w = pattern.window.expect("the sparse kernel needs a window");
-    let d = pattern.dilation;
-    let (b, h, n, dh) = q.size4().unwrap();
+fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: f64, chunk_bytes: i64) -> Tensor {
+    let Blocks { n, w, d, m, blocks, m_pad, span, pad_right, .. } = *geometry;
+    let (b, h, _, dh) = q.size4().unwrap();
     let dv = v.size()[3];
     let kind = q.kind();
-    let m = (n + d - 1) / d;
-    let blocks = (m + w - 1) / w;
-    let m_pad = blocks * w;
-    let span = if causal { 2 } else { 3 };
-    let pad_right = if causal { 0 } else { w };
     // (B, H, N, x) -> (B, d, m_pad, H, x): position s·d + r at residue r, index s (views when d = 1 and w
     // divides N).
     let regroup = |t: &Tensor, left: i64, right: i64| {
@@ -257,12 +266,11 @@ fn windowed_fused(
     // w, H, x); a block's span is `span` consecutive ones.
     let key_blocks = |t: &Tensor| regroup(t, w, pad_right).view([b, d, blocks + span - 1, w, h, t.size()[3]]);
     let (kb, vb) = (key_blocks(k), key_blocks(v));
-    let (_, invalid) = block_mask(w, d, n, causal, q.device());
+    let (_, invalid) = geometry.mask(q.device());
     // (d, blocks, w, span·w), additive.
-    let mask = Tensor::zeros_like(&invalid).to_kind(kind).masked_fill(&invalid, MASKED);
-    // Chunks of blocks keep the gathered keys under `chunk_bytes` (glibc's mmap threshold, as below).
-    let per_block = b * h * d * span * w * dh.max(dv) * kind.elt_size_in_bytes() as i64;
-    let chunk = (chunk_bytes / per_block.max(1)).clamp(1, blocks);
+    let mask = Tensor::zeros(invalid.size(), (kind, q.device())).masked_fill(&invalid, MASKED);
+    // Chunks of blocks keep the gathered keys under `chunk_bytes`.
+    let chunk = geometry.blocks_per_chunk(b * h, dh.max(dv), kind, chunk_bytes);
     let outs: Vec<Tensor> = (0..blocks)
         .step_by(chunk as usize)
         .map(|c0| {
