@@ -172,18 +172,17 @@ impl KvCache {
         let capacity = self.buffers.as_ref().map_or(0, |(k, _)| k.size()[2]);
         if needed > capacity {
             let room = needed.max(2 * capacity).max(16);
-            let grown = |t: &Tensor, old: Option<&Tensor>| {
+            let empty = |t: &Tensor| {
                 let mut size = t.size();
                 size[2] = room;
-                let buffer = Tensor::empty(size.as_slice(), (t.kind(), t.device()));
-                if let Some(old) = old {
-                    buffer.narrow(2, 0, self.len).copy_(&old.narrow(2, 0, self.len));
-                }
-                buffer
+                Tensor::empty(size.as_slice(), (t.kind(), t.device()))
             };
-            let old = self.buffers.take();
-            let (old_k, old_v) = old.as_ref().map(|(k, v)| (Some(k), Some(v))).unwrap_or((None, None));
-            self.buffers = Some((grown(&k, old_k), grown(&v, old_v)));
+            let (keys, values) = (empty(&k), empty(&v));
+            if let Some((old_k, old_v)) = &self.buffers {
+                keys.narrow(2, 0, self.len).copy_(&old_k.narrow(2, 0, self.len));
+                values.narrow(2, 0, self.len).copy_(&old_v.narrow(2, 0, self.len));
+            }
+            self.buffers = Some((keys, values));
         }
         let (keys, values) = self.buffers.as_ref().expect("just made room");
         keys.narrow(2, self.len, new).copy_(&k);
