@@ -58,6 +58,8 @@ const CASES: &[(&str, usize, &str)] = &[
     ("sweep:\n  transformer.pe:\n    - none\n    - learnt\n", 4, "transformer.pe"),
     ("sweep:\n  kind: [lm, gpt]\n", 2, "kind: unknown variant `gpt`"),
     ("seeds: []\n", 1, "seeds: the list is empty"),
+    ("seeds:\n  - 0\n  - 1\n  - 0\n", 4, "seeds: 0 is listed twice"),
+    ("sweep:\n  transformer.heads:\n    - 1\n    - 2\n    - 1\n", 5, "sweep.transformer.heads: 1 is listed twice"),
     ("sweep:\n  train.seed: [1, 2]\n", 2, "list the seeds in `seeds:`"),
     ("seeds: [1, -2]\n", 1, "seeds"),
     ("smoke:\n  train.stpes: 3\n", 2, "did you mean train.steps?"),

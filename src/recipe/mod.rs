@@ -313,7 +313,13 @@ pub fn parse_with(
     };
     let seeds = match &parsed.seeds {
         Some(s) if s.is_empty() => return Err(at("seeds", "seeds: the list is empty; give at least one seed".into())),
-        Some(s) => s.clone(),
+        Some(s) => {
+            // Two runs with one seed would be one run twice, under one id in every result file.
+            if let Some((i, seed)) = s.iter().enumerate().find(|(i, seed)| s[..*i].contains(seed)) {
+                return Err(at(&format!("seeds.{i}"), format!("seeds: {seed} is listed twice")));
+            }
+            s.clone()
+        }
         // Without a list, the one run's seed is train.seed as written.
         None => vec![typed.train.unwrap_or_default().seed],
     };
@@ -380,8 +386,12 @@ pub fn parse_with(
             .enumerate()
             .map(|(i, value)| Setting { key: key.into(), value: value.clone(), source: format!("{source}.{i}") })
             .collect();
-        for setting in &settings {
+        for (i, setting) in settings.iter().enumerate() {
             type_check(setting)?;
+            if values[..i].contains(&setting.value) {
+                let text = value_text(&setting.value);
+                return Err(at(&setting.source, format!("{source}: {text} is listed twice")));
+            }
         }
         axes.push(settings);
     }
