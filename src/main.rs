@@ -826,12 +826,22 @@ fn run(name: &Path, args: &RunArgs) -> anyhow::Result<()> {
         if devices.is_empty() {
             anyhow::bail!("--workers / --devices: need at least one worker");
         }
+        let mut share_cores = true;
         for d in &devices {
-            device_or_exit(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
+            let device = device_or_exit(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
+            share_cores &= device == tch::Device::Cpu;
         }
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let threads = threads.unwrap_or((cores / devices.len()).max(1));
-        let plan = WorkerPlan { recipe_path: &path, out: &out, smoke: args.smoke, force: args.force, devices, threads };
+        let plan = WorkerPlan {
+            recipe_path: &path,
+            out: &out,
+            smoke: args.smoke,
+            force: args.force,
+            devices,
+            threads,
+            share_cores,
+        };
         ablate::run::scale::run_workers(&recipe, &plan, args.quiet)?;
     } else {
         let quiet = args.quiet || rank != 0;

@@ -71,6 +71,46 @@ fn a_pool_of_cpu_workers_writes_what_one_process_writes() {
 }
 
 #[test]
+fn a_cpu_worker_takes_the_cores_a_finished_worker_leaves_and_trains_the_same() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    if cores < 2 {
+        eprintln!("skipped: one core, nothing to hand over");
+        return;
+    }
+    let dir = scratch("workers-share");
+    let recipe = dir.join("share.yaml");
+    // Round-robin gives worker 0 the first and the long third run, worker 1 the short second one: worker 1
+    // is done while worker 0 has most of its long run ahead.
+    let text = recipe_text(&dir).replace("transformer.heads: [1, 2, 4]", "train.steps: [8, 9, 800]");
+    std::fs::write(&recipe, text.replace("seeds: [0, 1]", "seeds: [0]")).unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let done = Command::new(env!("CARGO_BIN_EXE_ablate"))
+            .arg(&recipe)
+            .args(["--device", "cpu", "--threads", "1", "--out"])
+            .arg(dir.join(out))
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr).to_string();
+        assert!(done.status.success(), "{stderr}");
+        stderr
+    };
+    run("one", &["--quiet"]);
+    let pool = run("pool", &["--devices", "cpu,cpu"]);
+    let handed = pool
+        .lines()
+        .find(|l| l.starts_with("[worker 0] ablate: a worker of the pool finished"))
+        .unwrap_or_else(|| panic!("worker 0 never took worker 1's core:\n{pool}"));
+    assert!(handed.contains("training on with 2 threads"), "{handed}");
+    assert!(!pool.contains("[worker 1] ablate: a worker of the pool finished"), "{pool}");
+    // Its numbers are those of one process with one thread; the hand-over files are gone.
+    assert_eq!(runs_without_timings(&dir.join("pool")), runs_without_timings(&dir.join("one")));
+    let left: Vec<_> = std::fs::read_dir(dir.join("pool/shards")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn workers_auto_times_the_splits_of_the_cores_and_trains_what_one_process_trains() {
     let dir = scratch("workers-auto");
     let recipe = dir.join("auto.yaml");

@@ -324,6 +324,14 @@ pub struct WorkerPlan<'a> {
     pub devices: Vec<String>,
     /// Intra-op threads per worker (CPU workers split the cores between them).
     pub threads: usize,
+    /// Every worker is on the CPU: when one finishes, the others take its cores ([`crate::train::cores`]).
+    pub share_cores: bool,
+}
+
+/// The threads each of `running` CPU workers gets of a pool that started `workers` × `threads`: the
+/// pool's cores split evenly among those still training, never fewer than they started with.
+pub fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
+    (workers * threads / running.max(1)).max(threads)
 }
 
 /// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
@@ -347,8 +355,15 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
         );
     }
     let mut children = Vec::new();
+    let threads_file = |k: usize| plan.out.join("shards").join(format!("threads-{k}"));
+    if plan.share_cores {
+        std::fs::create_dir_all(plan.out.join("shards"))?;
+    }
     for (k, device) in plan.devices.iter().enumerate() {
         let mut cmd = Command::new(&exe);
+        if plan.share_cores {
+            cmd.env(crate::train::cores::THREADS_FILE_ENV, threads_file(k));
+        }
         cmd.arg(plan.recipe_path)
             .args(recipe.overrides.args())
             .arg("--shard")
@@ -383,7 +398,25 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
     }
     // A stop signal to this process is passed on to every worker: each saves its state and exits.
     let mut forwarded = false;
-    while children.iter_mut().any(|(_, child, _)| matches!(child.try_wait(), Ok(None))) {
+    let mut threads_now = vec![plan.threads; n];
+    loop {
+        let running: Vec<bool> =
+            children.iter_mut().map(|(_, child, _)| matches!(child.try_wait(), Ok(None))).collect();
+        let still = running.iter().filter(|&&r| r).count();
+        if still == 0 {
+            break;
+        }
+        if plan.share_cores && !forwarded {
+            let share = grown_share(n, plan.threads, still);
+            for k in 0..n {
+                if running[k] && share > threads_now[k] {
+                    // A failed hand-over only leaves cores idle: the worker trains on as it was.
+                    if write_atomically(&threads_file(k), share.to_string().as_bytes()).is_ok() {
+                        threads_now[k] = share;
+                    }
+                }
+            }
+        }
         if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
             for (_, child, _) in &children {
                 // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
@@ -392,6 +425,9 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
             forwarded = true;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for k in 0..n {
+        let _ = std::fs::remove_file(threads_file(k));
     }
     let mut failures = Vec::new();
     let mut interrupted = false;

@@ -21,6 +21,7 @@ use tch::{nn, Device, Tensor};
 
 use crate::recipe::{Precision, TrainConfig};
 
+pub mod cores;
 pub mod distributed;
 pub mod memory;
 pub mod native;
@@ -496,6 +497,11 @@ pub fn optimise(
     let mut diverged_at = None;
     let mut comm_time = 0.0;
     for step in first_step..t.steps {
+        if group.is_none() {
+            if let Some(threads) = cores::follow_share() {
+                eprintln!("ablate: a worker of the pool finished: training on with {threads} threads from step {step}");
+            }
+        }
         let tick = Instant::now();
         tch::manual_seed(step_seed(t.seed, step));
         let lr = t.lr_at(step);
