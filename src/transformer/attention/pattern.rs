@@ -132,25 +132,35 @@ fn windowed(
     // The blocks go through in chunks whose largest intermediate (the scores, or the keys gathered for a
     // matmul) stays under `chunk_bytes`: glibc serves every allocation over 32 MB with a fresh mmap that is
     // page-faulted in on every call, which made the forward at 16K tokens 4× the time at 8K.
+    // Pieces of one `split` rather than a `narrow` each, so that backward concatenates their gradients once
+    // instead of sending each chunk's back as a zero-filled tensor of the whole input (see `windowed_fused`).
     let chunk = geometry.blocks_per_chunk(b * h, w.max(dh).max(dv), kind, chunk_bytes);
-    let outs: Vec<Tensor> = (0..blocks)
-        .step_by(chunk as usize)
-        .map(|c0| {
-            let cb = chunk.min(blocks - c0);
-            let (qb, kb, vb) = (q_blocks.narrow(3, c0, cb), k_blocks.narrow(3, c0, cb), v_blocks.narrow(3, c0, cb));
+    let sizes: Vec<i64> = (0..blocks).step_by(chunk as usize).map(|c0| chunk.min(blocks - c0)).collect();
+    let (q_chunks, k_chunks, v_chunks) = (
+        q_blocks.split_with_sizes(&sizes, 3),
+        k_blocks.split_with_sizes(&sizes, 3),
+        v_blocks.split_with_sizes(&sizes, 3),
+    );
+    let g_chunks = global_keys.as_ref().map(|(g_scores, _)| g_scores.split_with_sizes(&sizes, 3));
+    let mut c0 = 0;
+    let outs: Vec<Tensor> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &cb)| {
+            let (qb, kb, vb) = (&q_chunks[i], &k_chunks[i], &v_chunks[i]);
+            let invalid = invalid.narrow(1, c0, cb);
+            c0 += cb;
             let mut scores = qb.matmul(&kb.transpose(-1, -2)) * scale; // (B, H, d, cb, w, span·w)
-            if let Some(bias) = relative.score_bias(&qb, &(&steps * d), causal, scale) {
+            if let Some(bias) = relative.score_bias(qb, &(&steps * d), causal, scale) {
                 scores += bias;
             }
-            let scores = scores.masked_fill(&invalid.narrow(1, c0, cb), MASKED);
-            match &global_keys {
-                None => scores.softmax(-1, kind).dropout(dropout, train).matmul(&vb),
-                Some((g_scores, v_glob)) => {
-                    let joint = Tensor::cat(&[&scores, &g_scores.narrow(3, c0, cb)], -1)
-                        .softmax(-1, kind)
-                        .dropout(dropout, train);
-                    joint.narrow(-1, 0, span * w).matmul(&vb) + joint.narrow(-1, span * w, g).matmul(v_glob)
+            let scores = scores.masked_fill(&invalid, MASKED);
+            match (&global_keys, &g_chunks) {
+                (Some((_, v_glob)), Some(g_chunks)) => {
+                    let joint = Tensor::cat(&[&scores, &g_chunks[i]], -1).softmax(-1, kind).dropout(dropout, train);
+                    joint.narrow(-1, 0, span * w).matmul(vb) + joint.narrow(-1, span * w, g).matmul(v_glob)
                 }
+                _ => scores.softmax(-1, kind).dropout(dropout, train).matmul(vb),
             }
         })
         .collect();
@@ -269,24 +279,37 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
     let (_, invalid) = geometry.mask(q.device());
     // (d, blocks, w, span·w), additive.
     let mask = Tensor::zeros(invalid.size(), (kind, q.device())).masked_fill(&invalid, MASKED);
-    // Chunks of blocks keep the gathered keys under `chunk_bytes`.
+    // Chunks of blocks keep the gathered keys under `chunk_bytes`. Each chunk's queries and keys are pieces
+    // of one `split` of the whole tensors (per span offset, for the keys) rather than a `narrow` each:
+    // autograd sends a narrow's gradient back as a zero-filled tensor of the whole input, so per-chunk
+    // narrows made the backward pass O(chunks × N); a split's backward is one concatenation.
     let chunk = geometry.blocks_per_chunk(b * h, dh.max(dv), kind, chunk_bytes);
-    let outs: Vec<Tensor> = (0..blocks)
-        .step_by(chunk as usize)
-        .map(|c0| {
-            let cb = chunk.min(blocks - c0);
-            let spans = |t: &Tensor| {
-                let x = t.size()[5];
-                let parts: Vec<Tensor> = (0..span).map(|j| t.narrow(2, c0 + j, cb)).collect();
+    let sizes: Vec<i64> = (0..blocks).step_by(chunk as usize).map(|c0| chunk.min(blocks - c0)).collect();
+    let rows: Vec<i64> = sizes.iter().map(|cb| cb * w).collect();
+    let q_chunks = qg.split_with_sizes(&rows, 2);
+    // Per offset j of a span, key blocks j .. j + blocks, cut into the chunks.
+    let shifted = |t: &Tensor| -> Vec<Vec<Tensor>> {
+        (0..span).map(|j| t.narrow(2, j, blocks).split_with_sizes(&sizes, 2)).collect()
+    };
+    let (k_shifted, v_shifted) = (shifted(&kb), shifted(&vb));
+    let mut c0 = 0;
+    let outs: Vec<Tensor> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &cb)| {
+            let spans = |shifted: &[Vec<Tensor>]| {
+                let x = shifted[0][i].size()[5];
+                let parts: Vec<&Tensor> = shifted.iter().map(|pieces| &pieces[i]).collect();
                 Tensor::cat(&parts, 3).view([b * d * cb, span * w, h, x]).transpose(1, 2)
             };
-            let qb = qg.narrow(2, c0 * w, cb * w).reshape([b * d * cb, w, h, dh]).transpose(1, 2);
+            let qb = q_chunks[i].reshape([b * d * cb, w, h, dh]).transpose(1, 2);
             let mask = mask.narrow(1, c0, cb).unsqueeze(0).expand([b, d, cb, w, span * w], false);
             let mask = mask.reshape([b * d * cb, 1, w, span * w]);
+            c0 += cb;
             let out = Tensor::scaled_dot_product_attention(
                 &qb,
-                &spans(&kb),
-                &spans(&vb),
+                &spans(&k_shifted),
+                &spans(&v_shifted),
                 Some(mask),
                 0.0,
                 false,
