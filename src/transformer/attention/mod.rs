@@ -94,13 +94,6 @@ pub fn causal_allowed(n_q: i64, n_k: i64, device: tch::Device) -> Tensor {
     k_pos.le_tensor(&q_pos)
 }
 
-/// Above this size, the stacked Q/K/V output of self-attention on the CPU is computed as three products
-/// instead of one. glibc serves blocks over 32 MiB (its largest mmap threshold) with a fresh `mmap` on every
-/// call, whose pages are faulted in and zeroed anew each step; three outputs of a third the size stay in the
-/// heap and are reused. This is what made a 16K-token attention layer's time jump by more than the doubling
-/// from 8K (`results/bench/sparse_kernel/`). Same products, same numbers (a test compares them).
-const SPLIT_PROJECTION_ABOVE_BYTES: i64 = 32 << 20;
-
 /// Multi-head attention: Q/K/V projections to H query heads of `qk_dim` dimensions and `kv_heads` key and
 /// value heads of `qk_dim` and `head_dim` dimensions, and an output projection from the H heads' values
 /// back to the model width.
@@ -301,24 +294,8 @@ impl MultiHeadAttention {
 
     /// The queries, keys and values of self-attention, (B, N, ·) each.
     fn project_self(&self, x: &Tensor, qk_add: Option<&Tensor>) -> (Tensor, Tensor, Tensor) {
-        self.project_self_splitting_above(x, qk_add, SPLIT_PROJECTION_ABOVE_BYTES)
-    }
-
-    /// [`Self::project_self`], with one matmul per role once the stacked output would exceed `split_above`
-    /// bytes.
-    fn project_self_splitting_above(
-        &self,
-        x: &Tensor,
-        qk_add: Option<&Tensor>,
-        split_above: i64,
-    ) -> (Tensor, Tensor, Tensor) {
         let [wq, wk, wv] = self.widths();
-        let rows = x.numel() as i64 / x.size().last().copied().unwrap_or(1).max(1);
-        let stacked_bytes = rows * (wq + wk + wv) * x.kind().elt_size_in_bytes() as i64;
         match qk_add {
-            None if x.device() == tch::Device::Cpu && stacked_bytes > split_above => {
-                (self.project(x, 0, wq), self.project(x, wq, wk), self.project(x, wq + wk, wv))
-            }
             None => {
                 let parts = self.qkv.forward(x).split_with_sizes([wq, wk, wv], -1);
                 (parts[0].shallow_clone(), parts[1].shallow_clone(), parts[2].shallow_clone())
@@ -614,39 +591,4 @@ pub fn weight_statistics(weights: &Tensor) -> (f64, f64) {
     let entropy = -plogp.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
     let max_weight = w.amax(-1, false).mean(Kind::Float);
     (entropy.double_value(&[]), max_weight.double_value(&[]))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transformer::spec::{PositionEncoding, PositionSpec};
-
-    #[test]
-    fn three_projections_compute_what_the_stacked_one_computes_forward_and_backward() {
-        tch::manual_seed(2);
-        let vs = nn::VarStore::new(tch::Device::Cpu);
-        // Grouped keys and values give the three roles different widths.
-        let spec = AttentionSpec { kv_heads: 2, ..AttentionSpec::standard(16, 4) };
-        let m = MultiHeadAttention::new(vs.root(), 16, &spec, &PositionSpec::of(PositionEncoding::None), None, 0.1);
-        let x = Tensor::randn([3, 7, 16], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        let stacked_bytes = 3 * 7 * m.widths().iter().sum::<i64>() * 4;
-        let run = |split_above: i64| {
-            for p in vs.trainable_variables().iter().chain([&x]) {
-                let _ = p.grad().f_zero_();
-            }
-            let (q, k, v) = m.project_self_splitting_above(&x, None, split_above);
-            assert_eq!(q.is_contiguous() && k.is_contiguous(), split_above < stacked_bytes);
-            let loss = (q.sin().sum(Kind::Float) + k.cos().sum(Kind::Float)) + (&v * &v).sum(Kind::Float);
-            loss.backward();
-            let grads: Vec<Tensor> = vs.trainable_variables().iter().chain([&x]).map(|p| p.grad().copy()).collect();
-            ([q, k, v], grads)
-        };
-        let (stacked, stacked_grads) = run(stacked_bytes);
-        let (split, split_grads) = run(stacked_bytes - 1);
-        for (a, b) in stacked.iter().zip(&split).chain(stacked_grads.iter().zip(&split_grads)) {
-            assert_eq!(a.size(), b.size());
-            let diff = (a - b).abs().max().double_value(&[]);
-            assert!(diff < 1e-5, "the split projection differs by {diff}");
-        }
-    }
 }
