@@ -134,27 +134,22 @@ fn windowed(
     // page-faulted in on every call, which made the forward at 16K tokens 4× the time at 8K.
     // Pieces of one `split` rather than a `narrow` each, so that backward concatenates their gradients once
     // instead of sending each chunk's back as a zero-filled tensor of the whole input (see `windowed_fused`).
-    let chunk = geometry.blocks_per_chunk(b * h, w.max(dh).max(dv), kind, chunk_bytes);
-    let sizes: Vec<i64> = (0..blocks).step_by(chunk as usize).map(|c0| chunk.min(blocks - c0)).collect();
+    let sizes = geometry.chunk_sizes(b * h, w.max(dh).max(dv), kind, chunk_bytes);
     let (q_chunks, k_chunks, v_chunks) = (
         q_blocks.split_with_sizes(&sizes, 3),
         k_blocks.split_with_sizes(&sizes, 3),
         v_blocks.split_with_sizes(&sizes, 3),
     );
     let g_chunks = global_keys.as_ref().map(|(g_scores, _)| g_scores.split_with_sizes(&sizes, 3));
-    let mut c0 = 0;
-    let outs: Vec<Tensor> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &cb)| {
+    let invalid_chunks = invalid.split_with_sizes(&sizes, 1);
+    let outs: Vec<Tensor> = (0..sizes.len())
+        .map(|i| {
             let (qb, kb, vb) = (&q_chunks[i], &k_chunks[i], &v_chunks[i]);
-            let invalid = invalid.narrow(1, c0, cb);
-            c0 += cb;
             let mut scores = qb.matmul(&kb.transpose(-1, -2)) * scale; // (B, H, d, cb, w, span·w)
             if let Some(bias) = relative.score_bias(qb, &(&steps * d), causal, scale) {
                 scores += bias;
             }
-            let scores = scores.masked_fill(&invalid, MASKED);
+            let scores = scores.masked_fill(&invalid_chunks[i], MASKED);
             match (&global_keys, &g_chunks) {
                 (Some((_, v_glob)), Some(g_chunks)) => {
                     let joint = Tensor::cat(&[&scores, &g_chunks[i]], -1).softmax(-1, kind).dropout(dropout, train);
@@ -238,12 +233,13 @@ impl Blocks {
         (steps, invalid)
     }
 
-    /// How many blocks go through at once so that a chunk's largest intermediate stays under `chunk_bytes`
-    /// (why: the chunking in `windowed`): `rows` (batch × heads) of `width` numbers per query–key pair of
-    /// each block's span.
-    fn blocks_per_chunk(&self, rows: i64, width: i64, kind: Kind, chunk_bytes: i64) -> i64 {
+    /// The number of blocks in each chunk, in order, so that a chunk's largest intermediate stays under
+    /// `chunk_bytes` (why: the chunking in `windowed`): `rows` (batch × heads) of `width` numbers per
+    /// query–key pair of each block's span.
+    fn chunk_sizes(&self, rows: i64, width: i64, kind: Kind, chunk_bytes: i64) -> Vec<i64> {
         let per_block = rows * self.d * self.span * self.w * width * kind.elt_size_in_bytes() as i64;
-        (chunk_bytes / per_block.max(1)).clamp(1, self.blocks)
+        let chunk = (chunk_bytes / per_block.max(1)).clamp(1, self.blocks);
+        (0..self.blocks).step_by(chunk as usize).map(|c0| chunk.min(self.blocks - c0)).collect()
     }
 }
 
@@ -283,8 +279,7 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
     // of one `split` of the whole tensors (per span offset, for the keys) rather than a `narrow` each:
     // autograd sends a narrow's gradient back as a zero-filled tensor of the whole input, so per-chunk
     // narrows made the backward pass O(chunks × N); a split's backward is one concatenation.
-    let chunk = geometry.blocks_per_chunk(b * h, dh.max(dv), kind, chunk_bytes);
-    let sizes: Vec<i64> = (0..blocks).step_by(chunk as usize).map(|c0| chunk.min(blocks - c0)).collect();
+    let sizes = geometry.chunk_sizes(b * h, dh.max(dv), kind, chunk_bytes);
     let rows: Vec<i64> = sizes.iter().map(|cb| cb * w).collect();
     let q_chunks = qg.split_with_sizes(&rows, 2);
     // Per offset j of a span, key blocks j .. j + blocks, cut into the chunks.
@@ -292,7 +287,7 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
         (0..span).map(|j| t.narrow(2, j, blocks).split_with_sizes(&sizes, 2)).collect()
     };
     let (k_shifted, v_shifted) = (shifted(&kb), shifted(&vb));
-    let mut c0 = 0;
+    let mask_chunks = mask.split_with_sizes(&sizes, 1);
     let outs: Vec<Tensor> = sizes
         .iter()
         .enumerate()
@@ -303,9 +298,8 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
                 Tensor::cat(&parts, 3).view([b * d * cb, span * w, h, x]).transpose(1, 2)
             };
             let qb = q_chunks[i].reshape([b * d * cb, w, h, dh]).transpose(1, 2);
-            let mask = mask.narrow(1, c0, cb).unsqueeze(0).expand([b, d, cb, w, span * w], false);
+            let mask = mask_chunks[i].unsqueeze(0).expand([b, d, cb, w, span * w], false);
             let mask = mask.reshape([b * d * cb, 1, w, span * w]);
-            c0 += cb;
             let out = Tensor::scaled_dot_product_attention(
                 &qb,
                 &spans(&k_shifted),
