@@ -330,7 +330,7 @@ pub struct WorkerPlan<'a> {
 
 /// The threads each of `running` CPU workers gets of a pool that started `workers` × `threads`: the
 /// pool's cores split evenly among those still training, never fewer than they started with.
-pub fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
+fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
     (workers * threads / running.max(1)).max(threads)
 }
 
@@ -398,7 +398,8 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
     }
     // A stop signal to this process is passed on to every worker: each saves its state and exits.
     let mut forwarded = false;
-    let mut threads_now = vec![plan.threads; n];
+    // Every worker still training has been given the same share: one number, not one per worker.
+    let mut share_given = plan.threads;
     loop {
         let running: Vec<bool> =
             children.iter_mut().map(|(_, child, _)| matches!(child.try_wait(), Ok(None))).collect();
@@ -408,13 +409,12 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
         }
         if plan.share_cores && !forwarded {
             let share = grown_share(n, plan.threads, still);
-            for k in 0..n {
-                if running[k] && share > threads_now[k] {
+            if share > share_given {
+                for k in (0..n).filter(|&k| running[k]) {
                     // A failed hand-over only leaves cores idle: the worker trains on as it was.
-                    if write_atomically(&threads_file(k), share.to_string().as_bytes()).is_ok() {
-                        threads_now[k] = share;
-                    }
+                    let _ = write_atomically(&threads_file(k), share.to_string().as_bytes());
                 }
+                share_given = share;
             }
         }
         if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
