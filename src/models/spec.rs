@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::transformer::spec::{PositionEncoding, TransformerSpec};
 
 /// How a ViT turns its tokens into one vector for the head.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Pool {
     /// A learned `<cls>` token prepended to the patches; the head reads its final state.
@@ -15,7 +15,7 @@ pub enum Pool {
 }
 
 /// DaViT's two kinds of block.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockKind {
     /// Window attention over tokens.

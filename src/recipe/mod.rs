@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 pub mod convert;
+pub mod keys;
 pub mod lines;
 pub mod overrides;
 pub mod presets;

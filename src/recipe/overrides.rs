@@ -102,6 +102,16 @@ impl Overrides {
         self.set.is_empty() && self.sweep.is_empty() && self.seeds.is_none()
     }
 
+    /// These overrides and one more `key=value`, last in order (an earlier value of the key is dropped):
+    /// how a data-parallel launch records its number of processes as `train.world_size`.
+    pub fn with(mut self, argument: &str) -> Result<Self, RecipeError> {
+        let (key, text) = key_value(argument)?;
+        let value = yaml(argument, text)?;
+        self.set.retain(|(k, _, _)| *k != key);
+        self.set.push((key, value, argument.to_string()));
+        Ok(self)
+    }
+
     /// The arguments that give these overrides again (for worker processes and Slurm scripts).
     pub fn args(&self) -> Vec<String> {
         let mut out: Vec<String> = self.set.iter().map(|(_, _, a)| a.clone()).collect();

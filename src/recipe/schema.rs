@@ -11,7 +11,7 @@ pub use crate::transformer::spec::{
 };
 
 /// What a run trains: the recipe's `kind:`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// A GPT decoder trained by next-token prediction on text or the copy task (UDL §12.7).
@@ -79,7 +79,7 @@ impl std::fmt::Display for Kind {
 }
 
 /// One concrete run's configuration (a recipe's base config with one sweep point applied).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub kind: Kind,
@@ -223,7 +223,7 @@ impl Config {
 }
 
 /// The Transformer section: one set of knobs for every kind of model.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransformerConfig {
     /// Width D of every token (a hierarchical model's first stage; later stages double it).
@@ -236,6 +236,7 @@ pub struct TransformerConfig {
     pub head_dim: Option<i64>,
     /// Hidden size of the per-token FFN (`null`: 4·D; doubles with the width in hierarchical models).
     pub ffn_hidden: Option<i64>,
+    /// The nonlinearity between the two layers of every FFN.
     pub activation: Activation,
     /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
     pub pre_ln: bool,
@@ -308,7 +309,7 @@ impl TransformerConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PositionConfig {
     /// Where an absolute encoding enters (UDL §12.3.1 names all three): `input`, `every_layer`, `qk`
@@ -325,8 +326,9 @@ pub struct PositionConfig {
     pub rope_fraction: f64,
     /// Shaw: offsets beyond ±this share one learned vector.
     pub shaw_max_distance: i64,
-    /// T5: number of relative-position buckets, and the offset where the last bucket starts.
+    /// T5: number of relative-position buckets.
     pub t5_buckets: i64,
+    /// T5: the offset where the last bucket starts (offsets beyond it share that bucket).
     pub t5_max_distance: i64,
 }
 
@@ -345,7 +347,7 @@ impl Default for PositionConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttentionConfig {
     /// Key/value heads, each shared by `heads / kv_heads` query heads: 1 is multi-query attention
@@ -376,11 +378,14 @@ pub struct AttentionConfig {
 }
 
 /// One layer's pattern in `transformer.attention.layer_patterns` (`{}`: dense).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LayerPatternConfig {
+    /// This layer's window: neighbours on each side (`null`: dense), as `pattern.window`.
     pub window: Option<i64>,
+    /// This layer's spacing of the window's neighbours, as `pattern.dilation`.
     pub dilation: i64,
+    /// This layer's global positions (every `global_every`-th), as `pattern.global_every`.
     pub global_every: Option<i64>,
 }
 
@@ -407,7 +412,7 @@ impl Default for AttentionConfig {
 }
 
 /// A sparse attention pattern (UDL §12.9): the union of a (dilated) window and global positions.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PatternConfig {
     /// Each token attends to `window` neighbours on each side (only earlier ones in a causal model).
@@ -428,7 +433,7 @@ impl Default for PatternConfig {
 }
 
 /// What a BERT run does (UDL §12.6).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BertConfig {
     /// `pretrain`: the pre-training objective alone, for `train.steps`. A fine-tuning task (`spam`,
@@ -497,7 +502,7 @@ impl Default for BertConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BertTask {
     /// Pre-training only (`mlm` is accepted for it).
@@ -511,7 +516,7 @@ pub enum BertTask {
     Locate,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum PretrainObjective {
     #[default]
@@ -530,12 +535,14 @@ impl PretrainObjective {
 }
 
 /// What a translation run does (UDL §12.8).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TranslateConfig {
     /// `bible_en_es`: World English Bible → Reina-Valera 1909, aligned by verse.
     pub pairs: PairSet,
+    /// Layers of the encoder stack.
     pub encoder_layers: i64,
+    /// Layers of the decoder stack.
     pub decoder_layers: i64,
     /// How many of the decoder's layers (the last ones) cross-attend to the encoder (`null`: all).
     pub cross_attention_layers: Option<i64>,
@@ -551,7 +558,7 @@ pub struct TranslateConfig {
     pub length_penalty: f64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum PairSet {
     BibleEnEs,
@@ -575,10 +582,12 @@ impl Default for TranslateConfig {
 
 /// The structure of a vision model: the image and how it becomes tokens, stages and windows. The
 /// Transformer itself is the `transformer` section.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct VisionConfig {
+    /// Side of the (square) input image in pixels: must match the data set's images (checked when they load).
     pub image_size: i64,
+    /// Colour channels of the input image (1: grey, 3: RGB).
     pub channels: i64,
     /// Classes of the classifier (image_gpt: of its linear probe).
     pub classes: i64,
@@ -647,7 +656,7 @@ impl VisionConfig {
 /// kind cnn: a small convolutional classifier. Each stage is a k×k convolution (same padding), BatchNorm
 /// and ReLU, with 2×2 max-pooling between stages; the last stage's map is averaged and a linear layer
 /// gives the classes.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CnnConfig {
     /// Output channels of each stage.
@@ -663,7 +672,7 @@ impl Default for CnnConfig {
 }
 
 /// ImageGPT's colour quantiser.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Quantiser {
     /// k-means clusters of the training pixels' colours (iGPT's palette).
@@ -673,7 +682,7 @@ pub enum Quantiser {
 }
 
 /// ImageGPT's palette, probe and sample grid.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ImageGptConfig {
     /// Number of palette colours: the pixel vocabulary (the model also has one start-of-image token).
@@ -683,6 +692,7 @@ pub struct ImageGptConfig {
     pub probe_images: i64,
     /// Test images whose lower halves are sampled for the completion grid, and samples per image.
     pub completions: i64,
+    /// Samples drawn per completed image.
     pub samples_per_completion: i64,
 }
 
@@ -698,7 +708,7 @@ impl Default for ImageGptConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
     /// kind lm: `text` (next-token LM on the corpus) or `copy` (the synthetic copy task).
@@ -744,7 +754,7 @@ impl Default for DataConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageDataset {
     /// Fashion-MNIST (60,000 + 10,000 grey 28×28 images, 10 classes), from Debian's `dataset-fashion-mnist`.
@@ -775,7 +785,7 @@ impl ImageDataset {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ImageDataConfig {
     pub dataset: ImageDataset,
@@ -796,20 +806,20 @@ impl Default for ImageDataConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
     Text,
     Copy,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Corpus {
     Bible,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Tokenizer {
     /// Every distinct character of the corpus is a token.
@@ -821,19 +831,24 @@ pub enum Tokenizer {
     Wordpiece,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
+    /// Optimisation steps of the run.
     pub steps: i64,
+    /// Examples per step (per process in a data-parallel launch).
     pub batch_size: i64,
     /// Peak learning rate, reached after `warmup_steps` of linear warm-up.
     pub lr: f64,
     /// Floor of the cosine decay.
     pub min_lr: f64,
+    /// Steps of linear learning-rate warm-up (Noam: the step where the rate peaks).
     pub warmup_steps: i64,
     /// AdamW's decoupled weight decay, applied to matrices only (not biases, norms).
     pub weight_decay: f64,
+    /// AdamW's β₁ (momentum of the gradient's running mean).
     pub beta1: f64,
+    /// AdamW's β₂ (decay of the squared gradient's running mean).
     pub beta2: f64,
     /// Clip the global gradient norm to this value (`null`: no clipping).
     pub grad_clip: Option<f64>,
@@ -866,7 +881,7 @@ pub struct TrainConfig {
     pub world_size: i64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
     #[default]
@@ -931,7 +946,9 @@ pub fn warmup_cosine(step: i64, warmup: i64, total: i64, lr: f64, min_lr: f64) -
     min_lr + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (lr - min_lr)
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+/// The arithmetic of a run (`train.precision`), and of `ablate bench --precision`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[cfg_attr(feature = "torch", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
     Fp32,

@@ -9,9 +9,11 @@
 //! One process (no such variables, or a world of 1) is not a launch.
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
-use crate::train::distributed::Membership;
+use crate::recipe::{self, Overrides, Recipe};
+use crate::train::distributed::{self, Backend, Membership};
 
 /// How long a collective or store wait may block before a rank gives up (`ABLATE_DIST_TIMEOUT` seconds;
 /// torch.distributed's default of 30 minutes, since rank 0 may be unpacking a data set the others wait for).
@@ -130,6 +132,96 @@ pub fn first_host(list: &str) -> Option<String> {
         }
     };
     (!host.is_empty()).then_some(host)
+}
+
+/// What a rank of a data-parallel launch was started with: the recipe, its overrides and the flags that
+/// apply to a launch.
+pub struct Request<'a> {
+    pub recipe_path: &'a Path,
+    pub overrides: &'a Overrides,
+    pub smoke: bool,
+    /// `--device`: `auto`, `cuda` (each rank takes its `LOCAL_RANK`'s GPU) or `cpu`.
+    pub device: &'a str,
+    /// `--threads`, when given.
+    pub threads: Option<usize>,
+    pub quiet: bool,
+}
+
+/// Joins the data-parallel launch this process is part of: puts the rank on its device (`LOCAL_RANK`'s
+/// GPU) and its share of the node's cores, joins the group (NCCL between GPUs where built, else Gloo),
+/// records the number of processes as `train.world_size`, and refuses ranks whose recipe or ablate build
+/// differ from rank 0's.
+pub fn join(membership: &Membership, request: &Request) -> Result<(Recipe, tch::Device)> {
+    let device = rank_device(membership, request.device)?;
+    if request.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && device == tch::Device::Cpu {
+        // The node's cores shared among its ranks (torchrun sets OMP_NUM_THREADS itself).
+        let env: HashMap<String, String> = std::env::vars().collect();
+        if let Some(local) = local_world(&env).filter(|&n| n > 1) {
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            tch::set_num_threads((cores / local).max(1) as i32);
+        }
+    }
+    let backend = match device {
+        tch::Device::Cuda(_) if crate::train::native::has_cuda_extras() => Backend::Nccl,
+        tch::Device::Cuda(_) => {
+            eprintln!("ablate: warning: this build has no NCCL (CUDA headers missing at build time): gradients go through Gloo and the host");
+            Backend::Gloo
+        }
+        _ => Backend::Gloo,
+    };
+    let group = distributed::join(membership, backend, device)?;
+    let recipe = recipe_for_world(request, membership.world)?;
+    let runs: Vec<(&str, &str)> = recipe.runs.iter().map(|r| (r.id.as_str(), r.config_hash.as_str())).collect();
+    let recipe_print = fingerprint(serde_json::to_string(&(&recipe.name, request.smoke, runs))?.as_bytes());
+    group.agree("recipe (its runs and their configs)", &format!("recipe {recipe_print}"))?;
+    let exe = std::fs::read(std::env::current_exe()?).context("reading this ablate binary")?;
+    group.agree("ablate build", &format!("build {} v{}", fingerprint(&exe), env!("CARGO_PKG_VERSION")))?;
+    if group.rank == 0 && !request.quiet {
+        eprintln!(
+            "ablate: data-parallel over {} processes ({backend:?}), {device:?} each; global batch {}",
+            membership.world,
+            recipe.runs.first().map_or(0, |r| r.config.train.global_batch())
+        );
+    }
+    Ok((recipe, device))
+}
+
+/// The device of one rank: the CPU, or the GPU of its `LOCAL_RANK`.
+fn rank_device(membership: &Membership, spec: &str) -> Result<tch::Device> {
+    let gpu = || {
+        crate::parse_device(&format!("cuda:{}", membership.local_rank)).map_err(|e| {
+            anyhow::anyhow!("rank {} (LOCAL_RANK {}): {e}", membership.rank, membership.local_rank)
+        })
+    };
+    match spec {
+        "cpu" => Ok(tch::Device::Cpu),
+        "auto" if !tch::Cuda::is_available() => Ok(tch::Device::Cpu),
+        "auto" | "cuda" => gpu(),
+        other => bail!(
+            "--device {other}: in a data-parallel launch each rank takes the GPU of its LOCAL_RANK: give --device cuda, auto or cpu"
+        ),
+    }
+}
+
+/// The recipe with `train.world_size` equal to the launch's processes: set to it when the recipe leaves it
+/// at 1, refused when the recipe asks for another number.
+fn recipe_for_world(request: &Request, world: usize) -> Result<Recipe> {
+    let from_file = recipe::load_with(request.recipe_path, request.smoke, request.overrides)?;
+    let asked = from_file.runs.iter().map(|r| r.config.train.world_size).max().unwrap_or(1);
+    if asked as usize == world {
+        return Ok(from_file);
+    }
+    if asked != 1 {
+        bail!("{}: train.world_size is {asked}, but this launch has {world} processes", request.recipe_path.display());
+    }
+    let with_world = request.overrides.clone().with(&format!("train.world_size={world}"))?;
+    Ok(recipe::load_with(request.recipe_path, request.smoke, &with_world)?)
+}
+
+/// The first 8 bytes of a SHA-256, in hex: enough to tell two recipes or builds apart.
+fn fingerprint(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::process::{Command, Stdio};
 use std::str::FromStr;
 
 use super::bench::BenchModel;
-use super::plot::plot_results;
 use super::results::{write_resolved, ResultsDir};
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
@@ -298,9 +297,7 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     write_atomically(&out.join("samples.txt"), samples.as_bytes())?;
     write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
     write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
-    plot_results(out, recipe)?;
-    super::tensorboard::export(out, recipe)?;
-    super::report::write_report(out, recipe)?;
+    super::finish(out, recipe)?;
     let missing = recipe.runs.len() - ids.len();
     if !quiet {
         eprintln!(

@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::path::Path;
 use tch::Device;
 
-use super::plot::plot_results;
 use super::results::{write_resolved, ResultsDir};
 use super::scale::Shard;
 use crate::metrics::Metric;
@@ -241,10 +240,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         }
         return Ok(());
     }
-    plot_results(&results.dir, recipe)?;
-    // Runs finished by an earlier, interrupted sweep get their event files too.
-    super::tensorboard::export(&results.dir, recipe)?;
-    super::report::write_report(&results.dir, recipe)?;
+    super::finish(&results.dir, recipe)?;
     if !opts.quiet {
         eprintln!("ablate: wrote {}", results.dir.display());
     }

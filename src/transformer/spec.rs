@@ -4,7 +4,7 @@
 //! enums without it.
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
     Relu,
@@ -13,7 +13,7 @@ pub enum Activation {
 
 /// What normalises each residual branch (UDL §12.4 uses LayerNorm; the Annotated Transformer's notes ask
 /// why not BatchNorm).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Norm {
     /// Each token's D features to mean 0 and variance 1, then a learned gain and bias (Ba et al.).
@@ -29,7 +29,7 @@ pub enum Norm {
 }
 
 /// Where positions come from (UDL §12.3.1 and the Annotated Transformer's notes).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum PositionEncoding {
     /// No positions: the model sees a bag of tokens.
@@ -68,7 +68,7 @@ impl PositionEncoding {
 }
 
 /// Where an absolute encoding enters the stack.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum AbsoluteAt {
     /// Added once to the embeddings.
@@ -81,7 +81,7 @@ pub enum AbsoluteAt {
 
 /// How an absolute encoding joins the token embeddings (UDL §12.3.1 adds Π to X; the Annotated
 /// Transformer's notes ask why not concatenate).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Combine {
     /// x + Π: positions and tokens share every dimension.
@@ -122,6 +122,23 @@ impl Serialize for Scale {
     }
 }
 
+// Written by hand like the serde impls above: a name or a positive number.
+impl schemars::JsonSchema for Scale {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Scale".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "What the raw scores q·k are multiplied by before the softmax.",
+            "anyOf": [
+                { "type": "string", "enum": ["sqrt_dk", "none"] },
+                { "type": "number", "exclusiveMinimum": 0 }
+            ]
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Scale {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -156,7 +173,7 @@ impl<'de> Deserialize<'de> for Scale {
 }
 
 /// Which computation of the same maths runs.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Implementation {
     /// Fused unless attention weights are asked for.
@@ -236,7 +253,7 @@ impl PositionSpec {
 }
 
 /// How a query and a key make a score.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
     /// The dot product q·k (UDL §12.2, Vaswani et al.).

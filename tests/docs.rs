@@ -1,0 +1,154 @@
+//! The documentation is checked like code: the generated references equal what the binary prints, every
+//! relative link of the README and of `docs/` points at a file that exists (and an anchor at a heading),
+//! and every page of `docs/` is reachable from the README.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn printed(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ablate")).args(args).output().unwrap();
+    assert!(out.status.success(), "ablate {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn docs_cli_md_is_what_the_binary_prints() {
+    let committed = std::fs::read_to_string(root().join("docs/cli.md")).unwrap_or_default();
+    assert!(
+        committed == printed(&["cli-reference"]),
+        "docs/cli.md differs from `ablate cli-reference`: regenerate it with `target/release/ablate cli-reference > docs/cli.md`"
+    );
+}
+
+#[test]
+fn docs_keys_md_is_what_the_binary_prints() {
+    let committed = std::fs::read_to_string(root().join("docs/keys.md")).unwrap_or_default();
+    assert!(
+        committed == printed(&["keys"]),
+        "docs/keys.md differs from `ablate keys`: regenerate it with `target/release/ablate keys > docs/keys.md`"
+    );
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut in_code = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        }
+        if !in_code && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// The targets of the Markdown links `[text](target)` of a page, outside code blocks and code spans.
+fn links(text: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let outside_code: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = outside_code.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            if let Some(end) = rest.find(')') {
+                out.push(rest[..end].to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    out
+}
+
+fn pages() -> Vec<PathBuf> {
+    let mut pages = vec![root().join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    pages.extend(docs);
+    pages
+}
+
+fn check_link(page: &Path, target: &str) -> Result<Option<PathBuf>, String> {
+    if target.starts_with("http://") || target.starts_with("https://") || target.starts_with("mailto:") {
+        return Ok(None);
+    }
+    let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+    let resolved = if file.is_empty() { page.to_path_buf() } else { page.parent().unwrap().join(file) };
+    if !resolved.exists() {
+        return Err(format!("{}: link to {target}: no such file", page.display()));
+    }
+    if !fragment.is_empty() && resolved.extension().is_some_and(|e| e == "md") {
+        let text = std::fs::read_to_string(&resolved).unwrap();
+        if !anchors(&text).contains(fragment) {
+            return Err(format!("{}: link to {target}: no heading with that anchor", page.display()));
+        }
+    }
+    Ok(Some(resolved.canonicalize().unwrap()))
+}
+
+#[test]
+fn every_relative_link_resolves_and_every_docs_page_is_linked_from_the_readme_or_docs() {
+    let mut broken = Vec::new();
+    let mut reached = BTreeSet::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for target in links(&text) {
+            match check_link(&page, &target) {
+                Ok(Some(p)) if p != page.canonicalize().unwrap() => {
+                    reached.insert(p);
+                }
+                Ok(_) => {}
+                Err(e) => broken.push(e),
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    let readme_links: BTreeSet<PathBuf> = links(&std::fs::read_to_string(root().join("README.md")).unwrap())
+        .iter()
+        .filter_map(|t| check_link(&root().join("README.md"), t).ok().flatten())
+        .collect();
+    for page in pages().into_iter().skip(1) {
+        let page = page.canonicalize().unwrap();
+        assert!(readme_links.contains(&page), "{} is not linked from the README", page.display());
+        assert!(reached.contains(&page));
+    }
+}
+
+#[test]
+fn the_link_checker_finds_a_broken_link_and_a_missing_anchor() {
+    let readme = root().join("README.md");
+    assert!(check_link(&readme, "docs/no-such-page.md").is_err());
+    assert!(check_link(&readme, "README.md#no-such-heading").is_err());
+    assert_eq!(anchor(" Recipes and keys"), "recipes-and-keys");
+    assert_eq!(links("see [a](b.md) and `[c](d.md)`"), vec!["b.md".to_string()]);
+}
