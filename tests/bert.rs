@@ -2,7 +2,8 @@
 //! embeddings must equal an independent PyTorch forward pass (tests/reference/bert_reference.py) from the
 //! same weights.
 use ablate::data::tokenize::{Special, TextTokenizer};
-use ablate::models::bert::{batch_inputs, load_pretrained, minilm_dir, Bert, BertSpec};
+use ablate::models::bert::{Bert, BertSpec};
+use ablate::tasks::pretrained::{batch_inputs, load_pretrained, minilm_dir};
 use std::process::Command;
 use tch::{nn, Device, Kind, Tensor};
 

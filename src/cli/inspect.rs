@@ -190,9 +190,9 @@ pub fn attention(args: &AttentionArgs) -> anyhow::Result<()> {
 pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
     let dir = match &args.model {
         Some(dir) => dir.clone(),
-        None => ablate::models::bert::minilm_dir()?,
+        None => ablate::tasks::pretrained::minilm_dir()?,
     };
-    let pretrained = ablate::models::bert::load_pretrained(&dir, target::device(&args.device)?)?;
+    let pretrained = ablate::tasks::pretrained::load_pretrained(&dir, target::device(&args.device)?)?;
     let texts: Vec<&str> = args.texts.iter().map(String::as_str).collect();
     if args.show_tokens {
         for t in &texts {

@@ -287,22 +287,4 @@ impl ImageTask {
             })
             .collect()
     }
-
-    /// Refuses a model whose input does not fit these images.
-    pub fn check_model(&self, v: &crate::models::spec::Image) -> Result<()> {
-        if (v.channels, v.size) != (self.channels, self.size) || v.classes < self.classes {
-            bail!(
-                "the images are {}×{}×{} in {} classes, the model expects {}×{}×{} in {} (set vision.channels, vision.image_size, vision.classes)",
-                self.channels,
-                self.size,
-                self.size,
-                self.classes,
-                v.channels,
-                v.size,
-                v.size,
-                v.classes
-            );
-        }
-        Ok(())
-    }
 }

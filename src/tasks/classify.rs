@@ -1,6 +1,6 @@
 //! kinds vit, swin, davit and cnn: an image classifier trained by cross-entropy on (augmented) training batches,
 //! with test loss and accuracy at every evaluation, through the same optimisation loop as every kind.
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::time::Instant;
 use tch::{nn, Device, Kind as DType, Tensor};
 
@@ -37,6 +37,25 @@ pub fn classifier(cfg: &Config, vs: &nn::Path) -> Box<dyn ImageClassifier> {
         other => unreachable!("kind {other} is not an image classifier (tasks::task routes it elsewhere)"),
     }
 }
+
+/// Refuses a model whose input does not fit the images of `task` (channels, side, and at least its classes).
+pub fn check_fits(task: &ImageTask, model: &Image) -> Result<()> {
+    if (model.channels, model.size) != (task.channels, task.size) || model.classes < task.classes {
+        bail!(
+            "the images are {}×{}×{} in {} classes, the model expects {}×{}×{} in {} (set vision.channels, vision.image_size, vision.classes)",
+            task.channels,
+            task.size,
+            task.size,
+            task.classes,
+            model.channels,
+            model.size,
+            model.size,
+            model.classes
+        );
+    }
+    Ok(())
+}
+
 
 /// The image set a classifier's pre-training reads.
 fn pretrain_key(cfg: &Config) -> String {
@@ -126,11 +145,11 @@ impl Task for Classification {
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
         let images = cfg.images();
         let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
-        task.check_model(&cfg.image())?;
+        check_fits(task, &cfg.image())?;
         if cfg.vision().pretrain_steps > 0 {
             let on = &cfg.vision().pretrain_on;
             let source = DataCache::get_or_load(&mut data.images, pretrain_key(cfg), || ImageTask::load(on))?;
-            source.check_model(&cfg.image())?;
+            check_fits(source, &cfg.image())?;
         }
         Ok(())
     }

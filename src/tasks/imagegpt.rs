@@ -220,7 +220,7 @@ impl Task for ImageGpt {
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
         let images = cfg.images();
         let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
-        task.check_model(&cfg.image())
+        super::classify::check_fits(task, &cfg.image())
     }
 
     fn vocab(&self, cfg: &Config, _data: &DataCache) -> Result<i64> {

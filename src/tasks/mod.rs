@@ -27,6 +27,7 @@ pub mod classify;
 pub mod imagegpt;
 pub mod lm;
 pub mod memory;
+pub mod pretrained;
 pub mod translate;
 
 /// The task of a kind of run.

@@ -1,0 +1,96 @@
+//! The folders of `src/` are layers, and each imports only the layers below it: the import graph has no
+//! cycle. This walks every source file's `crate::…` paths (the CLI's `ablate::…` ones too) and checks each
+//! against the order below, so a new import that points up fails here with the file that has it.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Bottom to top. A module may import any module of a lower layer, none of its own layer or above.
+const LAYERS: &[&[&str]] = &[
+    &["transformer"],
+    &["models"],
+    &["recipe", "metrics", "stats", "files"],
+    &["data"],
+    &["train"],
+    &["tasks"],
+    &["run"],
+    &["cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules a file names as `crate::X` or `ablate::X` (comments included: a doc link that
+/// points up is a dependency of the reader's understanding too).
+fn imports(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        rest = &rest[i + prefix.len()..];
+        let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+/// Which module a file belongs to: its folder under `src/`, or its file name (`files.rs` → `files`).
+fn module_of(src: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(src).unwrap();
+    let first = relative.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+    first.trim_end_matches(".rs").to_string()
+}
+
+fn upward_imports() -> Vec<String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    for file in files {
+        let module = module_of(&src, &file);
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let Some(level) = layer_of(&module) else {
+            wrong.push(format!("{}: module `{module}` is in no layer of tests/layers.rs", file.display()));
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).unwrap();
+        let prefix = if module == "cli" { "ablate::" } else { "crate::" };
+        for target in imports(&text, prefix) {
+            match layer_of(&target) {
+                Some(l) if target != module && l >= level => {
+                    wrong.push(format!("{}: `{module}` imports `{target}`, which is not below it", file.display()))
+                }
+                _ => {}
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn every_folder_imports_only_the_layers_below_it() {
+    let wrong = upward_imports();
+    assert!(wrong.is_empty(), "imports against the layering:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_import_scanner_sees_paths_in_code_and_in_groups() {
+    let names = imports("use crate::data::x;\nlet y = crate::models::spec::Image;\n// crate::run", "crate::");
+    assert_eq!(names, ["data", "models", "run"].iter().map(|s| s.to_string()).collect());
+    assert!(layer_of("transformer") < layer_of("models"));
+    assert!(layer_of("tasks") < layer_of("run"));
+}
