@@ -2,7 +2,7 @@
 //! embeddings must equal an independent PyTorch forward pass (tests/reference/bert_reference.py) from the
 //! same weights.
 use ablate::data::tokenize::{Special, TextTokenizer};
-use ablate::models::bert::{Bert, BertSpec};
+use ablate::models::bert::{Bert, BertInputs, BertSpec};
 use ablate::tasks::pretrained::{batch_inputs, load_pretrained, minilm_dir};
 use std::process::Command;
 use tch::{nn, Device, Kind, Tensor};
@@ -142,7 +142,7 @@ fn minilm_hidden_states_and_mean_pooled_embeddings_match_pytorch_to_1e_5() {
         "Transformers!",
     ];
     let (ids, mask) = batch_inputs(&pretrained.tokenizer, &texts, 512).unwrap();
-    let hidden = tch::no_grad(|| pretrained.model.forward(&ids, None, Some(&mask), false));
+    let hidden = tch::no_grad(|| pretrained.model.forward(&ids, BertInputs::padded(&mask), false));
     let (ref_hidden, ref_mean) = reference(&dir, &ids, &mask);
     // Compare only real tokens: padded positions' states are never used.
     let m = mask.unsqueeze(-1).to_kind(Kind::Float);

@@ -6,7 +6,7 @@ use ablate::data::corpus_tasks::{
 };
 use ablate::data::tokenize::TextTokenizer;
 use ablate::data::IGNORE;
-use ablate::models::bert::{Bert, BertSpec};
+use ablate::models::bert::{Bert, BertInputs, BertSpec};
 use ablate::tasks::bert::{next_token_targets, SpanPredictor};
 use ablate::transformer::spec::TransformerSpec;
 use tch::{nn, Device, Kind, Tensor};
@@ -190,8 +190,8 @@ fn a_causal_encoder_never_reads_later_tokens_and_a_bidirectional_one_does() {
     let a = Tensor::from_slice(&[3i64, 10, 11, 12, 13, 14]).view([1, 6]);
     let b = Tensor::from_slice(&[3i64, 10, 11, 12, 40, 14]).view([1, 6]);
     let diff = |causal: bool| {
-        let ha = bert.forward_with(&a, None, None, causal, false);
-        let hb = bert.forward_with(&b, None, None, causal, false);
+        let ha = bert.forward(&a, BertInputs { causal, ..Default::default() }, false);
+        let hb = bert.forward(&b, BertInputs { causal, ..Default::default() }, false);
         (ha - hb).abs().amax([2], false).view([-1])
     };
     let causal = Vec::<f64>::try_from(diff(true).to_kind(Kind::Double)).unwrap();

@@ -152,3 +152,55 @@ fn the_link_checker_finds_a_broken_link_and_a_missing_anchor() {
     assert_eq!(anchor(" Recipes and keys"), "recipes-and-keys");
     assert_eq!(links("see [a](b.md) and `[c](d.md)`"), vec!["b.md".to_string()]);
 }
+
+/// The generated index of `docs/testing.md`: every test file with the first paragraph of its module doc
+/// and its tests, by name.
+fn test_index() -> String {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join("tests"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    files.sort();
+    let mut out = String::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let doc: Vec<&str> = text
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .map(|l| l.trim_start_matches("//!").trim())
+            .take_while(|l| !l.is_empty())
+            .collect();
+        let mut tests = Vec::new();
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.trim() == "#[test]" {
+                let next = lines.find(|l| l.trim_start().starts_with("fn ")).unwrap_or_default();
+                let name = next.trim_start().trim_start_matches("fn ").split('(').next().unwrap_or_default();
+                tests.push(name.replace('_', " "));
+            }
+        }
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        out.push_str(&format!("\n### `tests/{name}` ({} tests)\n\n{}\n\n", tests.len(), doc.join(" ")));
+        for t in tests {
+            out.push_str(&format!("- {t}\n"));
+        }
+    }
+    out
+}
+
+#[test]
+fn docs_testing_md_indexes_every_test_file_and_test() {
+    let path = root().join("docs/testing.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let marker = "<!-- generated: test index -->\n";
+    let start = text.find(marker).expect("docs/testing.md has the generated index's marker") + marker.len();
+    if std::env::var_os("ABLATE_BLESS").is_some() {
+        std::fs::write(&path, format!("{}{}", &text[..start], test_index())).unwrap();
+        return;
+    }
+    assert!(
+        text[start..] == test_index(),
+        "docs/testing.md's test index differs from tests/: regenerate it with `ABLATE_BLESS=1 cargo test --release --test docs`"
+    );
+}

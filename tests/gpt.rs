@@ -5,6 +5,7 @@ use ablate::data::Dataset;
 use ablate::models::decode::{generate, sample_next, sequence_log_prob, Decoding, NextToken};
 use ablate::models::gpt::Gpt;
 use ablate::train::optim::{clip_by_global_norm, warmup_cosine, AdamW};
+use ablate::transformer::layers::Pass;
 use ablate::transformer::spec::TransformerSpec;
 use std::collections::HashSet;
 use tch::{nn, Device, Kind, Tensor};
@@ -254,7 +255,7 @@ fn length_generalisation_is_scored_where_the_encoding_allows_it() {
 fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     let (_vs, model) = tiny_model(11, 4);
     let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).unsqueeze(0);
-    let (_, weights) = model.forward_with_weights(&idx, false, true);
+    let (_, weights) = model.forward_with_weights(&idx, Pass::eval().with_weights());
     assert_eq!(weights.len(), 2);
     assert_eq!(weights[0].size(), vec![1, 4, 6, 6]);
     let path = std::env::temp_dir().join(format!("ablate-heatmap-{}.png", std::process::id()));

@@ -1,6 +1,7 @@
 //! Sparse attention patterns (UDL §12.9): the truly sparse kernel equals its mask-based twin, a window
 //! covering the whole sequence is dense attention, and no token ever receives weight from outside its pattern.
 use ablate::transformer::attention::{pattern::allowed, Mask, MultiHeadAttention};
+use ablate::transformer::layers::Pass;
 use ablate::transformer::spec::{
     AttentionSpec, Implementation, Pattern as PatternConfig, PositionEncoding, PositionSpec,
 };
@@ -182,7 +183,7 @@ fn each_layer_keeps_its_own_pattern_and_the_sparse_kernel_agrees_layer_by_layer(
     };
     let (vs_explicit, explicit) = build(Implementation::Explicit);
     let idx = Tensor::randint(13, [2, n], (Kind::Int64, Device::Cpu));
-    let (_, weights) = tch::no_grad(|| explicit.forward_with_weights(&idx, false, true));
+    let (_, weights) = tch::no_grad(|| explicit.forward_with_weights(&idx, Pass::eval().with_weights()));
     assert_eq!(weights.len(), 3);
     let window = allowed(&pattern(Some(2), 1, None, 0), n, true, Device::Cpu).unwrap();
     for (layer, w) in weights.iter().enumerate() {

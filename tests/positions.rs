@@ -2,7 +2,7 @@
 //! every encoding makes the model order-sensitive where no encoding cannot be.
 use ablate::transformer::attention::relative::{alibi_slopes, t5_bucket, Relative};
 use ablate::transformer::attention::{Mask, MultiHeadAttention};
-use ablate::transformer::layers::{LayerInit, TransformerLayer};
+use ablate::transformer::layers::{LayerInit, Pass, TransformerLayer};
 use ablate::transformer::positions::AbsolutePositions;
 use ablate::transformer::spec::{
     AbsoluteAt, AttentionSpec, Implementation, PositionEncoding, PositionSpec, TransformerSpec,
@@ -195,7 +195,7 @@ fn joined_input(encoding: PositionEncoding, concat: bool, x: &Tensor, table_widt
         embedding_scale: 1.0,
         concat_positions: concat,
     };
-    (stack.forward(x, &Mask::default(), None, false, false).0, table)
+    (stack.forward(x, &Mask::default(), None, Pass::eval()).0, table)
 }
 
 #[test]

@@ -70,12 +70,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
         Target::Sweep(sweep) => sweep,
     };
     let (path, recipe) = (&sweep.path, &sweep.recipe);
-    if let Some(limit) = ablate::tasks::memory::host_memory_bytes() {
-        for r in &recipe.runs {
-            ablate::tasks::memory::check_fits(&r.config, limit, "this machine")
-                .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", path.display(), r.id))?;
-        }
-    }
+    ablate::tasks::memory::check_runs_fit(&path.display().to_string(), &recipe.runs)?;
     if args.columns {
         return print_columns(recipe);
     }

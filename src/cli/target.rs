@@ -35,7 +35,11 @@ impl Sweep {
 pub enum Target {
     Sweep(Sweep),
     /// A complexity benchmark (`complexity:` at the top): timed points, no training runs, no overrides.
-    Benchmark { path: PathBuf, recipe: ComplexityRecipe, out: PathBuf },
+    Benchmark {
+        path: PathBuf,
+        recipe: ComplexityRecipe,
+        out: PathBuf,
+    },
 }
 
 impl Target {

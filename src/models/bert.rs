@@ -13,7 +13,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::{Activation, AttentionSpec, Norm, PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -135,6 +135,23 @@ impl BertSpec {
     }
 }
 
+/// What a BERT forward pass reads besides the token ids (B, N): segment ids (B, N) (all sentence A when
+/// `None`), the padding mask (B, N) true at real tokens (no padding when `None`), and whether attention is
+/// causal (each token sees itself and those before it: the next-token objective on the same encoder).
+#[derive(Clone, Copy, Default)]
+pub struct BertInputs<'a> {
+    pub segments: Option<&'a Tensor>,
+    pub padding: Option<&'a Tensor>,
+    pub causal: bool,
+}
+
+impl<'a> BertInputs<'a> {
+    /// Sentence A only, padded where `padding` is false.
+    pub fn padded(padding: &'a Tensor) -> Self {
+        Self { padding: Some(padding), ..Self::default() }
+    }
+}
+
 pub struct Bert {
     word: nn::Embedding,
     segment: nn::Embedding,
@@ -154,61 +171,31 @@ impl Bert {
         let word = nn::embedding(vs / "word_embedding", spec.vocab_size, d, emb);
         let segment = nn::embedding(vs / "segment_embedding", spec.type_vocab_size, d, emb);
         let positions = AbsolutePositions::new(vs / "position", t.position.encoding, t.block_size, d);
-        let embedding_norm = Some(nn::layer_norm(vs / "embedding_norm", vec![d], norm));
+        let embedding_norm = nn::layer_norm(vs / "embedding_norm", vec![d], norm);
         let layers = layers::layers(&(vs / "layers"), t, t.layers, |_| false, init, None);
         let pooler = nn::linear(vs / "pooler", d, d, Default::default());
-        let stack = Stack {
-            positions,
-            at: t.position.at,
-            embedding_norm,
-            global_tokens: GlobalTokens::new(vs, t.attention.pattern.global_tokens, d),
-            layers,
-            conv_positions: None,
-            final_norm: layers::final_norm(vs / "final_norm", d, t, spec.norm_eps),
-            dropout: t.dropout,
-            embedding_scale: t.embedding_factor(),
-            // Summed embeddings: the recipe refuses concatenated positions for this kind.
-            concat_positions: false,
-        };
+        // Summed embeddings: the recipe refuses concatenated positions for this kind.
+        let global_tokens = GlobalTokens::new(vs, t.attention.pattern.global_tokens, d);
+        let final_norm = layers::final_norm(vs / "final_norm", d, t, spec.norm_eps);
+        let stack = Stack::new(t, positions, global_tokens, layers, final_norm).with_embedding_norm(embedding_norm);
         Self { word, segment, stack, pooler, spec: spec.clone() }
     }
 
-    /// Final hidden states (B, N, D) of token ids (B, N), segment ids (B, N) (all sentence A when `None`),
-    /// with `padding` (B, N) true at real tokens (no padding when `None`).
-    pub fn forward(&self, ids: &Tensor, segments: Option<&Tensor>, padding: Option<&Tensor>, train: bool) -> Tensor {
-        self.forward_with(ids, segments, padding, false, train)
+    /// Final hidden states (B, N, D) of token ids (B, N) with what else the pass reads (`inputs`), in
+    /// training or evaluation mode.
+    pub fn forward(&self, ids: &Tensor, inputs: BertInputs, train: bool) -> Tensor {
+        self.forward_with(ids, inputs, Pass::new(train)).0
     }
 
-    /// `forward`, with causal attention when `causal` (each token sees itself and those before it): the
-    /// next-token objective on the same encoder.
-    pub fn forward_with(
-        &self,
-        ids: &Tensor,
-        segments: Option<&Tensor>,
-        padding: Option<&Tensor>,
-        causal: bool,
-        train: bool,
-    ) -> Tensor {
-        self.forward_with_weights(ids, segments, padding, causal, train, false).0
-    }
-
-    /// `forward_with`, and every layer's attention weights when asked.
-    pub fn forward_with_weights(
-        &self,
-        ids: &Tensor,
-        segments: Option<&Tensor>,
-        padding: Option<&Tensor>,
-        causal: bool,
-        train: bool,
-        want_weights: bool,
-    ) -> (Tensor, Vec<Tensor>) {
+    /// [`Bert::forward`] under `pass`: also every layer's attention weights when it asks for them.
+    pub fn forward_with(&self, ids: &Tensor, inputs: BertInputs, pass: Pass) -> (Tensor, Vec<Tensor>) {
         let x = self.word.forward(ids);
-        let x = match segments {
+        let x = match inputs.segments {
             Some(s) => x + self.segment.forward(s),
             None => x + self.segment.ws.get(0),
         };
-        let mask = Mask { causal, key_padding: padding, offset: 0, bias: None };
-        self.stack.forward(&x, &mask, None, train, want_weights)
+        let mask = Mask { causal: inputs.causal, key_padding: inputs.padding, offset: 0, bias: None };
+        self.stack.forward(&x, &mask, None, pass)
     }
 
     /// The pooled `<cls>` representation: tanh(W h_cls + b).

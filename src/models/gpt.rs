@@ -5,7 +5,7 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use crate::transformer::attention::{Grid, Mask};
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack, StackCache};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::TransformerSpec;
 
@@ -42,25 +42,15 @@ impl Gpt {
         let positions =
             AbsolutePositions::new(vs / "position", spec.position.encoding, spec.block_size, spec.position_width());
         let global_tokens = GlobalTokens::new(vs, spec.attention.pattern.global_tokens, d);
-        let stack = Stack {
-            positions,
-            at: spec.position.at,
-            embedding_norm: None,
-            global_tokens,
-            layers,
-            conv_positions: None,
-            final_norm: layers::final_norm(vs / "final_norm", d, spec, 1e-5),
-            dropout: spec.dropout,
-            embedding_scale: spec.embedding_factor(),
-            concat_positions: spec.concatenates_positions(),
-        };
+        let stack =
+            Stack::new(spec, positions, global_tokens, layers, layers::final_norm(vs / "final_norm", d, spec, 1e-5));
         Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }
     }
 
     /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
     /// global tokens too, if the pattern has any: they come first).
-    pub fn forward_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
-        let (x, weights) = self.hidden_with_weights(idx, train, want_weights);
+    pub fn forward_with_weights(&self, idx: &Tensor, pass: Pass) -> (Tensor, Vec<Tensor>) {
+        let (x, weights) = self.hidden_with_weights(idx, pass);
         (self.head(&x), weights)
     }
 
@@ -73,8 +63,8 @@ impl Gpt {
     }
 
     /// The final hidden states (B, N, D) (after the final norm, if any): the features a probe reads.
-    pub fn hidden_with_weights(&self, idx: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
-        self.stack.forward(&self.token_embedding.forward(idx), &Mask::causal(), None, train, want_weights)
+    pub fn hidden_with_weights(&self, idx: &Tensor, pass: Pass) -> (Tensor, Vec<Tensor>) {
+        self.stack.forward(&self.token_embedding.forward(idx), &Mask::causal(), None, pass)
     }
 
     /// Whether the model can read sequences of `n` tokens (a learned position table has a fixed length).
@@ -83,7 +73,7 @@ impl Gpt {
     }
 
     pub fn forward(&self, idx: &Tensor, train: bool) -> Tensor {
-        self.forward_with_weights(idx, train, false).0
+        self.forward_with_weights(idx, Pass::new(train)).0
     }
 
     /// Mean next-token cross-entropy of predicting `targets` (B, N) from `idx` (B, N).
@@ -97,7 +87,7 @@ impl Gpt {
     /// Logits (B, N_new, V) of the new tokens `idx` (B, N_new) after the positions `cache` holds, which then
     /// holds them too: a step of cached decoding (UDL §12.7.3), in evaluation mode.
     pub fn forward_cached(&self, idx: &Tensor, cache: &mut StackCache) -> Tensor {
-        self.head(&self.stack.forward_cached(&self.token_embedding.forward(idx), &Mask::causal(), None, cache))
+        self.forward_with_weights(idx, Pass::cached(cache)).0
     }
 
     /// The decoder's layers (to inspect them, or to mask attention heads).

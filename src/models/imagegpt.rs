@@ -7,7 +7,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::gpt::Gpt;
 use super::spec::ImageGptSpec;
 use crate::transformer::attention::Grid;
-use crate::transformer::layers::StackCache;
+use crate::transformer::layers::{Pass, StackCache};
 
 const KMEANS_ITERATIONS: i64 = 30;
 
@@ -140,7 +140,7 @@ impl ImageGpt {
     /// reads when it predicts the whole image (the start token and all pixels but the last).
     pub fn features(&self, tokens: &Tensor) -> Tensor {
         let n = tokens.size()[1];
-        let (hidden, _) = self.gpt.hidden_with_weights(&self.with_start(&tokens.narrow(1, 0, n - 1)), false, false);
+        let (hidden, _) = self.gpt.hidden_with_weights(&self.with_start(&tokens.narrow(1, 0, n - 1)), Pass::eval());
         hidden.to_kind(Kind::Float).mean_dim(1, false, Kind::Float)
     }
 
@@ -173,6 +173,6 @@ impl ImageGpt {
     /// The decoder's attention weights over a batch of pixel tokens (B, N): one (B, H, N, N) per layer.
     pub fn attention_weights(&self, tokens: &Tensor) -> Vec<Tensor> {
         let n = tokens.size()[1];
-        self.gpt.hidden_with_weights(&self.with_start(&tokens.narrow(1, 0, n - 1)), false, true).1
+        self.gpt.hidden_with_weights(&self.with_start(&tokens.narrow(1, 0, n - 1)), Pass::eval().with_weights()).1
     }
 }

@@ -9,7 +9,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack, StackCache};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::{PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -75,18 +75,10 @@ impl Seq2Seq {
         let encoder_layers = layers::layers(&(vs / "encoder"), t, spec.encoder_layers, |_| false, init, None);
         let decoder_layers =
             layers::layers(&(vs / "decoder"), t, spec.decoder_layers, |i| i >= first_cross, init, None);
-        let stack = |positions, layers, name: &str, globals: &str| Stack {
-            positions,
-            at: t.position.at,
-            embedding_norm: None,
-            global_tokens: GlobalTokens::new(&(vs / globals), t.attention.pattern.global_tokens, d),
-            layers,
-            conv_positions: None,
-            final_norm: layers::final_norm(vs / name, d, t, 1e-5),
-            dropout: t.dropout,
-            embedding_scale: t.embedding_factor(),
-            // Summed embeddings: the recipe refuses concatenated positions for this kind.
-            concat_positions: false,
+        // Summed embeddings: the recipe refuses concatenated positions for this kind.
+        let stack = |positions, layers, name: &str, globals: &str| {
+            let global_tokens = GlobalTokens::new(&(vs / globals), t.attention.pattern.global_tokens, d);
+            Stack::new(t, positions, global_tokens, layers, layers::final_norm(vs / name, d, t, 1e-5))
         };
         let encoder = stack(positions.shallow_clone(), encoder_layers, "encoder_norm", "encoder_tokens");
         let decoder = stack(positions, decoder_layers, "decoder_norm", "decoder_tokens");
@@ -100,7 +92,7 @@ impl Seq2Seq {
     pub fn encode(&self, src: &Tensor, src_real: &Tensor, train: bool) -> Tensor {
         let x = self.src_embedding.forward(src) * self.scale;
         let mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        self.encoder.forward(&x, &mask, None, train, false).0
+        self.encoder.forward(&x, &mask, None, Pass::new(train)).0
     }
 
     /// Next-token logits (B, T, V) for target inputs (B, T) given the encoder's `memory`.
@@ -108,7 +100,7 @@ impl Seq2Seq {
         let table = self.tgt_embedding.as_ref().unwrap_or(&self.src_embedding);
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), train, false);
+        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::new(train));
         match &self.generator {
             Some(g) => g.forward(&x),
             None => x.matmul(&table.ws.tr()),
@@ -121,7 +113,7 @@ impl Seq2Seq {
         let table = self.tgt_embedding.as_ref().unwrap_or(&self.src_embedding);
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        let x = self.decoder.forward_cached(&x, &Mask::causal(), Some((memory, &memory_mask)), cache);
+        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::cached(cache));
         match &self.generator {
             Some(g) => g.forward(&x),
             None => x.matmul(&table.ws.tr()),

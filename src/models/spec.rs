@@ -103,6 +103,17 @@ impl StagedSpec {
         self.window.min(self.grid(i))
     }
 
+    /// Swin's shift at stage `i` (of its odd blocks): half a window, and none when one window covers the
+    /// grid (timm's rule: there is nothing to connect) or the shift is off.
+    pub fn shift_at(&self, i: usize) -> i64 {
+        let (grid, window) = (self.grid(i), self.window(i));
+        if self.shift && window < grid {
+            window / 2
+        } else {
+            0
+        }
+    }
+
     /// The Transformer of stage `i`: width, FFN and heads doubled per stage, heads keeping their size.
     pub fn stage(&self, i: usize) -> TransformerSpec {
         self.transformer.widened(1 << i)

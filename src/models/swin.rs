@@ -156,9 +156,7 @@ impl Swin {
         let conv = nn::ConvConfig { stride: im.patch, ..Default::default() };
         let stages = (0..spec.stages())
             .map(|i| {
-                let (t, grid, window) = (spec.stage(i), spec.grid(i), spec.window(i));
-                // No shift when one window covers the grid (timm's rule): there is nothing to connect.
-                let shift = if spec.shift && window < grid { window / 2 } else { 0 };
+                let (t, grid, window, shift) = (spec.stage(i), spec.grid(i), spec.window(i), spec.shift_at(i));
                 let stage = vs / "layers" / i;
                 let blocks = (0..spec.depths[i])
                     .map(|j| {

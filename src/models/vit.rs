@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 use super::spec::{Pool, VitSpec};
 use super::ImageClassifier;
 use crate::transformer::attention::{Grid, Mask};
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack};
 use crate::transformer::positions::{AbsolutePositions, ConvPosEnc};
 use crate::transformer::spec::PositionEncoding;
 
@@ -41,18 +41,9 @@ impl Vit {
             let convs = (0..t.layers).map(|i| ConvPosEnc::new(vs / "cpe" / i, d)).collect();
             (convs, Grid { side: grid, lead: cls_tokens })
         });
-        let stack = Stack {
-            positions,
-            at: t.position.at,
-            embedding_norm: None,
-            global_tokens: GlobalTokens::new(vs, globals, d),
-            layers,
-            conv_positions,
-            final_norm: layers::final_norm(vs / "norm", d, t, 1e-5),
-            dropout: t.dropout,
-            embedding_scale: t.embedding_factor(),
-            concat_positions: t.concatenates_positions(),
-        };
+        let final_norm = layers::final_norm(vs / "norm", d, t, 1e-5);
+        let stack = Stack::new(t, positions, GlobalTokens::new(vs, globals, d), layers, final_norm)
+            .with_conv_positions(conv_positions);
         Self {
             patch_embed,
             cls,
@@ -70,7 +61,7 @@ impl Vit {
             Some(cls) => Tensor::cat(&[cls.expand([b, -1, -1], false), patches], 1),
             None => patches,
         };
-        self.stack.forward(&x, &Mask::default(), None, train, want_weights)
+        self.stack.forward(&x, &Mask::default(), None, Pass::new(train).with_weights_if(want_weights))
     }
 }
 

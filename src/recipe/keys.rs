@@ -127,10 +127,8 @@ fn without_null(schema: &Value) -> (&Value, bool) {
             return (others[0], true);
         }
     }
-    let nullable = schema
-        .get("type")
-        .and_then(Value::as_array)
-        .is_some_and(|types| types.contains(&Value::from("null")));
+    let nullable =
+        schema.get("type").and_then(Value::as_array).is_some_and(|types| types.contains(&Value::from("null")));
     (schema, nullable)
 }
 

@@ -233,6 +233,10 @@ pub fn parse(text: &str, file: &str, stem: &str, smoke: bool) -> Result<Recipe, 
 
 /// [`parse`] with command-line overrides: `key=value` settings applied to every run after everything
 /// else, `--sweep` axes and `--seeds`. A problem they cause names the argument.
+///
+/// A pipeline of named steps: read the file, lay the overrides over it, then the seeds, the written
+/// sections, the sweep axes, the variants, the smoke and override settings, the grid's size, the expansion
+/// into runs, the refusal of keys no run reads, and each run's validation.
 pub fn parse_with(
     text: &str,
     file: &str,
@@ -240,62 +244,186 @@ pub fn parse_with(
     smoke: bool,
     overrides: &Overrides,
 ) -> Result<Recipe, RecipeError> {
-    // Lines as YAML counts them (a lone carriage return ends a line too). A construct left open is only
-    // noticed past the end of the file; such errors point at its last line.
-    let last_line = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
-    let mut lines = LineMap::build(text).map_err(|(line, message)| RecipeError {
-        file: file.into(),
-        line: line.clamp(1, last_line),
-        message: format!("YAML syntax error: {message}"),
-        argument: None,
-    })?;
-    let err = |line: usize, message: String| RecipeError {
-        file: file.into(),
-        line: line.clamp(1, last_line),
-        message,
-        argument: None,
+    let (mut parsed, typed, mut lines, last_line) = read_recipe_file(text, file)?;
+    apply_overrides(&mut parsed, &mut lines, overrides, file)?;
+    let src = Source { file, last_line, lines, template: schema_template() };
+    let seeds = seeds(&src, &parsed, &typed)?;
+    let written = written_sections(&src, &parsed)?;
+    let (mut axes, mut sweep_keys) = sweep_axes(&src, &parsed)?;
+    let (variant_labels, variants) = variant_axis(&src, &parsed)?;
+    if !variants.is_empty() {
+        // The variants axis comes first; its points are looked up in `variants` per run.
+        sweep_keys.insert(0, "variant".into());
+        axes.insert(0, Vec::new());
+    }
+    let smoke_settings = parsed
+        .smoke
+        .iter()
+        .map(|(k, v)| {
+            let key = k.as_str().unwrap_or_default().to_string();
+            src.setting(&key, v, &format!("smoke.{key}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // `key=value` overrides act last, on every run, over sweep, variants and smoke alike.
+    let override_settings =
+        overrides.set.iter().map(|(key, value, _)| src.setting(key, value, key)).collect::<Result<Vec<_>, _>>()?;
+    let sizes: Vec<usize> = axes
+        .iter()
+        .enumerate()
+        .map(|(i, a)| if i == 0 && !variants.is_empty() { variants.len() } else { a.len() })
+        .collect();
+    check_grid_size(&src, &sizes, seeds.len())?;
+    let grid = Grid {
+        axes: &axes,
+        variants: &variants,
+        variant_labels: &variant_labels,
+        sweep_keys: &sweep_keys,
+        smoke: smoke.then_some(smoke_settings.as_slice()),
+        overrides: &override_settings,
+        written: &written,
+        kind: parsed.kind,
     };
-    let mut parsed: RecipeFile = serde_yaml::from_str(text).map_err(|e| {
+    let (mut runs, set_per_run) = expand(&src, &grid, &sizes, &seeds)?;
+    refuse_unread_keys(&src, &runs, &set_per_run)?;
+    validate_runs(&src, &mut runs, &set_per_run)?;
+    Ok(Recipe {
+        file: file.into(),
+        name: parsed.name.unwrap_or_else(|| stem.to_string()),
+        description: parsed.description,
+        sweep_keys,
+        seeds,
+        runs,
+        smoke,
+        overrides: overrides.clone(),
+    })
+}
+
+/// What every step after the overrides reads: the file's name, its line map (with the arguments that
+/// overrides blame), and the schema template that keys and values are checked against.
+struct Source<'a> {
+    file: &'a str,
+    last_line: usize,
+    lines: LineMap,
+    template: Value,
+}
+
+impl Source<'_> {
+    /// An error at a line of the file.
+    fn err(&self, line: usize, message: String) -> RecipeError {
+        located_error(self.file, self.last_line, line, message)
+    }
+
+    /// A problem at a recipe path: on the command line if an override set it, else at its line.
+    fn at(&self, source: &str, message: String) -> RecipeError {
+        match self.lines.argument(source) {
+            Some(argument) => {
+                RecipeError { file: self.file.into(), line: 0, message, argument: Some(argument.to_string()) }
+            }
+            None => self.err(self.lines.line(source), message),
+        }
+    }
+
+    /// `key` (set at `source`) is a key of the schema; `train.seed` is set through `seeds:`.
+    fn check(&self, key: &str, source: &str) -> Result<(), RecipeError> {
+        if key == "kind" {
+            return Ok(());
+        }
+        if key == "train.seed" && !source.starts_with("smoke.") {
+            return Err(
+                self.at(source, format!("{source}: list the seeds in `seeds:` (every run is repeated once per seed)"))
+            );
+        }
+        check_path(&self.template, key).map_err(|m| self.at(source, format!("{source}: {m}")))
+    }
+
+    /// A setting's value on its own must be a valid value of its key: a type error points at it.
+    fn type_check(&self, setting: &Setting) -> Result<(), RecipeError> {
+        let mut value = self.template.clone();
+        set_path(&mut value, &setting.key, setting.value.clone());
+        serde_yaml::from_value::<Config>(value).map(|_| ()).map_err(|e| {
+            let msg = explain_serde_error(&e.to_string());
+            let msg = if msg.starts_with(&setting.key) { msg } else { format!("{}: {msg}", setting.key) };
+            self.at(&setting.source, msg)
+        })
+    }
+
+    /// A checked setting of `key` to `value`, written at `source`.
+    fn setting(&self, key: &str, value: &Value, source: &str) -> Result<Setting, RecipeError> {
+        self.check(key, source)?;
+        let setting = Setting { key: key.into(), value: value.clone(), source: source.into() };
+        self.type_check(&setting)?;
+        Ok(setting)
+    }
+}
+
+/// An error at `line` of `file`, clamped into the file (a construct left open is only noticed past its end).
+fn located_error(file: &str, last_line: usize, line: usize, message: String) -> RecipeError {
+    RecipeError { file: file.into(), line: line.clamp(1, last_line), message, argument: None }
+}
+
+/// The file read three ways: its line map, its top level with the sections as YAML, and the sections as
+/// their structs (only to report a mistake inside one at its line). Also its last line.
+fn read_recipe_file(text: &str, file: &str) -> Result<(RecipeFile, TypedSections, LineMap, usize), RecipeError> {
+    // Lines as YAML counts them (a lone carriage return ends a line too).
+    let last_line = text.replace("\r\n", "\n").replace('\r', "\n").lines().count().max(1);
+    let lines = LineMap::build(text)
+        .map_err(|(line, message)| located_error(file, last_line, line, format!("YAML syntax error: {message}")))?;
+    let serde_error = |e: serde_yaml::Error| {
         let line = e.location().map(|l| l.line()).unwrap_or(1);
-        err(line, explain_serde_error(&e.to_string()))
-    })?;
-    let typed = serde_yaml::from_str::<TypedSections>(text).map_err(|e| {
-        let line = e.location().map(|l| l.line()).unwrap_or(1);
-        err(line, explain_serde_error(&e.to_string()))
-    })?;
-    // The command line's overrides, laid over the file; each path they touch is blamed on its argument.
+        located_error(file, last_line, line, explain_serde_error(&e.to_string()))
+    };
+    let parsed: RecipeFile = serde_yaml::from_str(text).map_err(serde_error)?;
+    let typed = serde_yaml::from_str::<TypedSections>(text).map_err(serde_error)?;
+    Ok((parsed, typed, lines, last_line))
+}
+
+/// Lays the command line's overrides over the file: `--sweep` axes replace or add axes, `key=value` fixes a
+/// key (and ends its axis), `--seeds` replaces the seeds. Each path they touch is blamed on its argument.
+/// Refused: a key both set and swept on the command line, a section set whole inside which the recipe
+/// sweeps, and a key a variant sets.
+fn apply_overrides(
+    parsed: &mut RecipeFile,
+    lines: &mut LineMap,
+    overrides: &Overrides,
+    file: &str,
+) -> Result<(), RecipeError> {
+    let refuse = |argument: &str, message: String| RecipeError {
+        file: file.into(),
+        line: 0,
+        message,
+        argument: Some(argument.to_string()),
+    };
     for (key, values, argument) in &overrides.sweep {
-        let key_value = Value::from(key.as_str());
-        parsed.sweep.insert(key_value, Value::Sequence(values.clone()));
+        parsed.sweep.insert(Value::from(key.as_str()), Value::Sequence(values.clone()));
         lines.blame_argument(&format!("sweep.{key}"), argument);
     }
     for (key, _, argument) in &overrides.set {
         let fixed = |k: &str| k == key || k.starts_with(&format!("{key}."));
         let inside = |k: &str| key.starts_with(&format!("{k}."));
         let swept: Vec<String> = parsed.sweep.keys().filter_map(|k| k.as_str().map(String::from)).collect();
-        for k in swept {
-            if fixed(&k) {
-                if overrides.sweep.iter().any(|(s, _, _)| *s == k) {
-                    let message = format!("`{k}` is also swept by --sweep; give one");
-                    return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
-                }
-                if k != *key {
-                    let message =
-                        format!("sets all of `{key}`, which the recipe sweeps `{k}` inside; override `{k}` itself");
-                    return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
-                }
-                // The key is fixed: its axis goes.
-                parsed.sweep.remove(k.as_str());
+        for k in swept.into_iter().filter(|k| fixed(k)) {
+            if overrides.sweep.iter().any(|(s, _, _)| *s == k) {
+                return Err(refuse(argument, format!("`{k}` is also swept by --sweep; give one")));
             }
+            if k != *key {
+                return Err(refuse(
+                    argument,
+                    format!("sets all of `{key}`, which the recipe sweeps `{k}` inside; override `{k}` itself"),
+                ));
+            }
+            // The key is fixed: its axis goes.
+            parsed.sweep.remove(k.as_str());
         }
         for (i, variant) in parsed.variants.iter().enumerate() {
             if let Some(k) =
                 variant.keys().filter_map(|k| k.as_str()).find(|k| *k != "label" && (fixed(k) || inside(k)))
             {
-                let message = format!(
-                    "variants.{i} sets `{k}`; overriding it would change that variant behind its label (edit the recipe instead)"
-                );
-                return Err(RecipeError { file: file.into(), line: 0, message, argument: Some(argument.clone()) });
+                return Err(refuse(
+                    argument,
+                    format!(
+                        "variants.{i} sets `{k}`; overriding it would change that variant behind its label (edit the recipe instead)"
+                    ),
+                ));
             }
         }
         lines.blame_argument(key, argument);
@@ -304,27 +432,26 @@ pub fn parse_with(
         parsed.seeds = Some(list.clone());
         lines.blame_argument("seeds", argument);
     }
-    let lines = lines;
-    // A problem at a recipe path: on the command line if an override set it, else at its line.
-    let at = |source: &str, message: String| -> RecipeError {
-        match lines.argument(source) {
-            Some(argument) => RecipeError { file: file.into(), line: 0, message, argument: Some(argument.to_string()) },
-            None => err(lines.line(source), message),
-        }
-    };
-    let seeds = match &parsed.seeds {
-        Some(s) if s.is_empty() => return Err(at("seeds", "seeds: the list is empty; give at least one seed".into())),
+    Ok(())
+}
+
+/// The runs' seeds: the `seeds:` list (non-empty, each once), else `train.seed` as written.
+fn seeds(src: &Source, parsed: &RecipeFile, typed: &TypedSections) -> Result<Vec<u64>, RecipeError> {
+    match &parsed.seeds {
+        Some(s) if s.is_empty() => Err(src.at("seeds", "seeds: the list is empty; give at least one seed".into())),
         Some(s) => {
             // Two runs with one seed would be one run twice, under one id in every result file.
             if let Some((i, seed)) = s.iter().enumerate().find(|(i, seed)| s[..*i].contains(seed)) {
-                return Err(at(&format!("seeds.{i}"), format!("seeds: {seed} is listed twice")));
+                return Err(src.at(&format!("seeds.{i}"), format!("seeds: {seed} is listed twice")));
             }
-            s.clone()
+            Ok(s.clone())
         }
-        // Without a list, the one run's seed is train.seed as written.
-        None => vec![typed.train.unwrap_or_default().seed],
-    };
-    // The user's sections, as one tree laid over each run's kind defaults.
+        None => Ok(vec![typed.train.as_ref().map_or(0, |t| t.seed)]),
+    }
+}
+
+/// The user's sections, as one tree laid over each run's kind defaults.
+fn written_sections(src: &Source, parsed: &RecipeFile) -> Result<Mapping, RecipeError> {
     let mut written = Mapping::new();
     for (name, section) in SECTIONS.iter().zip([
         &parsed.transformer,
@@ -341,45 +468,26 @@ pub fn parse_with(
                 written.insert(Value::from(*name), v.clone());
             }
             Some(Value::Null) | None => {}
-            Some(_) => return Err(at(name, format!("{name}: expected a section of keys"))),
+            Some(_) => return Err(src.at(name, format!("{name}: expected a section of keys"))),
         }
     }
-    let template = schema_template();
-    let check = |key: &str, source: &str| -> Result<(), RecipeError> {
-        if key == "kind" {
-            return Ok(());
-        }
-        if key == "train.seed" && !source.starts_with("smoke.") {
-            return Err(at(
-                source,
-                format!("{source}: list the seeds in `seeds:` (every run is repeated once per seed)"),
-            ));
-        }
-        check_path(&template, key).map_err(|m| at(source, format!("{source}: {m}")))
-    };
-    // A setting's value on its own must be a valid value of its key: a type error points at it.
-    let type_check = |setting: &Setting| -> Result<(), RecipeError> {
-        let mut value = template.clone();
-        set_path(&mut value, &setting.key, setting.value.clone());
-        serde_yaml::from_value::<Config>(value).map(|_| ()).map_err(|e| {
-            let msg = explain_serde_error(&e.to_string());
-            let msg = if msg.starts_with(&setting.key) { msg } else { format!("{}: {msg}", setting.key) };
-            at(&setting.source, msg)
-        })
-    };
+    Ok(written)
+}
 
-    // The sweep grid: keys in file order, each a non-empty list.
+/// The sweep grid: keys in file order, each a non-empty list of distinct, valid values. Returns the axes
+/// and their keys.
+fn sweep_axes(src: &Source, parsed: &RecipeFile) -> Result<(Vec<Vec<Setting>>, Vec<String>), RecipeError> {
     let mut axes: Vec<Vec<Setting>> = Vec::new();
     let mut sweep_keys = Vec::new();
     for (k, v) in &parsed.sweep {
         let Some(key) = k.as_str() else {
-            return Err(at("sweep", "sweep: keys must be dotted config paths like transformer.heads".into()));
+            return Err(src.at("sweep", "sweep: keys must be dotted config paths like transformer.heads".into()));
         };
         let source = format!("sweep.{key}");
-        check(key, &source)?;
+        src.check(key, &source)?;
         let values = match v {
             Value::Sequence(values) if !values.is_empty() => values,
-            _ => return Err(at(&source, format!("{source}: expected a non-empty list of values, e.g. [1, 2, 4]"))),
+            _ => return Err(src.at(&source, format!("{source}: expected a non-empty list of values, e.g. [1, 2, 4]"))),
         };
         sweep_keys.push(key.to_string());
         let settings: Vec<Setting> = values
@@ -388,180 +496,188 @@ pub fn parse_with(
             .map(|(i, value)| Setting { key: key.into(), value: value.clone(), source: format!("{source}.{i}") })
             .collect();
         for (i, setting) in settings.iter().enumerate() {
-            type_check(setting)?;
+            src.type_check(setting)?;
             if values[..i].contains(&setting.value) {
                 let text = value_text(&setting.value);
-                return Err(at(&setting.source, format!("{source}: {text} is listed twice")));
+                return Err(src.at(&setting.source, format!("{source}: {text} is listed twice")));
             }
         }
         axes.push(settings);
     }
-    // `variants`: one axis whose points set several keys at once.
-    let mut variant_labels = Vec::new();
-    let mut variants: Vec<Vec<Setting>> = Vec::new();
-    if !parsed.variants.is_empty() {
-        for (i, variant) in parsed.variants.iter().enumerate() {
-            let mut label = None;
-            let mut settings = Vec::new();
-            for (k, v) in variant {
-                let source = format!("variants.{i}.{}", k.as_str().unwrap_or_default());
-                let Some(key) = k.as_str() else {
-                    return Err(at(&source, "variants: keys must be dotted config paths".into()));
-                };
-                if key == "label" {
-                    label = Some(value_text(v));
-                    continue;
-                }
-                check(key, &source)?;
-                let setting = Setting { key: key.into(), value: v.clone(), source };
-                type_check(&setting)?;
-                settings.push(setting);
-            }
-            let label = label.unwrap_or_else(|| {
-                settings
-                    .iter()
-                    .map(|s| format!("{}={}", short_key(&s.key), short_value(&value_text(&s.value))))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            });
-            if variant_labels.contains(&label) {
-                return Err(at(&format!("variants.{i}"), format!("variants: two variants are labelled `{label}`")));
-            }
-            variant_labels.push(label);
-            variants.push(settings);
-        }
-        // The variants axis comes first; its points are looked up in `variants` per run.
-        sweep_keys.insert(0, "variant".into());
-        axes.insert(0, Vec::new());
-    }
-    let mut smoke_settings = Vec::new();
-    for (k, v) in &parsed.smoke {
-        let key = k.as_str().unwrap_or_default().to_string();
-        let source = format!("smoke.{key}");
-        check(&key, &source)?;
-        let setting = Setting { key, value: v.clone(), source };
-        type_check(&setting)?;
-        smoke_settings.push(setting);
-    }
-    // `key=value` overrides act last, on every run, over sweep, variants and smoke alike.
-    let mut override_settings = Vec::new();
-    for (key, value, _) in &overrides.set {
-        check(key, key)?;
-        let setting = Setting { key: key.clone(), value: value.clone(), source: key.clone() };
-        type_check(&setting)?;
-        override_settings.push(setting);
-    }
+    Ok((axes, sweep_keys))
+}
 
-    // A typo such as a long list under several keys can multiply into more runs than any sweep means to
-    // have (and than memory holds); refuse before expanding.
-    let sizes: Vec<usize> = axes
-        .iter()
-        .enumerate()
-        .map(|(i, a)| if i == 0 && !variants.is_empty() { variants.len() } else { a.len() })
-        .collect();
-    let count = sizes.iter().try_fold(seeds.len() as u128, |n, &a| n.checked_mul(a as u128)).unwrap_or(u128::MAX);
+/// `variants`: one axis whose points set several keys at once, each with a label (given, or made from its
+/// settings) that no other variant has. Returns the labels and each variant's settings.
+fn variant_axis(src: &Source, parsed: &RecipeFile) -> Result<(Vec<String>, Vec<Vec<Setting>>), RecipeError> {
+    let mut labels: Vec<String> = Vec::new();
+    let mut variants = Vec::new();
+    for (i, variant) in parsed.variants.iter().enumerate() {
+        let mut label = None;
+        let mut settings = Vec::new();
+        for (k, v) in variant {
+            let source = format!("variants.{i}.{}", k.as_str().unwrap_or_default());
+            let Some(key) = k.as_str() else {
+                return Err(src.at(&source, "variants: keys must be dotted config paths".into()));
+            };
+            if key == "label" {
+                label = Some(value_text(v));
+                continue;
+            }
+            settings.push(src.setting(key, v, &source)?);
+        }
+        let label = label.unwrap_or_else(|| {
+            settings
+                .iter()
+                .map(|s| format!("{}={}", short_key(&s.key), short_value(&value_text(&s.value))))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        if labels.contains(&label) {
+            return Err(src.at(&format!("variants.{i}"), format!("variants: two variants are labelled `{label}`")));
+        }
+        labels.push(label);
+        variants.push(settings);
+    }
+    Ok((labels, variants))
+}
+
+/// A typo such as a long list under several keys can multiply into more runs than any sweep means to have
+/// (and than memory holds): refused before expanding.
+fn check_grid_size(src: &Source, sizes: &[usize], seeds: usize) -> Result<(), RecipeError> {
+    let count = sizes.iter().try_fold(seeds as u128, |n, &a| n.checked_mul(a as u128)).unwrap_or(u128::MAX);
     if count > MAX_RUNS {
-        return Err(at(
+        return Err(src.at(
             "sweep",
             format!(
                 "sweep: the grid times the seeds is {count} runs; at most {MAX_RUNS} (split the recipe, or shard it)"
             ),
         ));
     }
+    Ok(())
+}
 
-    let written_keys = leaves(&Value::Mapping(written.clone()));
+/// What the expansion crosses: the axes (the variants axis first, when there is one), the settings every
+/// run takes after them, and the written sections they are laid over.
+struct Grid<'a> {
+    axes: &'a [Vec<Setting>],
+    variants: &'a [Vec<Setting>],
+    variant_labels: &'a [String],
+    sweep_keys: &'a [String],
+    /// With --smoke: the recipe's `smoke:` settings.
+    smoke: Option<&'a [Setting]>,
+    overrides: &'a [Setting],
+    written: &'a Mapping,
+    /// The file's `kind:`.
+    kind: Option<Kind>,
+}
+
+/// The keys the recipe set for one run, each with the recipe path (or argument) to blame.
+type SetKeys = Vec<(String, String)>;
+
+/// Every point of the grid times every seed, as a run; with, per run, the keys the recipe set for it.
+fn expand(
+    src: &Source,
+    grid: &Grid,
+    sizes: &[usize],
+    seeds: &[u64],
+) -> Result<(Vec<RunSpec>, Vec<SetKeys>), RecipeError> {
     let mut runs = Vec::new();
-    // Per run: the keys the recipe set for it, with the line to blame.
-    let mut set_per_run: Vec<Vec<(String, String)>> = Vec::new();
+    let mut set_per_run = Vec::new();
     for point in sizes.iter().map(|&n| 0..n).multi_cartesian_product_or_unit() {
-        for &seed in &seeds {
-            let mut settings: Vec<&Setting> = Vec::new();
-            let mut swept = Vec::new();
-            for (axis, &i) in point.iter().enumerate() {
-                if axis == 0 && !variants.is_empty() {
-                    settings.extend(variants[i].iter());
-                    swept.push(("variant".to_string(), variant_labels[i].clone()));
-                } else {
-                    let s = &axes[axis][i];
-                    settings.push(s);
-                    swept.push((s.key.clone(), value_text(&s.value)));
-                }
-            }
-            if smoke {
-                settings.extend(smoke_settings.iter());
-            }
-            settings.extend(override_settings.iter());
-            let kind_setting = settings.iter().rev().find(|s| s.key == "kind");
-            let kind = match kind_setting {
-                Some(s) => serde_yaml::from_value::<Kind>(s.value.clone())
-                    .map_err(|e| at(&s.source, format!("kind: {}", explain_serde_error(&e.to_string()))))?,
-                None => parsed.kind.ok_or_else(|| {
-                    err(1, "kind: missing: say what the recipe trains (kind: lm, bert, translate, vit, swin, davit, image_gpt or cnn)".into())
-                })?,
-            };
-            let defaults = to_value(&Config::defaults(kind));
-            let mut value = defaults.clone();
-            merge(&mut value, Value::Mapping(written.clone()));
-            let mut set: Vec<(String, String)> = written_keys.iter().map(|k| (k.clone(), k.clone())).collect();
-            for s in &settings {
-                if s.key == "kind" {
-                    continue;
-                }
-                // A section's unset keys take the kind's defaults, not the base recipe's.
-                let mut new = get_path(&defaults, &s.key).cloned().unwrap_or(Value::Null);
-                if matches!((&new, &s.value), (Value::Mapping(_), Value::Mapping(_))) {
-                    merge(&mut new, s.value.clone());
-                } else {
-                    new = s.value.clone();
-                }
-                set_path(&mut value, &s.key, new);
-                for leaf in leaves(&s.value) {
-                    let key = if leaf.is_empty() { s.key.clone() } else { format!("{}.{leaf}", s.key) };
-                    set.push((key, s.source.clone()));
-                }
-            }
-            set_path(&mut value, "kind", serde_yaml::to_value(kind).expect("a kind serialises"));
-            set_path(&mut value, "train.seed", Value::from(seed));
-            if smoke {
-                shrink_for_smoke(&mut value, kind, &sweep_keys, &settings);
-            }
-            let config: Config = serde_yaml::from_value(value).map_err(|e| {
-                let msg = explain_serde_error(&e.to_string());
-                let key = msg.split(':').next().unwrap_or("").to_string();
-                let source = set
-                    .iter()
-                    .rev()
-                    .find(|(k, _)| *k == key || k.starts_with(&format!("{key}.")))
-                    .map(|(_, s)| s.clone());
-                at(source.as_deref().unwrap_or(&key), msg)
-            })?;
-            let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let label = swept
-                .iter()
-                .map(|(k, v)| if k == "variant" { v.clone() } else { format!("{}={}", short_key(k), short_value(v)) })
-                .collect::<Vec<_>>()
-                .join(" ");
-            id_parts.push(format!("seed={seed}"));
-            runs.push(RunSpec {
-                id: id_parts.join(" "),
-                label: if label.is_empty() { "base".into() } else { label },
-                swept,
-                seed,
-                config,
-                config_hash: String::new(),
-            });
+        for &seed in seeds {
+            let (run, set) = build_run(src, grid, &point, seed)?;
+            runs.push(run);
             set_per_run.push(set);
         }
     }
+    Ok((runs, set_per_run))
+}
 
-    // A key the recipe sets must act in at least one of its runs; a run that does not read it leaves it out
-    // of its columns.
+/// The run at one point of the grid with one seed: its settings laid over its kind's defaults and the
+/// written sections, shrunk with --smoke, read into a config; its id and label from the swept values.
+fn build_run(src: &Source, grid: &Grid, point: &[usize], seed: u64) -> Result<(RunSpec, SetKeys), RecipeError> {
+    let mut settings: Vec<&Setting> = Vec::new();
+    let mut swept = Vec::new();
+    for (axis, &i) in point.iter().enumerate() {
+        if axis == 0 && !grid.variants.is_empty() {
+            settings.extend(grid.variants[i].iter());
+            swept.push(("variant".to_string(), grid.variant_labels[i].clone()));
+        } else {
+            let s = &grid.axes[axis][i];
+            settings.push(s);
+            swept.push((s.key.clone(), value_text(&s.value)));
+        }
+    }
+    settings.extend(grid.smoke.unwrap_or_default().iter());
+    settings.extend(grid.overrides.iter());
+    let kind = match settings.iter().rev().find(|s| s.key == "kind") {
+        Some(s) => serde_yaml::from_value::<Kind>(s.value.clone())
+            .map_err(|e| src.at(&s.source, format!("kind: {}", explain_serde_error(&e.to_string()))))?,
+        None => grid.kind.ok_or_else(|| {
+            let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+            let (last, rest) = names.split_last().expect("there are kinds");
+            src.err(1, format!("kind: missing: say what the recipe trains (kind: {} or {last})", rest.join(", ")))
+        })?,
+    };
+    let defaults = to_value(&Config::defaults(kind));
+    let mut value = defaults.clone();
+    merge(&mut value, Value::Mapping(grid.written.clone()));
+    let written_keys = leaves(&Value::Mapping(grid.written.clone()));
+    let mut set: SetKeys = written_keys.iter().map(|k| (k.clone(), k.clone())).collect();
+    for s in settings.iter().filter(|s| s.key != "kind") {
+        // A section's unset keys take the kind's defaults, not the base recipe's.
+        let mut new = get_path(&defaults, &s.key).cloned().unwrap_or(Value::Null);
+        if matches!((&new, &s.value), (Value::Mapping(_), Value::Mapping(_))) {
+            merge(&mut new, s.value.clone());
+        } else {
+            new = s.value.clone();
+        }
+        set_path(&mut value, &s.key, new);
+        for leaf in leaves(&s.value) {
+            let key = if leaf.is_empty() { s.key.clone() } else { format!("{}.{leaf}", s.key) };
+            set.push((key, s.source.clone()));
+        }
+    }
+    set_path(&mut value, "kind", serde_yaml::to_value(kind).expect("a kind serialises"));
+    set_path(&mut value, "train.seed", Value::from(seed));
+    if grid.smoke.is_some() {
+        shrink_for_smoke(&mut value, kind, grid.sweep_keys, &settings);
+    }
+    let config: Config = serde_yaml::from_value(value).map_err(|e| {
+        let msg = explain_serde_error(&e.to_string());
+        let key = msg.split(':').next().unwrap_or("").to_string();
+        let source =
+            set.iter().rev().find(|(k, _)| *k == key || k.starts_with(&format!("{key}."))).map(|(_, s)| s.clone());
+        src.at(source.as_deref().unwrap_or(&key), msg)
+    })?;
+    let mut id_parts: Vec<String> = swept.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let label = swept
+        .iter()
+        .map(|(k, v)| if k == "variant" { v.clone() } else { format!("{}={}", short_key(k), short_value(v)) })
+        .collect::<Vec<_>>()
+        .join(" ");
+    id_parts.push(format!("seed={seed}"));
+    let run = RunSpec {
+        id: id_parts.join(" "),
+        label: if label.is_empty() { "base".into() } else { label },
+        swept,
+        seed,
+        config,
+        config_hash: String::new(),
+    };
+    Ok((run, set))
+}
+
+/// A key the recipe sets must act in at least one of the runs it is set for; the first (by line) that
+/// acts in none is refused with the reason. A run that does not read a key leaves it out of its columns.
+fn refuse_unread_keys(src: &Source, runs: &[RunSpec], set_per_run: &[SetKeys]) -> Result<(), RecipeError> {
     let mut refused: Vec<(String, String)> = Vec::new();
     let all_set: BTreeSet<(String, String)> = set_per_run.iter().flatten().cloned().collect();
     for (key, source) in &all_set {
         let setting_runs: Vec<&RunSpec> = runs
             .iter()
-            .zip(&set_per_run)
+            .zip(set_per_run)
             .filter(|(_, set)| set.iter().any(|(k, s)| k == key && s == source))
             .map(|(r, _)| r)
             .collect();
@@ -570,18 +686,21 @@ pub fn parse_with(
             refused.push((source.clone(), format!("{key}: {}", reasons[0])));
         }
     }
-    if let Some((source, message)) = refused.into_iter().min_by_key(|(s, _)| lines.line(s)) {
-        return Err(at(&source, message));
+    match refused.into_iter().min_by_key(|(s, _)| src.lines.line(s)) {
+        Some((source, message)) => Err(src.at(&source, message)),
+        None => Ok(()),
     }
+}
 
-    for (run, set) in runs.iter_mut().zip(&set_per_run) {
-        // The line to blame for a problem with this run: where the key was set for it, else the swept value
-        // that made the run, else the key's own line.
+/// Validates every run, blaming a problem on where the key was set for that run, else the swept value that
+/// made the run, else the key's own line; then fills derived keys and the config hash.
+fn validate_runs(src: &Source, runs: &mut [RunSpec], set_per_run: &[SetKeys]) -> Result<(), RecipeError> {
+    for (run, set) in runs.iter_mut().zip(set_per_run) {
         let blame = |key: &str| -> String {
             if let Some((_, source)) = set.iter().rev().find(|(k, _)| k == key) {
                 return source.clone();
             }
-            if lines.has(key) || lines.argument(key).is_some() {
+            if src.lines.has(key) || src.lines.argument(key).is_some() {
                 return key.to_string();
             }
             match set.iter().rev().find(|(_, s)| s.starts_with("sweep.") || s.starts_with("variants.")) {
@@ -589,20 +708,11 @@ pub fn parse_with(
                 None => key.to_string(),
             }
         };
-        run.config.validate().map_err(|inv| at(&blame(&inv.key), format!("{}: {}", inv.key, inv.message)))?;
+        run.config.validate().map_err(|inv| src.at(&blame(&inv.key), format!("{}: {}", inv.key, inv.message)))?;
         run.config.resolve();
         run.config_hash = config_hash(&run.config);
     }
-    Ok(Recipe {
-        file: file.into(),
-        name: parsed.name.unwrap_or_else(|| stem.to_string()),
-        description: parsed.description,
-        sweep_keys,
-        seeds,
-        runs,
-        smoke,
-        overrides: overrides.clone(),
-    })
+    Ok(())
 }
 
 /// The most runs one recipe may expand to.

@@ -2,7 +2,6 @@
 //! and small ones for 28×28 grey images with 10 classes. `ablate describe` lists them, and the vision
 //! complexity benchmark measures them.
 use super::schema::{BlockKind, Config, Kind, Pool, VisionConfig};
-use crate::transformer::spec::PositionEncoding;
 
 pub const PRESETS: &[&str] = &[
     "vit_tiny_patch16_224",
@@ -38,11 +37,7 @@ pub fn preset(name: &str) -> Option<Config> {
     let paper = name.ends_with("224") || name == "davit_tiny";
     cfg.transformer.d_model = d_model;
     cfg.transformer.heads = heads;
-    cfg.transformer.pe = match kind {
-        Kind::Swin => PositionEncoding::Bias2d,
-        Kind::Davit => PositionEncoding::Conv,
-        _ => PositionEncoding::Learned,
-    };
+    // The position encoding is the kind's default (Config::defaults): learned, Swin's 2-D bias, DaViT's conv.
     if !kind.is_hierarchical() {
         cfg.transformer.layers = depths[0];
     }

@@ -92,9 +92,18 @@ impl Config {
         }
     }
 
-    /// The Transformer section alone (also what a complexity benchmark checks its attention variants with).
+    /// The Transformer section alone (also what a complexity benchmark checks its attention variants with),
+    /// one family of knobs at a time.
     pub fn validate_transformer(&self) -> Result<(), Invalid> {
-        let (t, kind) = (&self.transformer, self.kind);
+        self.validate_widths()?;
+        self.validate_positions()?;
+        self.validate_attention_shape()?;
+        self.validate_pattern()
+    }
+
+    /// Width, depth, heads, head and FFN sizes, dropout.
+    fn validate_widths(&self) -> Result<(), Invalid> {
+        let t = &self.transformer;
         at_least("transformer.d_model", t.d_model, 1)?;
         if t.d_model > MAX_D_MODEL {
             return Err(invalid("transformer.d_model", format!("must be at most {MAX_D_MODEL}, got {}", t.d_model)));
@@ -122,6 +131,22 @@ impl Config {
             }
             None => {}
         }
+        if let Some(h) = t.ffn_hidden {
+            if !(1..=64 * MAX_D_MODEL).contains(&h) {
+                return Err(invalid(
+                    "transformer.ffn_hidden",
+                    format!("must be at least 1 (or null for 4·d_model), got {h}"),
+                ));
+            }
+        }
+        probability("transformer.dropout", t.dropout)?;
+        probability("transformer.attention.dropout", t.attention.dropout)?;
+        Ok(())
+    }
+
+    /// The position encoding and its settings: where it enters, how it joins the tokens.
+    fn validate_positions(&self) -> Result<(), Invalid> {
+        let (t, kind) = (&self.transformer, self.kind);
         if t.position.combine == Combine::Concat && t.pe.is_absolute() {
             if t.position.at != AbsoluteAt::Input {
                 return Err(invalid(
@@ -147,46 +172,6 @@ impl Config {
                 ));
             }
         }
-        if let Some(kv) = t.attention.kv_heads {
-            at_least("transformer.attention.kv_heads", kv, 1)?;
-            if t.heads % kv != 0 {
-                return Err(invalid(
-                    "transformer.attention.kv_heads",
-                    format!(
-                        "{kv} key/value heads do not divide {} heads (each serves heads/kv_heads query heads); allowed: {}",
-                        t.heads,
-                        divisors(t.heads)
-                    ),
-                ));
-            }
-        }
-        if let Some(q) = t.attention.qk_dim {
-            at_least("transformer.attention.qk_dim", q, 1)?;
-            if q > MAX_D_MODEL {
-                return Err(invalid("transformer.attention.qk_dim", format!("must be at most {MAX_D_MODEL}, got {q}")));
-            }
-        }
-        if t.attention.scoring == Scoring::Additive
-            && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
-        {
-            return Err(invalid(
-                "transformer.attention.scoring",
-                format!(
-                    "additive scores are written out (no fused or sparse kernel computes wᵀ tanh(q + k)); transformer.attention.implementation is {}: use auto or explicit",
-                    if t.attention.implementation == Implementation::Fused { "fused" } else { "sparse" }
-                ),
-            ));
-        }
-        if let Some(h) = t.ffn_hidden {
-            if !(1..=64 * MAX_D_MODEL).contains(&h) {
-                return Err(invalid(
-                    "transformer.ffn_hidden",
-                    format!("must be at least 1 (or null for 4·d_model), got {h}"),
-                ));
-            }
-        }
-        probability("transformer.dropout", t.dropout)?;
-        probability("transformer.attention.dropout", t.attention.dropout)?;
         let pos = &t.position;
         match t.pe {
             PositionEncoding::Bias2d | PositionEncoding::Conv if kind.is_text() => {
@@ -236,6 +221,48 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Key/value heads, the query/key width, and how scores are made.
+    fn validate_attention_shape(&self) -> Result<(), Invalid> {
+        let t = &self.transformer;
+        if let Some(kv) = t.attention.kv_heads {
+            at_least("transformer.attention.kv_heads", kv, 1)?;
+            if t.heads % kv != 0 {
+                return Err(invalid(
+                    "transformer.attention.kv_heads",
+                    format!(
+                        "{kv} key/value heads do not divide {} heads (each serves heads/kv_heads query heads); allowed: {}",
+                        t.heads,
+                        divisors(t.heads)
+                    ),
+                ));
+            }
+        }
+        if let Some(q) = t.attention.qk_dim {
+            at_least("transformer.attention.qk_dim", q, 1)?;
+            if q > MAX_D_MODEL {
+                return Err(invalid("transformer.attention.qk_dim", format!("must be at most {MAX_D_MODEL}, got {q}")));
+            }
+        }
+        if t.attention.scoring == Scoring::Additive
+            && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
+        {
+            return Err(invalid(
+                "transformer.attention.scoring",
+                format!(
+                    "additive scores are written out (no fused or sparse kernel computes wᵀ tanh(q + k)); transformer.attention.implementation is {}: use auto or explicit",
+                    if t.attention.implementation == Implementation::Fused { "fused" } else { "sparse" }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Which keys each query sees: the pattern, the per-layer patterns, and the sparse kernel they need.
+    fn validate_pattern(&self) -> Result<(), Invalid> {
+        let (t, kind) = (&self.transformer, self.kind);
         let p = &t.attention.pattern;
         let sequence = match kind {
             Kind::Lm | Kind::Bert | Kind::Translate => Some(t.block_size),
@@ -271,6 +298,20 @@ impl Config {
             if l.window.is_none() && l.dilation != 1 {
                 return entry("a dilation spaces a window's neighbours: give the layer a window too".into());
             }
+        }
+        // Layer i takes entry i mod the list's length, so entries past the deepest stack would never act.
+        let deepest = match kind {
+            Kind::Translate => self.translate.as_ref().map_or(t.layers, |tr| tr.encoder_layers.max(tr.decoder_layers)),
+            _ => t.layers,
+        };
+        if layers.len() as i64 > deepest {
+            return Err(invalid(
+                key,
+                format!(
+                    "{} entries, but the model's deepest stack has {deepest} layers: entries {deepest} and later would never act",
+                    layers.len()
+                ),
+            ));
         }
         if let Some(e) = p.global_every {
             at_least("transformer.attention.pattern.global_every", e, 1)?;
@@ -577,6 +618,18 @@ impl Config {
         }
         if kind == Kind::Davit && v.attention_types.is_empty() {
             return Err(invalid("vision.attention_types", "give at least one of spatial, channel"));
+        }
+        let deepest_stage = v.depths.iter().copied().max().unwrap_or(0);
+        if kind == Kind::Davit && v.attention_types.len() as i64 > deepest_stage {
+            // The kinds are cycled through each stage's blocks: entries past the deepest stage never act.
+            return Err(invalid(
+                "vision.attention_types",
+                format!(
+                    "{} block kinds, but the deepest stage has {deepest_stage} blocks (vision.depths {:?}): entries {deepest_stage} and later would never act",
+                    v.attention_types.len(),
+                    v.depths
+                ),
+            ));
         }
         Ok(())
     }

@@ -60,8 +60,7 @@ pub fn run_interactions(label: &str, config: &Config) -> Vec<Interaction> {
         Kind::ImageGpt => sequence(config.image_gpt_spec().transformer.block_size, true),
         Kind::Swin => {
             let spec = config.staged_spec();
-            let (grid, window) = (spec.grid(0), spec.window(0));
-            let shift = if spec.shift && window < grid { window / 2 } else { 0 };
+            let (grid, window, shift) = (spec.grid(0), spec.window(0), spec.shift_at(0));
             let mut out = vec![Interaction {
                 label: if shift > 0 { format!("{label} (even blocks)") } else { label.to_string() },
                 allowed: swin_allowed(grid, window, 0),

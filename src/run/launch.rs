@@ -189,9 +189,8 @@ pub fn join(membership: &Membership, request: &Request) -> Result<(Recipe, tch::
 /// The device of one rank: the CPU, or the GPU of its `LOCAL_RANK`.
 fn rank_device(membership: &Membership, spec: &str) -> Result<tch::Device> {
     let gpu = || {
-        crate::parse_device(&format!("cuda:{}", membership.local_rank)).map_err(|e| {
-            anyhow::anyhow!("rank {} (LOCAL_RANK {}): {e}", membership.rank, membership.local_rank)
-        })
+        crate::parse_device(&format!("cuda:{}", membership.local_rank))
+            .map_err(|e| anyhow::anyhow!("rank {} (LOCAL_RANK {}): {e}", membership.rank, membership.local_rank))
     };
     match spec {
         "cpu" => Ok(tch::Device::Cpu),

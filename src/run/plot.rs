@@ -23,9 +23,10 @@ pub(crate) fn register_font() {
     });
 }
 
-/// Eight colours (Tableau's, without the grey and olive that wash out) times three dash styles: 24 series
-/// that no two look alike.
-const PALETTE: [RGBColor; 8] = [
+/// Twelve colours (Tableau's eight without the grey and olive that wash out, then black, wine, dark olive
+/// and indigo), so that up to twelve series each have a colour of their own; past twelve, each round of the
+/// palette has its own dash and marker shape: 36 series that no two look alike.
+const PALETTE: [RGBColor; 12] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -34,6 +35,10 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(136, 34, 85),
+    RGBColor(128, 128, 0),
+    RGBColor(51, 34, 136),
 ];
 
 /// Dash length and gap in pixels of series `i`'s line: solid, dashed, dotted, by the round of the palette.
@@ -49,6 +54,60 @@ fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
+/// The marker shape of series `i`, by the round of the palette: a disc, a triangle, a square.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Marker {
+    Disc,
+    Triangle,
+    Square,
+}
+
+fn marker(i: usize) -> Marker {
+    match (i / PALETTE.len()) % 3 {
+        0 => Marker::Disc,
+        1 => Marker::Triangle,
+        _ => Marker::Square,
+    }
+}
+
+/// Filled markers of `shape` at `points` of a chart, `size` pixels from centre to edge.
+fn draw_markers<X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'_, BitMapBackend<'_>, Cartesian2d<X, Y>>,
+    points: &[(f64, f64)],
+    shape: Marker,
+    size: i32,
+    colour: RGBColor,
+) -> Result<()> {
+    let style = colour.filled();
+    match shape {
+        Marker::Disc => chart.draw_series(points.iter().map(|&p| Circle::new(p, size, style)))?,
+        Marker::Triangle => chart.draw_series(points.iter().map(|&p| TriangleMarker::new(p, size + 1, style)))?,
+        Marker::Square => chart.draw_series(
+            points.iter().map(|&p| EmptyElement::at(p) + Rectangle::new([(-size, -size), (size, size)], style)),
+        )?,
+    };
+    Ok(())
+}
+
+/// One filled marker of `shape` at pixel `at` of a drawing area (the legend's).
+fn draw_marker_at<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    at: (i32, i32),
+    shape: Marker,
+    colour: RGBColor,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let style = colour.filled();
+    match shape {
+        Marker::Disc => area.draw(&Circle::new(at, 4, style))?,
+        Marker::Triangle => area.draw(&TriangleMarker::new(at, 5, style))?,
+        Marker::Square => area.draw(&Rectangle::new([(at.0 - 4, at.1 - 4), (at.0 + 4, at.1 + 4)], style))?,
+    }
+    Ok(())
+}
+
 /// Mean of a sample and the half-width of its confidence interval (0 for a single value: no band).
 fn mean_interval(values: &[f64]) -> (f64, f64) {
     let e = Estimate::of(values);
@@ -62,7 +121,13 @@ pub struct Series {
     pub label: String,
     pub points: Vec<(f64, f64, f64)>,
     pub runs: Vec<(f64, f64)>,
+    /// Each run's own curve, where a line averages at most `SEED_CURVES_UP_TO` runs: drawn instead of a
+    /// band, since the 95% interval of two values is 12.7 standard errors wide and says little.
+    pub seed_curves: Vec<Vec<(f64, f64)>>,
 }
+
+/// Lines that average this many runs or fewer show each run instead of an interval band.
+const SEED_CURVES_UP_TO: usize = 2;
 
 /// Averages a metric's curve over the runs of each variant, step by step (steps every seed recorded).
 pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metric: &str) -> Vec<Series> {
@@ -70,13 +135,19 @@ pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metri
     for (label, run_ids) in variants {
         let mut by_step: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
         let mut runs_with_metric = 0;
+        let mut seed_curves = Vec::new();
         for id in run_ids {
             if let Some(points) = curves.get(id).and_then(|m| m.get(metric)) {
                 runs_with_metric += 1;
                 for &(s, v) in points {
                     by_step.entry(s).or_default().push(v);
                 }
+                let finite = points.iter().filter(|p| p.1.is_finite()).map(|&(s, v)| (s as f64, v));
+                seed_curves.push(finite.collect::<Vec<_>>());
             }
+        }
+        if !(2..=SEED_CURVES_UP_TO).contains(&seed_curves.len()) {
+            seed_curves.clear();
         }
         let points: Vec<(f64, f64, f64)> = by_step
             .into_iter()
@@ -90,7 +161,7 @@ pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metri
             })
             .collect();
         if !points.is_empty() {
-            out.push(Series { label: label.clone(), points, ..Default::default() });
+            out.push(Series { label: label.clone(), points, runs: Vec::new(), seed_curves });
         }
     }
     out
@@ -105,8 +176,15 @@ pub struct Axes<'a> {
     pub x_categories: Option<&'a [String]>,
 }
 
-/// The width of a chart's legend panel (to the right of the data, never over it).
+/// The widest a chart's legend panel gets (to the right of the data, never over it).
 const LEGEND_WIDTH: u32 = 400;
+
+/// The legend panel's width for `labels`: as wide as the longest line of a label needs (about 8 pixels a
+/// character after the 48-pixel key), between 160 and `LEGEND_WIDTH` pixels.
+fn legend_width<'a>(labels: impl IntoIterator<Item = &'a str>) -> u32 {
+    let longest = labels.into_iter().flat_map(wrap_label).map(|l| l.chars().count()).max().unwrap_or(0);
+    (56 + 8 * longest as u32).clamp(160, LEGEND_WIDTH)
+}
 
 /// Characters of legend text that fit one line of its panel.
 const LEGEND_LINE: usize = 50;
@@ -138,7 +216,7 @@ struct LegendEntry {
     label: String,
     colour: RGBColor,
     dash: Option<(u32, u32)>,
-    marker: bool,
+    marker: Option<Marker>,
 }
 
 /// The legend entries of `labels` drawn as line charts draw series i: its colour and dash, with a marker.
@@ -146,7 +224,12 @@ fn series_entries(labels: &[String]) -> Vec<LegendEntry> {
     labels
         .iter()
         .enumerate()
-        .map(|(i, label)| LegendEntry { label: label.clone(), colour: colour(i), dash: dash(i), marker: true })
+        .map(|(i, label)| LegendEntry {
+            label: label.clone(),
+            colour: colour(i),
+            dash: dash(i),
+            marker: Some(marker(i)),
+        })
         .collect()
 }
 
@@ -172,8 +255,8 @@ where
                 }
             }
         }
-        if entry.marker {
-            area.draw(&Circle::new((24, y), 4, c.filled()))?;
+        if let Some(shape) = entry.marker {
+            draw_marker_at(area, (24, y), shape, c)?;
         }
         for (k, line) in lines.iter().enumerate() {
             let indent = if k == 0 { 48 } else { 60 };
@@ -265,6 +348,7 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
             label: s.label.clone(),
             points: s.points.iter().map(|&(x, m, sd)| (x + dodge(k), m, sd)).collect(),
             runs: s.runs.iter().map(|&(x, v)| (x + dodge(k), v)).collect(),
+            seed_curves: s.seed_curves.iter().map(|c| c.iter().map(|&(x, v)| (x + dodge(k), v)).collect()).collect(),
         })
         .collect();
     let (mut x0, mut x1) = x_extent(&placed);
@@ -286,14 +370,15 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
     crate::files::write_atomically_with(path, |tmp| {
         let root = BitMapBackend::new(tmp, (1280, 640)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (plot_area, legend_area) = root.split_horizontally(1280 - LEGEND_WIDTH);
+        let legend_w = legend_width(labels.iter().map(String::as_str));
+        let (plot_area, legend_area) = root.split_horizontally(1280 - legend_w);
         legend(&legend_area, &series_entries(&labels))?;
         match zoom_from {
             None => panel(&plot_area, &placed, axes, axes.title, (x0, x1), categorical)?,
             Some(from) => {
                 let (title_area, panels) = plot_area.split_vertically(34);
                 title_area.draw(&Text::new(axes.title.to_string(), (12, 8), ("sans-serif", 20)))?;
-                let (full, zoomed) = panels.split_horizontally((1280 - LEGEND_WIDTH) / 2);
+                let (full, zoomed) = panels.split_horizontally((1280 - legend_w) / 2);
                 panel(&full, &placed, axes, "whole run", (x0, x1), true)?;
                 let late: Vec<Series> = placed
                     .iter()
@@ -301,6 +386,11 @@ pub fn line_chart(path: &Path, series: &[Series], axes: &Axes) -> Result<()> {
                         label: s.label.clone(),
                         points: s.points.iter().filter(|p| p.0 >= from).copied().collect(),
                         runs: s.runs.iter().filter(|p| p.0 >= from).copied().collect(),
+                        seed_curves: s
+                            .seed_curves
+                            .iter()
+                            .map(|c| c.iter().filter(|p| p.0 >= from).copied().collect())
+                            .collect(),
                     })
                     .collect();
                 let (lx0, lx1) = x_extent(&late);
@@ -319,11 +409,36 @@ fn x_extent(series: &[Series]) -> (f64, f64) {
     series.iter().flat_map(|s| s.points.iter()).fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)))
 }
 
-/// Lowest and highest y of the points (band included) and of the single runs at x ≥ `from`.
+/// Lowest and highest y of the data at x ≥ `from`: the means and the single runs. Bands and error bars do
+/// not set the range (with two seeds a 95% interval is 12.7 standard errors wide and would squeeze the data
+/// into a sliver); they are clipped at the axes instead.
 fn y_extent(series: &[Series], from: f64) -> (f64, f64) {
-    let summaries = series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0 >= from).map(|p| (p.1 - p.2, p.1 + p.2));
-    let runs = series.iter().flat_map(|s| s.runs.iter()).filter(|p| p.0 >= from).map(|p| (p.1, p.1));
-    summaries.chain(runs).fold((f64::MAX, f64::MIN), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)))
+    let means = series.iter().flat_map(|s| s.points.iter()).filter(|p| p.0 >= from).map(|p| p.1);
+    let runs = series.iter().flat_map(|s| s.runs.iter()).filter(|p| p.0 >= from).map(|p| p.1);
+    let seeds = series.iter().flat_map(|s| s.seed_curves.iter().flatten()).filter(|p| p.0 >= from).map(|p| p.1);
+    means.chain(runs).chain(seeds).fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)))
+}
+
+/// The band (or error bar) of a point cut to the axis range `(y0, y1)`, and never below zero where every
+/// value of the chart is non-negative (a loss, an accuracy): (lower, upper).
+fn clipped_band((_, m, half): (f64, f64, f64), (y0, y1): (f64, f64), non_negative: bool) -> (f64, f64) {
+    let floor = if non_negative { y0.max(0.0) } else { y0 };
+    ((m - half).max(floor), (m + half).min(y1))
+}
+
+/// Whether point `p` of `s` is drawn with its band (or error bar): not where the runs themselves are drawn
+/// instead (a line over at most `SEED_CURVES_UP_TO` runs, a category of as few runs).
+fn band_drawn(s: &Series, p: (f64, f64, f64)) -> bool {
+    let runs_at = s.runs.iter().filter(|r| (r.0 - p.0).abs() < 1e-9).count();
+    p.2 > 0.0 && s.seed_curves.is_empty() && (s.runs.is_empty() || runs_at > SEED_CURVES_UP_TO)
+}
+
+/// Whether some band of `series` reaches past the axis range (and is drawn clipped).
+fn bands_clipped(series: &[Series], range: (f64, f64), non_negative: bool) -> bool {
+    series.iter().flat_map(|s| s.points.iter().filter(|&&p| band_drawn(s, p))).any(|&p| {
+        let (lo, hi) = clipped_band(p, range, non_negative);
+        lo > p.1 - p.2 + 1e-12 || hi < p.1 + p.2 - 1e-12
+    })
 }
 
 /// One chart of `series` in `area`: every point inside its axes, on a logarithmic y axis (said on the axis)
@@ -341,14 +456,9 @@ fn panel(
     if series.iter().all(|s| s.points.is_empty()) {
         return Ok(());
     }
+    let non_negative = y0 >= 0.0;
     let log = !linear && wants_log_y(series, categorical);
     if log {
-        // The band's lower edge can fall to or below zero; the axis starts at the smallest positive point.
-        y0 = series
-            .iter()
-            .flat_map(|s| s.points.iter())
-            .map(|p| if p.1 - p.2 > 0.0 { p.1 - p.2 } else { p.1 })
-            .fold(f64::MAX, f64::min);
         let (lo, hi) = (y0.ln(), y1.ln());
         let pad = ((hi - lo) * 0.04).max(1e-6);
         y0 = (lo - pad).exp();
@@ -365,10 +475,21 @@ fn panel(
         Some(chars) => (chars as u32 * 7 + 40).min(260),
         None => 45,
     };
+    let clipped = bands_clipped(series, (y0, y1), non_negative);
+    let title = if clipped { format!("{title} (bands clipped at the axes)") } else { title.to_string() };
     let mut builder = ChartBuilder::on(area);
-    builder.caption(title, ("sans-serif", 18)).margin(12).x_label_area_size(x_area).y_label_area_size(80);
+    builder.caption(&title, ("sans-serif", 18)).margin(12).x_label_area_size(x_area).y_label_area_size(80);
     let n_cats = if rotate.is_some() { axes.x_categories.map_or(0, |c| c.len()) } else { 0 };
-    let frame = Frame { axes, y_label: &y_label, rotate: rotate.is_some(), series, categorical, n_cats, y0 };
+    let frame = Frame {
+        axes,
+        y_label: &y_label,
+        rotate: rotate.is_some(),
+        series,
+        categorical,
+        n_cats,
+        y_range: (y0, y1),
+        non_negative,
+    };
     let below_axis = if log {
         frame.draw(builder.build_cartesian_2d(x0..x1, (y0..y1).log_scale())?)?
     } else {
@@ -388,7 +509,10 @@ struct Frame<'a> {
     series: &'a [Series],
     categorical: bool,
     n_cats: usize,
-    y0: f64,
+    /// The axis range, which bands are clipped to.
+    y_range: (f64, f64),
+    /// Every value is at least zero, so no band goes below it.
+    non_negative: bool,
 }
 
 impl Frame<'_> {
@@ -398,8 +522,8 @@ impl Frame<'_> {
         mut chart: Chart<'_, Y>,
     ) -> Result<Vec<(i32, i32)>> {
         mesh(&mut chart, self.axes, self.y_label, self.rotate)?;
-        draw_series(&mut chart, self.series, self.categorical)?;
-        Ok((0..self.n_cats).map(|i| chart.backend_coord(&(i as f64, self.y0))).collect())
+        draw_series(&mut chart, self.series, self.categorical, |p| clipped_band(p, self.y_range, self.non_negative))?;
+        Ok((0..self.n_cats).map(|i| chart.backend_coord(&(i as f64, self.y_range.0))).collect())
     }
 }
 
@@ -464,49 +588,58 @@ fn mesh<Y: Ranged<ValueType = f64> + ValueFormatter<f64>>(
     Ok(())
 }
 
+/// The series on `chart`: against categories, each mean with its error bar and every run beside it;
+/// against a numeric x, lines with a shaded band and markers at a few points. `band` gives a point's
+/// (lower, upper) as drawn.
 fn draw_series<Y: Ranged<ValueType = f64>>(
     chart: &mut Chart<'_, Y>,
     series: &[Series],
     categorical: bool,
+    band: impl Fn((f64, f64, f64)) -> (f64, f64),
 ) -> Result<()> {
     for (i, s) in series.iter().enumerate() {
         let c = colour(i);
+        let means: Vec<(f64, f64)> = s.points.iter().map(|&(x, m, _)| (x, m)).collect();
         if categorical {
-            for &(x, m, sd) in &s.points {
-                if sd > 0.0 {
-                    let (lo, hi) = (m - sd, m + sd);
-                    chart.draw_series(std::iter::once(PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(2))))?;
-                    for y in [lo, hi] {
-                        chart.draw_series(std::iter::once(PathElement::new(
-                            vec![(x - 0.04, y), (x + 0.04, y)],
-                            c.stroke_width(2),
-                        )))?;
-                    }
+            // At two runs an interval says little: the runs themselves are drawn, not an error bar.
+            for &p in s.points.iter().filter(|&&p| band_drawn(s, p)) {
+                let x = p.0;
+                let (lo, hi) = band(p);
+                chart.draw_series(std::iter::once(PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(2))))?;
+                for y in [lo, hi] {
+                    chart.draw_series(std::iter::once(PathElement::new(
+                        vec![(x - 0.04, y), (x + 0.04, y)],
+                        c.stroke_width(2),
+                    )))?;
                 }
             }
-            chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 5, c.filled())))?;
+            draw_markers(chart, &means, marker(i), 5, c)?;
             // Every run beside its mean, so that a bimodal outcome (some seeds train, some do not) shows.
             chart.draw_series(s.runs.iter().map(|&(x, v)| Circle::new((x + 0.05, v), 3, c.stroke_width(1))))?;
             continue;
         }
-        if s.points.iter().any(|p| p.2 > 0.0) {
-            let upper = s.points.iter().map(|&(x, m, sd)| (x, m + sd));
-            let lower = s.points.iter().rev().map(|&(x, m, sd)| (x, m - sd));
-            let band: Vec<(f64, f64)> = upper.chain(lower).collect();
-            chart.draw_series(std::iter::once(Polygon::new(band, c.mix(0.15).filled())))?;
+        for curve in &s.seed_curves {
+            chart.draw_series(LineSeries::new(curve.iter().copied(), c.mix(0.45).stroke_width(1)))?;
         }
-        let line = s.points.iter().map(|&(x, m, _)| (x, m));
+        if s.points.iter().any(|&p| band_drawn(s, p)) {
+            let edges: Vec<(f64, (f64, f64))> = s.points.iter().map(|&p| (p.0, band(p))).collect();
+            let upper = edges.iter().map(|&(x, (_, hi))| (x, hi));
+            let lower = edges.iter().rev().map(|&(x, (lo, _))| (x, lo));
+            let polygon: Vec<(f64, f64)> = upper.chain(lower).collect();
+            chart.draw_series(std::iter::once(Polygon::new(polygon, c.mix(0.15).filled())))?;
+        }
         match dash(i) {
             None => {
-                chart.draw_series(LineSeries::new(line, c.stroke_width(2)))?;
+                chart.draw_series(LineSeries::new(means.iter().copied(), c.stroke_width(2)))?;
             }
             Some((on, off)) => {
-                chart.draw_series(DashedLineSeries::new(line, on, off, c.stroke_width(2)))?;
+                chart.draw_series(DashedLineSeries::new(means.iter().copied(), on, off, c.stroke_width(2)))?;
             }
         }
-        if s.points.len() == 1 {
-            chart.draw_series(s.points.iter().map(|&(x, m, _)| Circle::new((x, m), 4, c.filled())))?;
-        }
+        // Markers at about six points per line, staggered between series so that they do not coincide.
+        let every = (means.len() / 6).max(1);
+        let marked: Vec<(f64, f64)> = means.iter().skip((i * 2) % every).step_by(every).copied().collect();
+        draw_markers(chart, &marked, marker(i), 4, c)?;
     }
     Ok(())
 }
@@ -533,19 +666,22 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
     ticks.sort_by(f64::total_cmp);
     ticks.dedup();
     // 1, 2, 5 times each power of ten in range: labels at every decade and between them.
-    let y_ticks: Vec<f64> = ((y0 * 0.8).log10().floor() as i32..=(y1 * 1.25).log10().ceil() as i32)
+    // A fifth of a decade of room above and below, so that no point sits on the frame.
+    let (y_lo, y_hi) = (y0 / 1.6, y1 * 1.6);
+    let y_ticks: Vec<f64> = (y_lo.log10().floor() as i32..=y_hi.log10().ceil() as i32)
         .flat_map(|d| [1.0, 2.0, 5.0].map(|k| k * 10f64.powi(d)))
-        .filter(|y| (y0 * 0.8..=y1 * 1.25).contains(y))
+        .filter(|y| (y_lo..=y_hi).contains(y))
         .collect();
     const GREYS: [RGBColor; 3] = [RGBColor(70, 70, 70), RGBColor(130, 130, 130), RGBColor(180, 180, 180)];
     let mut entries = series_entries(&series.iter().map(|s| s.label.clone()).collect::<Vec<_>>());
     for (i, s) in references.iter().enumerate() {
-        entries.push(LegendEntry { label: s.label.clone(), colour: GREYS[i % 3], dash: Some((6, 4)), marker: false });
+        entries.push(LegendEntry { label: s.label.clone(), colour: GREYS[i % 3], dash: Some((6, 4)), marker: None });
     }
     crate::files::write_atomically_with(path, |tmp| {
         let root = BitMapBackend::new(tmp, (1280, 700)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (plot_area, legend_area) = root.split_horizontally(1280 - LEGEND_WIDTH);
+        let legend_w = legend_width(entries.iter().map(|e| e.label.as_str()));
+        let (plot_area, legend_area) = root.split_horizontally(1280 - legend_w);
         legend(&legend_area, &entries)?;
         let mut chart = ChartBuilder::on(&plot_area)
             .caption(axes.title, ("sans-serif", 20))
@@ -554,7 +690,7 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
             .y_label_area_size(80)
             .build_cartesian_2d(
                 (x0 * 0.9..x1 * 1.1).log_scale().with_key_points(ticks.clone()),
-                (y0 * 0.8..y1 * 1.25).log_scale().with_key_points(y_ticks.clone()),
+                (y_lo..y_hi).log_scale().with_key_points(y_ticks.clone()),
             )?;
         chart
             .configure_mesh()
@@ -571,7 +707,8 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
                 None => chart.draw_series(LineSeries::new(line, c.stroke_width(2)))?,
                 Some((on, off)) => chart.draw_series(DashedLineSeries::new(line, on, off, c.stroke_width(2)))?,
             };
-            chart.draw_series(s.points.iter().map(|&(x, y, _)| Circle::new((x, y), 3, c.filled())))?;
+            let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y, _)| (x, y)).collect();
+            draw_markers(&mut chart, &points, marker(i), 3, c)?;
         }
         for (i, s) in references.iter().enumerate() {
             let line = s.points.iter().map(|&(x, y, _)| (x, y));
@@ -583,8 +720,6 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
     })
 }
 
-/// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
-/// with queries as rows and keys as columns. Darker is more weight (each panel scaled to its own maximum).
 /// A layer × head grid of loss changes (`values[l][h]`), each cell shaded by its value — blue where removing
 /// the head raises the loss, red where it lowers it, white at 0, relative to the largest magnitude — and
 /// labelled with the number itself.
@@ -643,6 +778,8 @@ pub fn importance_heatmap(path: &Path, values: &[Vec<f64>], title: &str) -> Resu
     })
 }
 
+/// Attention weights as heatmaps: one row of panels per layer, one panel per head; `maps[l]` is (H, N, N)
+/// with queries as rows and keys as columns. Darker is more weight (each panel scaled to its own maximum).
 pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Result<()> {
     register_font();
     let layers = maps.len();
@@ -788,8 +925,10 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     let curves = read_curves(&dir.join("curves.csv"))?;
     let variants = variants_of(&runs);
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
-    let band = if seeds > 1 {
+    let band = if seeds > SEED_CURVES_UP_TO {
         format!(" (mean, {:.0}% CI over n = {seeds} seeds)", 100.0 * CONFIDENCE)
+    } else if seeds > 1 {
+        format!(" (mean, and each of the n = {seeds} seeds in thin lines or circles)")
     } else {
         String::new()
     };
@@ -951,6 +1090,7 @@ fn final_metric_series(
                 .filter(|(_, vs)| vs.len() > 1)
                 .flat_map(|(&x, vs)| vs.iter().map(move |&v| (x as f64, v)))
                 .collect(),
+            seed_curves: Vec::new(),
         })
         .collect()
 }
@@ -1044,6 +1184,44 @@ mod tests {
         assert_eq!(values, vec![2.0, 2.1, 3.0], "a lone run is its own point; three seeds are three circles");
         let (lo, hi) = y_extent(&s, f64::MIN);
         assert!(lo <= 1.0 && hi >= 3.0);
+    }
+
+    #[test]
+    fn bands_never_set_the_axis_range_and_a_loss_band_stays_above_zero() {
+        // Two seeds: the first evaluation's 95% band is ±6 around a loss of 3, the rest ±0.01 around 0.5.
+        let s = Series {
+            label: "two seeds".into(),
+            points: vec![(0.0, 3.0, 6.0), (100.0, 0.5, 0.01), (200.0, 0.45, 0.01)],
+            ..Default::default()
+        };
+        let (lo, hi) = y_extent(std::slice::from_ref(&s), f64::MIN);
+        assert_eq!((lo, hi), (0.45, 3.0), "the range is the data's, not the bands'");
+        let range = (0.4, 3.1);
+        assert_eq!(clipped_band(s.points[0], range, true), (0.4, 3.1), "cut at both axes");
+        assert_eq!(clipped_band((0.0, 0.1, 0.5), (-1.0, 2.0), true), (0.0, 0.6), "a loss band never goes below 0");
+        assert_eq!(clipped_band((0.0, -0.1, 0.5), (-1.0, 2.0), false), (-0.6, 0.4), "a signed metric keeps its band");
+        assert!(bands_clipped(std::slice::from_ref(&s), range, true));
+        assert!(!bands_clipped(&[series(&[(0.0, 1.0), (1.0, 2.0)])], range, true));
+    }
+
+    #[test]
+    fn twelve_series_have_a_colour_each_and_every_series_a_look_of_its_own() {
+        let colours: std::collections::BTreeSet<(u8, u8, u8)> =
+            (0..12).map(|i| (colour(i).0, colour(i).1, colour(i).2)).collect();
+        assert_eq!(colours.len(), 12);
+        let looks: std::collections::BTreeSet<String> =
+            (0..36).map(|i| format!("{:?} {:?} {:?}", colour(i), dash(i), marker(i))).collect();
+        assert_eq!(looks.len(), 36);
+        assert_ne!(marker(0), marker(12), "the second round of colours has another marker shape");
+    }
+
+    #[test]
+    fn the_legend_panel_is_as_wide_as_its_labels_need() {
+        let short = legend_width(["heads=1", "heads=16"]);
+        assert!(short < 250, "{short}");
+        let long = legend_width(["a label that is long enough to need every pixel of the panel it sits in"]);
+        assert_eq!(long, LEGEND_WIDTH);
+        assert!(legend_width(["pe=alibi, scale=sqrt_dk"]) > short);
     }
 
     #[test]

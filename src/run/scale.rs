@@ -333,9 +333,11 @@ fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
 
 /// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
 /// per-run lines are forwarded with a `[worker k]` prefix.
+/// A worker process of the pool: its index, the child, and the thread forwarding its stderr (which returns
+/// the worker's last line, the one that says why it failed).
+type Worker = (usize, std::process::Child, std::thread::JoinHandle<String>);
+
 pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()> {
-    let exe = std::env::current_exe().context("locating the ablate binary")?;
-    let n = plan.devices.len();
     // Held until the merge: the workers write their shard directories, this process the main one.
     let results = ResultsDir::create(plan.out)?;
     if plan.force {
@@ -343,92 +345,29 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
     }
     if !quiet {
         eprintln!(
-            "ablate: {} — {} runs on {n} workers ({}), {} thread(s) each -> {}",
+            "ablate: {} — {} runs on {} workers ({}), {} thread(s) each -> {}",
             recipe.name,
             recipe.runs.len(),
+            plan.devices.len(),
             plan.devices.join(", "),
             plan.threads,
             plan.out.display()
         );
     }
-    let mut children = Vec::new();
-    let threads_file = |k: usize| plan.out.join("shards").join(format!("threads-{k}"));
     if plan.share_cores {
         std::fs::create_dir_all(plan.out.join("shards"))?;
     }
-    for (k, device) in plan.devices.iter().enumerate() {
-        let mut cmd = Command::new(&exe);
-        if plan.share_cores {
-            cmd.env(crate::train::cores::THREADS_FILE_ENV, threads_file(k));
-        }
-        cmd.arg(plan.recipe_path)
-            .args(recipe.overrides.args())
-            .arg("--shard")
-            .arg(format!("{k}/{n}"))
-            .arg("--device")
-            .arg(device)
-            .arg("--threads")
-            .arg(plan.threads.to_string())
-            .arg("--out")
-            .arg(plan.out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if plan.smoke {
-            cmd.arg("--smoke");
-        }
-        if plan.force {
-            cmd.arg("--force");
-        }
-        let mut child = cmd.spawn().with_context(|| format!("starting worker {k}"))?;
-        let stderr = child.stderr.take().expect("piped");
-        let forward = std::thread::spawn(move || {
-            let mut last = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !quiet {
-                    eprintln!("[worker {k}] {line}");
-                }
-                last = line;
-            }
-            last
-        });
-        children.push((k, child, forward));
+    let mut workers = Vec::new();
+    for k in 0..plan.devices.len() {
+        workers.push(start_worker(recipe, plan, k, quiet)?);
     }
-    // A stop signal to this process is passed on to every worker: each saves its state and exits.
-    let mut forwarded = false;
-    // Every worker still training has been given the same share: one number, not one per worker.
-    let mut share_given = plan.threads;
-    loop {
-        let running: Vec<bool> =
-            children.iter_mut().map(|(_, child, _)| matches!(child.try_wait(), Ok(None))).collect();
-        let still = running.iter().filter(|&&r| r).count();
-        if still == 0 {
-            break;
-        }
-        if plan.share_cores && !forwarded {
-            let share = grown_share(n, plan.threads, still);
-            if share > share_given {
-                for k in (0..n).filter(|&k| running[k]) {
-                    // A failed hand-over only leaves cores idle: the worker trains on as it was.
-                    let _ = write_atomically(&threads_file(k), share.to_string().as_bytes());
-                }
-                share_given = share;
-            }
-        }
-        if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
-            for (_, child, _) in &children {
-                // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
-                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-            }
-            forwarded = true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    for k in 0..n {
-        let _ = std::fs::remove_file(threads_file(k));
+    supervise(&mut workers, plan);
+    for k in 0..plan.devices.len() {
+        let _ = std::fs::remove_file(threads_file(plan, k));
     }
     let mut failures = Vec::new();
     let mut interrupted = false;
-    for (k, mut child, forward) in children {
+    for (k, mut child, forward) in workers {
         let status = child.wait()?;
         let last = forward.join().unwrap_or_default();
         if status.code() == Some(crate::train::EXIT_INTERRUPTED as i32) {
@@ -446,6 +385,86 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
         bail!("{}", failures.join("; "));
     }
     Ok(())
+}
+
+/// Where the pool tells CPU worker `k` how many threads to use (looked at between its steps).
+fn threads_file(plan: &WorkerPlan, k: usize) -> PathBuf {
+    plan.out.join("shards").join(format!("threads-{k}"))
+}
+
+/// Starts worker `k`: this binary on shard k of n, on its device, its stderr forwarded line by line.
+fn start_worker(recipe: &Recipe, plan: &WorkerPlan, k: usize, quiet: bool) -> Result<Worker> {
+    let exe = std::env::current_exe().context("locating the ablate binary")?;
+    let n = plan.devices.len();
+    let mut cmd = Command::new(&exe);
+    if plan.share_cores {
+        cmd.env(crate::train::cores::THREADS_FILE_ENV, threads_file(plan, k));
+    }
+    cmd.arg(plan.recipe_path)
+        .args(recipe.overrides.args())
+        .arg("--shard")
+        .arg(format!("{k}/{n}"))
+        .arg("--device")
+        .arg(&plan.devices[k])
+        .arg("--threads")
+        .arg(plan.threads.to_string())
+        .arg("--out")
+        .arg(plan.out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if plan.smoke {
+        cmd.arg("--smoke");
+    }
+    if plan.force {
+        cmd.arg("--force");
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting worker {k}"))?;
+    let stderr = child.stderr.take().expect("piped");
+    let forward = std::thread::spawn(move || {
+        let mut last = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !quiet {
+                eprintln!("[worker {k}] {line}");
+            }
+            last = line;
+        }
+        last
+    });
+    Ok((k, child, forward))
+}
+
+/// Waits for every worker, handing a finished worker's cores to those still training (CPU pools) and
+/// passing a stop signal on to every worker (each saves its state and exits).
+fn supervise(workers: &mut [Worker], plan: &WorkerPlan) {
+    let n = workers.len();
+    let mut forwarded = false;
+    // Every worker still training has been given the same share: one number, not one per worker.
+    let mut share_given = plan.threads;
+    loop {
+        let running: Vec<bool> = workers.iter_mut().map(|(_, child, _)| matches!(child.try_wait(), Ok(None))).collect();
+        let still = running.iter().filter(|&&r| r).count();
+        if still == 0 {
+            return;
+        }
+        if plan.share_cores && !forwarded {
+            let share = grown_share(n, plan.threads, still);
+            if share > share_given {
+                for k in (0..n).filter(|&k| running[k]) {
+                    // A failed hand-over only leaves cores idle: the worker trains on as it was.
+                    let _ = write_atomically(&threads_file(plan, k), share.to_string().as_bytes());
+                }
+                share_given = share;
+            }
+        }
+        if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
+            for (_, child, _) in workers.iter() {
+                // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+            forwarded = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Options of the Slurm scripts.

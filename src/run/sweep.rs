@@ -10,7 +10,7 @@ use tch::Device;
 use super::results::{write_resolved, ResultsDir};
 use super::scale::Shard;
 use crate::metrics::Metric;
-use crate::recipe::Recipe;
+use crate::recipe::{Recipe, RunSpec};
 use crate::tasks::checkpoint::{self, file_stem};
 use crate::tasks::{task, DataCache, RunContext};
 use crate::train::{RunOutcome, StateFile};
@@ -38,13 +38,7 @@ fn follow_rank0(recipe: &Recipe, opts: &SweepOptions, group: &crate::train::dist
             recipe.runs.iter().find(|r| r.id == *id).with_context(|| format!("rank 0 trains `{id}`, unknown here"))
         })
         .collect::<Result<_>>()?;
-    let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut data = DataCache::new(&results_root, true);
-    for run in &todo {
-        task(run.config.kind)
-            .prepare(&run.config, &mut data)
-            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
-    }
+    let data = prepare_data(recipe, &todo, opts.out, true)?;
     let scratch = tempfile::tempdir().context("a scratch directory for this rank's side files")?;
     for run in todo {
         let stem = file_stem(&run.id);
@@ -106,143 +100,171 @@ fn refuse_foreign_rows(recipe: &Recipe, finished: &HashSet<(String, String)>, di
     Ok(())
 }
 
-pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
-    if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
-        return follow_rank0(recipe, opts, group);
+/// Loads every data set `runs` read (each task's `prepare`), naming the run whose data fails. `$RESULTS/`
+/// checkpoints are looked up in the directory that holds `out`.
+fn prepare_data(recipe: &Recipe, runs: &[&RunSpec], out: &Path, quiet: bool) -> Result<DataCache> {
+    let results_root = out.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut data = DataCache::new(&results_root, quiet);
+    for run in runs {
+        task(run.config.kind)
+            .prepare(&run.config, &mut data)
+            .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
     }
-    let planned = (|| -> Result<_> {
-        // Everything that can fail on input fails here, before the first step: the output directory (before any
-        // download), then data and sizes.
-        let results = ResultsDir::create(&match opts.shard {
-            Some(shard) => shard.dir(opts.out),
-            None => opts.out.to_path_buf(),
-        })?;
-        if opts.force {
-            results.clear()?;
-        }
-        let mut finished = results.finished()?;
-        results.drop_orphan_curves(&finished)?;
-        if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
-            // Runs already merged into the main results count as finished for every shard.
-            finished.extend(ResultsDir::reader(opts.out).finished()?);
-        }
-        refuse_foreign_rows(recipe, &finished, &results.dir)?;
-        let mine: Vec<_> = recipe
-            .runs
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i)))
-            .map(|(_, r)| r)
-            .collect();
-        let todo: Vec<_> =
-            mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
-        // A run that cannot fit in memory is refused before anything is loaded or allocated.
-        if opts.device == Device::Cpu {
-            if let Some(limit) = crate::tasks::memory::host_memory_bytes() {
-                for run in &todo {
-                    crate::tasks::memory::check_fits(&run.config, limit, "this machine")
-                        .map_err(|e| anyhow::anyhow!("{}: run `{}` {e}", recipe.file, run.id))?;
-                }
-            }
-        }
-        // Where `$RESULTS/` checkpoints live: the directory holding this recipe's output directory.
-        let results_root = opts.out.parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut data = DataCache::new(&results_root, opts.quiet);
-        for run in &todo {
-            task(run.config.kind)
-                .prepare(&run.config, &mut data)
-                .with_context(|| format!("{}: run `{}`", recipe.file, run.id))?;
-        }
-        Ok((results, mine, todo, data))
-    })();
-    if let Some(group) = crate::train::distributed::current() {
-        // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
-        let shared: Result<Vec<&str>, String> = match &planned {
-            Ok((_, _, todo, _)) => Ok(todo.iter().map(|r| r.id.as_str()).collect()),
-            Err(e) => Err(format!("{e:#}")),
-        };
-        group.share_from_rank0(&serde_json::to_vec(&shared)?)?;
+    Ok(data)
+}
+
+/// What a sweep will do, settled before its first step: where it writes, its runs (this shard's), those
+/// still to train, and their data.
+struct Plan<'r> {
+    results: ResultsDir,
+    mine: Vec<&'r RunSpec>,
+    todo: Vec<&'r RunSpec>,
+    data: DataCache,
+}
+
+/// Everything that can fail on input fails here, before the first step: the output directory (before any
+/// download), runs left by another recipe, memory, then the data.
+fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions) -> Result<Plan<'r>> {
+    let results = ResultsDir::create(&match opts.shard {
+        Some(shard) => shard.dir(opts.out),
+        None => opts.out.to_path_buf(),
+    })?;
+    if opts.force {
+        results.clear()?;
     }
-    let (results, mine, todo, data) = planned?;
-    write_resolved(recipe, &results.dir.join("recipe.resolved.yaml"))?;
-    let skipped = mine.len() - todo.len();
-    if !opts.quiet {
-        let shard = opts.shard.map(|s| format!(" (shard {s} of the {} runs)", recipe.runs.len())).unwrap_or_default();
-        eprintln!(
-            "ablate: {} — {} runs{shard} ({} already finished, {} to train) on {:?} -> {}",
-            recipe.name,
-            mine.len(),
-            skipped,
-            todo.len(),
-            opts.device,
-            results.dir.display()
-        );
+    let mut finished = results.finished()?;
+    results.drop_orphan_curves(&finished)?;
+    if opts.shard.is_some() && !opts.force && opts.out.join("runs.csv").exists() {
+        // Runs already merged into the main results count as finished for every shard.
+        finished.extend(ResultsDir::reader(opts.out).finished()?);
     }
-    // Every shard writes the whole recipe's columns, so shards merge.
-    let header = super::results::recipe_header(&recipe.runs);
+    refuse_foreign_rows(recipe, &finished, &results.dir)?;
+    let mine: Vec<&RunSpec> =
+        recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
+    let todo: Vec<&RunSpec> =
+        mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
+    if opts.device == Device::Cpu {
+        crate::tasks::memory::check_runs_fit(&recipe.file, todo.iter().copied())?;
+    }
+    let data = prepare_data(recipe, &todo, opts.out, opts.quiet)?;
+    Ok(Plan { results, mine, todo, data })
+}
+
+/// The sweep's progress bar over every step still to train (hidden with --quiet).
+fn progress_bar(todo: &[&RunSpec], quiet: bool) -> ProgressBar {
     let total_steps: u64 = todo.iter().map(|r| r.config.train.steps as u64).sum();
-    let bar = if opts.quiet { ProgressBar::hidden() } else { ProgressBar::new(total_steps) };
+    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(total_steps) };
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} steps {msg} ({elapsed} elapsed, eta {eta})")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    for (k, run) in todo.iter().enumerate() {
-        let kind = task(run.config.kind);
-        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, mine.len(), run.id));
-        let steps = run.config.train.steps;
-        let before = bar.position();
-        let mut progress = |step: i64, loss: f64| {
-            bar.set_position(before + step as u64);
-            if step % 10 == 0 || step == steps {
-                bar.set_message(format!("step {step}/{steps} loss {loss:.4}"));
-            }
-        };
-        let stem = file_stem(&run.id);
-        let state = StateFile {
-            path: results.dir.join("checkpoints").join(format!("{stem}.state.safetensors")),
-            config_hash: run.config_hash.clone(),
-            world_size: run.config.train.world_size,
-        };
-        let ctx = RunContext {
-            device: opts.device,
-            progress: &mut progress,
-            state: Some(&state),
-            out: &results.dir,
-            stem: &stem,
-        };
-        let trained = kind.train(&run.config, &data, ctx).with_context(|| format!("run `{}`", run.id))?;
-        if run.config.train.checkpoint {
-            let vocab = kind.vocab(&run.config, &data)?;
-            let dir = results.dir.join("checkpoints");
-            checkpoint::save(&dir, &run.id, &run.config, vocab, trained.tokenizer.as_ref(), &trained.vs)?;
+    bar
+}
+
+/// Trains one run (resuming from its state file when one is there), saves its model when asked, appends
+/// its row to `runs.csv` (the commit point) and writes its TensorBoard events.
+fn train_and_record(
+    recipe: &Recipe,
+    run: &RunSpec,
+    plan: &Plan,
+    opts: &SweepOptions,
+    header: &[String],
+    bar: &ProgressBar,
+) -> Result<()> {
+    let kind = task(run.config.kind);
+    let steps = run.config.train.steps;
+    let before = bar.position();
+    let mut progress = |step: i64, loss: f64| {
+        bar.set_position(before + step as u64);
+        if step % 10 == 0 || step == steps {
+            bar.set_message(format!("step {step}/{steps} loss {loss:.4}"));
         }
-        results.append(&header, run, &trained.outcome)?;
-        super::tensorboard::export(&results.dir, recipe)?;
-        if !opts.quiet {
-            let line = run_line(&run.id, &trained.outcome, &kind.metrics(&run.config));
-            // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
-            if bar.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                bar.println(line);
-            }
+    };
+    let dir = &plan.results.dir;
+    let stem = file_stem(&run.id);
+    let state = StateFile {
+        path: dir.join("checkpoints").join(format!("{stem}.state.safetensors")),
+        config_hash: run.config_hash.clone(),
+        world_size: run.config.train.world_size,
+    };
+    let ctx = RunContext { device: opts.device, progress: &mut progress, state: Some(&state), out: dir, stem: &stem };
+    let trained = kind.train(&run.config, &plan.data, ctx).with_context(|| format!("run `{}`", run.id))?;
+    if run.config.train.checkpoint {
+        let vocab = kind.vocab(&run.config, &plan.data)?;
+        checkpoint::save(
+            &dir.join("checkpoints"),
+            &run.id,
+            &run.config,
+            vocab,
+            trained.tokenizer.as_ref(),
+            &trained.vs,
+        )?;
+    }
+    plan.results.append(header, run, &trained.outcome)?;
+    super::tensorboard::export(dir, recipe)?;
+    if !opts.quiet {
+        let line = run_line(&run.id, &trained.outcome, &kind.metrics(&run.config));
+        // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
+        if bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
         }
+    }
+    Ok(())
+}
+
+pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
+    if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
+        return follow_rank0(recipe, opts, group);
+    }
+    let planned = plan(recipe, opts);
+    if let Some(group) = crate::train::distributed::current() {
+        // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
+        let shared: Result<Vec<&str>, String> = match &planned {
+            Ok(plan) => Ok(plan.todo.iter().map(|r| r.id.as_str()).collect()),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        group.share_from_rank0(&serde_json::to_vec(&shared)?)?;
+    }
+    let plan = planned?;
+    let dir = plan.results.dir.clone();
+    write_resolved(recipe, &dir.join("recipe.resolved.yaml"))?;
+    let skipped = plan.mine.len() - plan.todo.len();
+    if !opts.quiet {
+        let shard = opts.shard.map(|s| format!(" (shard {s} of the {} runs)", recipe.runs.len())).unwrap_or_default();
+        eprintln!(
+            "ablate: {} — {} runs{shard} ({} already finished, {} to train) on {:?} -> {}",
+            recipe.name,
+            plan.mine.len(),
+            skipped,
+            plan.todo.len(),
+            opts.device,
+            dir.display()
+        );
+    }
+    // Every shard writes the whole recipe's columns, so shards merge.
+    let header = super::results::recipe_header(&recipe.runs);
+    let bar = progress_bar(&plan.todo, opts.quiet);
+    for (k, run) in plan.todo.iter().enumerate() {
+        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, plan.mine.len(), run.id));
+        train_and_record(recipe, run, &plan, opts, &header, &bar)?;
     }
     bar.finish_and_clear();
     if let Some(shard) = opts.shard {
         if !opts.quiet {
             eprintln!(
                 "ablate: shard {shard} done in {}; `ablate merge {}` combines the shards",
-                results.dir.display(),
+                dir.display(),
                 recipe.file
             );
         }
         return Ok(());
     }
-    super::finish(&results.dir, recipe)?;
+    super::finish(&dir, recipe)?;
     if !opts.quiet {
-        eprintln!("ablate: wrote {}", results.dir.display());
+        eprintln!("ablate: wrote {}", dir.display());
     }
     Ok(())
 }

@@ -28,10 +28,11 @@ use crate::data::corpus_tasks::{
 use crate::data::spam::spam_inputs;
 use crate::data::{Dataset, TextData, IGNORE};
 use crate::metrics::{self, Metric};
-use crate::models::bert::{Bert as Encoder, BertSpec};
+use crate::models::bert::{Bert as Encoder, BertInputs, BertSpec};
 use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
 use crate::train::distributed::{self, sum_over_share, BatchShard};
-use crate::train::{optimise, optimise_phase, Evaluation, Objective};
+use crate::train::{optimise, optimise_phase, Evaluation, Objective, Optimised, StateFile};
+use crate::transformer::layers::Pass;
 
 pub struct Bert;
 
@@ -129,13 +130,13 @@ impl MaskedLm {
 
     /// Logits (B, N, V) of the head at every position of `inputs` (B, N).
     pub fn logits(&self, inputs: &Tensor, train: bool) -> Tensor {
-        let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
+        let hidden = self.bert.forward(inputs, BertInputs { causal: self.causal, ..Default::default() }, train);
         self.head.logits(&hidden, self.bert.word_embeddings())
     }
 
     /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M).
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
-        let hidden = self.bert.forward_with(inputs, None, None, self.causal, train);
+        let hidden = self.bert.forward(inputs, BertInputs { causal: self.causal, ..Default::default() }, train);
         self.predicted_loss(&hidden, targets)
     }
 
@@ -162,7 +163,7 @@ impl MaskedLm {
         train: bool,
     ) -> PairLoss {
         let nsp_head = self.nsp.as_ref().expect("pair_loss needs the next-sentence head");
-        let hidden = self.bert.forward_with(inputs, Some(segments), None, false, train);
+        let hidden = self.bert.forward(inputs, BertInputs { segments: Some(segments), ..Default::default() }, train);
         let (mlm, mlm_logits, mlm_targets) = self.predicted_loss(&hidden, targets);
         let nsp_logits = nsp_head.forward(&self.bert.pooled(&hidden)).to_kind(Kind::Float);
         let nsp = nsp_logits.cross_entropy_for_logits(follows);
@@ -400,7 +401,7 @@ impl SequenceClassifier {
 
     /// Logits: (B) for two classes, (B, C) otherwise.
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, None, Some(padding), train);
+        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
         let logits = self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train)).to_kind(Kind::Float);
         if self.classes == 2 {
             logits.squeeze_dim(-1)
@@ -445,7 +446,7 @@ impl TokenClassifier {
 
     /// Logits (B, N, C).
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, None, Some(padding), train);
+        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
         self.head.forward(&hidden.dropout(self.dropout, train)).to_kind(Kind::Float)
     }
 
@@ -470,7 +471,11 @@ impl SpanPredictor {
 
     /// Start and end logits (B, N), −∞ outside the passage (`context`).
     pub fn logits(&self, bert: &Encoder, x: &SpanExamples, train: bool) -> (Tensor, Tensor) {
-        let hidden = bert.forward(&x.ids, Some(&x.segments), Some(&x.padding), train);
+        let hidden = bert.forward(
+            &x.ids,
+            BertInputs { segments: Some(&x.segments), padding: Some(&x.padding), causal: false },
+            train,
+        );
         let both = self.head.forward(&hidden).to_kind(Kind::Float);
         let outside = x.context.logical_not();
         let pick = |i: i64| both.select(2, i).masked_fill(&outside, f64::NEG_INFINITY);
@@ -756,7 +761,6 @@ fn pretrained_vocabulary_data(data: &crate::recipe::DataConfig, checkpoint: &Pat
 
 struct BuiltBert {
     mlm: MaskedLm,
-    _head: TaskHead,
     vocab: i64,
     block: i64,
 }
@@ -767,7 +771,16 @@ impl Built for BuiltBert {
     }
 
     fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {
-        Some(self.mlm.bert.forward_with_weights(ids, None, None, self.mlm.causal, false, true).1)
+        Some(
+            self.mlm
+                .bert
+                .forward_with(
+                    ids,
+                    BertInputs { causal: self.mlm.causal, ..Default::default() },
+                    Pass::eval().with_weights(),
+                )
+                .1,
+        )
     }
 }
 
@@ -897,8 +910,10 @@ impl Task for Bert {
     }
 
     fn build(&self, cfg: &Config, vs: &nn::Path, vocab: i64) -> Box<dyn Built> {
-        let (mlm, head) = build_model(vs, cfg, vocab);
-        Box::new(BuiltBert { mlm, _head: head, vocab, block: cfg.transformer.block_size })
+        // The task head's variables are made in `vs` (a checkpoint's names then match); what a built model
+        // is asked for reads the encoder and its masked-LM head only.
+        let (mlm, _task_head) = build_model(vs, cfg, vocab);
+        Box::new(BuiltBert { mlm, vocab, block: cfg.transformer.block_size })
     }
 
     fn forward_flops(&self, cfg: &Config, params: i64, vocab: i64) -> (f64, String) {
@@ -995,35 +1010,8 @@ fn train_bert(
             pretrained_eval = Some(run.final_eval);
             pretraining_peak_mb = run.peak_memory_mb;
         }
-        let (bert, batch) = (&mlm.bert, t.batch_size);
-        match &head {
-            TaskHead::None => unreachable!("pre-training runs returned above"),
-            TaskHead::Sequence(classifier) => {
-                let emails = emails.context("task spam needs the SpamAssassin emails")?;
-                let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
-                let task = Classification { bert, classifier, train: &train, test: &test, batch, device };
-                optimise(t, &task, &mut vs, device, progress, state)?
-            }
-            TaskHead::Tokens(tagger) => {
-                let (train, test) = task_pieces(cfg)?;
-                let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
-                let (train, test) = (examples(&train)?, examples(&test)?);
-                let task = Tagging { bert, tagger, train: &train, test: &test, batch, device };
-                optimise(t, &task, &mut vs, device, progress, state)?
-            }
-            TaskHead::Span(span) => {
-                let (train, test) = task_pieces(cfg)?;
-                let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
-                let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
-                if train.start.numel() == 0 || test.start.numel() == 0 {
-                    bail!(
-                        "task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}"
-                    );
-                }
-                let task = Locating { bert, span, train: &train, test: &test, batch, device };
-                optimise(t, &task, &mut vs, device, progress, state)?
-            }
-        }
+        let examples = TaskExamples { cfg, data, emails, specials };
+        fine_tune(&examples, &mlm, &head, &mut vs, Phase { device, progress, state })?
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
@@ -1052,4 +1040,61 @@ fn train_bert(
         }
     }
     Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })
+}
+
+/// What a fine-tuning task's examples are made from: the run's config, its corpus and tokenizer, the
+/// emails (task spam) and the tokenizer's special tokens.
+struct TaskExamples<'a> {
+    cfg: &'a Config,
+    data: &'a TextData,
+    emails: Option<&'a [crate::data::spam::Email]>,
+    specials: Specials,
+}
+
+/// Where a phase of a run trains: its device, progress callback and resumable state.
+struct Phase<'a> {
+    device: Device,
+    progress: crate::train::Progress<'a>,
+    state: Option<&'a StateFile>,
+}
+
+/// Fine-tunes `head` (and the encoder under it) on its task: spam classification, punctuation tagging or
+/// phrase location, each with its examples made from `examples`.
+fn fine_tune(
+    examples: &TaskExamples,
+    mlm: &MaskedLm,
+    head: &TaskHead,
+    vs: &mut nn::VarStore,
+    phase: Phase,
+) -> Result<Optimised> {
+    let TaskExamples { cfg, data, emails, specials } = *examples;
+    let (t, block) = (&cfg.train, cfg.transformer.block_size);
+    let (bert, batch, device) = (&mlm.bert, t.batch_size, phase.device);
+    let (progress, state) = (phase.progress, phase.state);
+    match head {
+        TaskHead::None => unreachable!("a pre-training run has no head to fine-tune"),
+        TaskHead::Sequence(classifier) => {
+            let emails = emails.context("task spam needs the SpamAssassin emails")?;
+            let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
+            let task = Classification { bert, classifier, train: &train, test: &test, batch, device };
+            optimise(t, &task, vs, device, progress, state)
+        }
+        TaskHead::Tokens(tagger) => {
+            let (train, test) = task_pieces(cfg)?;
+            let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
+            let (train, test) = (examples(&train)?, examples(&test)?);
+            let task = Tagging { bert, tagger, train: &train, test: &test, batch, device };
+            optimise(t, &task, vs, device, progress, state)
+        }
+        TaskHead::Span(span) => {
+            let (train, test) = task_pieces(cfg)?;
+            let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
+            let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
+            if train.start.numel() == 0 || test.start.numel() == 0 {
+                bail!("task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}");
+            }
+            let task = Locating { bert, span, train: &train, test: &test, batch, device };
+            optimise(t, &task, vs, device, progress, state)
+        }
+    }
 }

@@ -56,7 +56,6 @@ pub fn check_fits(task: &ImageTask, model: &Image) -> Result<()> {
     Ok(())
 }
 
-
 /// The image set a classifier's pre-training reads.
 fn pretrain_key(cfg: &Config) -> String {
     serde_yaml::to_string(&cfg.vision().pretrain_on).unwrap_or_default()

@@ -14,6 +14,7 @@ use crate::models::gpt::Gpt;
 use crate::recipe::{Config, Task as DataTask};
 use crate::train::distributed::{sum_over_share, BatchShard};
 use crate::train::{optimise, precision, Evaluation, Objective};
+use crate::transformer::layers::Pass;
 
 pub struct LanguageModel;
 
@@ -85,7 +86,7 @@ impl Objective for NextTokenObjective<'_> {
         if !self.probe_attention {
             return Ok(e);
         }
-        let weights = tch::no_grad(|| self.model.forward_with_weights(&self.val[0].0, false, true).1);
+        let weights = tch::no_grad(|| self.model.forward_with_weights(&self.val[0].0, Pass::eval().with_weights()).1);
         Ok(super::probe(e, &weights))
     }
 }
@@ -117,7 +118,7 @@ impl Built for BuiltGpt {
     }
 
     fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {
-        Some(self.model.forward_with_weights(ids, false, true).1)
+        Some(self.model.forward_with_weights(ids, Pass::eval().with_weights()).1)
     }
 
     fn decoder(&self) -> Option<&dyn NextToken> {

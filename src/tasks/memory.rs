@@ -141,6 +141,21 @@ pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> 
     ))
 }
 
+/// Refuses, before anything is loaded or allocated, the first of `runs` that cannot train in this machine's
+/// memory: one line naming the recipe file, the run and what to lower.
+pub fn check_runs_fit<'a>(
+    file: &str,
+    runs: impl IntoIterator<Item = &'a crate::recipe::RunSpec>,
+) -> anyhow::Result<()> {
+    let Some(limit) = host_memory_bytes() else {
+        return Ok(());
+    };
+    for run in runs {
+        check_fits(&run.config, limit, "this machine").map_err(|e| anyhow::anyhow!("{file}: run `{}` {e}", run.id))?;
+    }
+    Ok(())
+}
+
 /// Physical memory of this machine, from /proc/meminfo (`None` where it cannot be read).
 pub fn host_memory_bytes() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -1,7 +1,8 @@
 //! One task per kind of run. A [`Task`] owns everything that depends on what a run trains: the data it
 //! reads, the model it builds, its objective and evaluation, its FLOP count, what its checkpoint holds and
 //! its named metrics. The sweep, `describe`, `summary`, `plot`, `generate`, `attention` and checkpoint
-//! loading all go through [`task`], and nothing else branches on the kind.
+//! loading all go through [`task`]; the one other place that branches on the kind is `run::interaction`,
+//! which draws each family's attention pattern from its structural settings.
 //!
 //! Adding a kind: a variant of `recipe::Kind` (with its defaults in `Config::defaults`, the keys it reads in
 //! `recipe/reads.rs`), a model file under `models/`, and a file here implementing `Task`, listed in

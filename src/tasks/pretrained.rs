@@ -8,7 +8,7 @@ use std::path::Path;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::data::tokenize::{Special, TextTokenizer};
-use crate::models::bert::{mean_pool, Bert, BertSpec};
+use crate::models::bert::{mean_pool, Bert, BertInputs, BertSpec};
 
 /// Our variable names and where each comes from in a Hugging Face BERT checkpoint. Q, K, V stack into
 /// `qkv` (the attention core projects all three in one matmul).
@@ -121,7 +121,7 @@ impl Pretrained {
         let (ids, padding) = batch_inputs(&self.tokenizer, texts, self.model.spec.transformer.block_size)?;
         let device = self.vs.device();
         let (ids, padding) = (ids.to_device(device), padding.to_device(device));
-        let hidden = self.model.forward(&ids, None, Some(&padding), false);
+        let hidden = self.model.forward(&ids, BertInputs::padded(&padding), false);
         let pooled = mean_pool(&hidden, &padding);
         Ok(if normalize {
             let norm = pooled.norm_scalaropt_dim(2, [1], true).clamp_min(1e-12);

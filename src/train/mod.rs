@@ -1,10 +1,3 @@
-//! One training run of a GPT on a text corpus: AdamW with warm-up and cosine decay, gradient clipping,
-//! mixed precision, periodic evaluation on the held-out split, optional attention probes, resumable state
-//! checkpoints, and a sample at the end.
-//!
-//! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
-//! dropout. A run restarted from a checkpoint at step k therefore draws exactly what the uninterrupted run
-//! drew after step k, without saving the generator's internal state.
 //! The optimisation loop every kind of run shares: AdamW with warm-up and a decaying schedule, gradient
 //! clipping, mixed precision, periodic held-out evaluation, divergence detection, and resumable state
 //! checkpoints. A kind of run supplies an [`Objective`]: a loss on a fresh training batch, and an evaluation.
@@ -427,9 +420,6 @@ impl Optimised {
     }
 }
 
-/// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
-/// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
-/// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
 /// A first phase of a run (pre-training before fine-tuning) under `phase`: trained without progress
 /// lines, resumable from its own state file next to the run's, its curves' splits prefixed `<phase>_`.
 pub fn optimise_phase(
@@ -448,6 +438,20 @@ pub fn optimise_phase(
     Ok(run)
 }
 
+/// Where a run's loop stands: what a state file saves, and what the end of the run reports.
+struct Standing {
+    /// The step the loop (re)started from.
+    first_step: i64,
+    last_loss: f64,
+    train_time: f64,
+    comm_time: f64,
+    scaler: LossScaler,
+    curves: Vec<CurvePoint>,
+}
+
+/// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
+/// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
+/// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
 pub fn optimise(
     t: &TrainConfig,
     objective: &dyn Objective,
@@ -459,18 +463,81 @@ pub fn optimise(
     let peak = memory::PeakMemory::start(device);
     let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
     let _autocast = precision::autocast(t.precision, device);
-    let mut curves = Vec::new();
-    let mut train_time = 0.0;
-    let mut last_loss = f64::NAN;
-    let mut scaler = LossScaler::for_precision(t.precision);
-    let mut first_step = 0;
     let group = distributed::current();
-    // In a group only rank 0 keeps a state (the sweep gives the others none); it shares what it resumed.
+    let mut at = resume_or_start(t, objective, vs, &mut opt, state, progress)?;
+    // The communication share is of the training steps: evaluations' reductions are not counted.
+    let discard_comm = || group.map(|g| g.take_comm_seconds());
+    discard_comm();
+    let mut diverged_at = None;
+    for step in at.first_step..t.steps {
+        if group.is_none() {
+            if let Some(threads) = cores::follow_share() {
+                eprintln!("ablate: a worker of the pool finished: training on with {threads} threads from step {step}");
+            }
+        }
+        let tick = Instant::now();
+        let lr = t.lr_at(step);
+        let (loss, report, stop) = train_step(t, objective, &mut opt, &mut at, step, lr)?;
+        at.last_loss = loss;
+        at.train_time += tick.elapsed().as_secs_f64();
+        let done = step + 1;
+        if !loss.is_finite() {
+            // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
+            at.curves.push(CurvePoint::new(done, "train", "loss", loss));
+            diverged_at = Some(done);
+            progress(t.steps, loss);
+            break;
+        }
+        if done % t.log_interval == 0 || done == t.steps {
+            record_step(&mut at, done, report.grad_norm, lr);
+        }
+        if done % t.eval_interval == 0 && done != t.steps {
+            objective.evaluate(done)?.record(done, &mut at.curves);
+            discard_comm();
+        }
+        save_or_stop(t, vs, &opt, &at, state, done, stop)?;
+        progress(done, loss);
+    }
+    let final_eval = match diverged_at {
+        None => {
+            let e = objective.evaluate(t.steps)?;
+            e.record(t.steps, &mut at.curves);
+            e
+        }
+        Some(_) => Evaluation::default(),
+    };
+    Ok(Optimised {
+        params: opt.num_params(),
+        last_loss: at.last_loss,
+        final_eval,
+        diverged_at,
+        train_time: at.train_time,
+        steps_done: diverged_at.unwrap_or(t.steps),
+        resumed_from: at.first_step,
+        curves: at.curves,
+        world_size: group.map_or(1, |g| g.world as i64),
+        global_batch: t.global_batch(),
+        comm_time: at.comm_time,
+        peak_memory_mb: peak.megabytes(),
+    })
+}
+
+/// The loop's starting point: a saved state's (weights and moments loaded into `vs` and `opt`), or step 0
+/// after a first evaluation. In a data-parallel group only rank 0 keeps a state (the sweep gives the others
+/// none); it shares what it resumed, and its weights and moments.
+fn resume_or_start(
+    t: &TrainConfig,
+    objective: &dyn Objective,
+    vs: &mut nn::VarStore,
+    opt: &mut AdamW,
+    state: Option<&StateFile>,
+    progress: Progress,
+) -> Result<Standing> {
     let mut resumed = match state {
-        Some(s) => s.load_or_set_aside(vs, &mut opt)?,
+        Some(s) => s.load_or_set_aside(vs, opt)?,
         None => None,
     };
-    if let Some(g) = group {
+    if let Some(g) = distributed::current() {
         resumed = serde_json::from_slice(&g.share_from_rank0(&serde_json::to_vec(&resumed)?)?)?;
         let (m, v, _) = opt.state();
         g.broadcast_all(&[opt.flat(), m, v]).context("sharing rank 0's weights")?;
@@ -478,117 +545,106 @@ pub fn optimise(
             opt.set_steps_taken(p.optimiser_steps);
         }
     }
-    match resumed {
+    Ok(match resumed {
         Some(p) => {
-            first_step = p.step;
-            last_loss = p.last_loss;
-            train_time = p.train_time;
-            scaler = p.scaler;
-            curves = p.curves;
-            progress(first_step, last_loss);
+            progress(p.step, p.last_loss);
+            Standing {
+                first_step: p.step,
+                last_loss: p.last_loss,
+                train_time: p.train_time,
+                comm_time: 0.0,
+                scaler: p.scaler,
+                curves: p.curves,
+            }
         }
         None => {
+            let mut curves = Vec::new();
             objective.evaluate(0)?.record(0, &mut curves);
+            Standing {
+                first_step: 0,
+                last_loss: f64::NAN,
+                train_time: 0.0,
+                comm_time: 0.0,
+                scaler: LossScaler::for_precision(t.precision),
+                curves,
+            }
+        }
+    })
+}
+
+/// One optimisation step at `step` (0-based) with learning rate `lr`, seeded from (seed, step): alone, or
+/// as this rank's shard of a data-parallel step. Returns the loss, the step's report, and whether a stop was
+/// asked for (agreed by every rank in a group).
+fn train_step(
+    t: &TrainConfig,
+    objective: &dyn Objective,
+    opt: &mut AdamW,
+    at: &mut Standing,
+    step: i64,
+    lr: f64,
+) -> Result<(f64, StepReport, bool)> {
+    tch::manual_seed(step_seed(t.seed, step));
+    match distributed::current() {
+        None => {
+            let loss = objective.training_loss(&BatchShard::whole());
+            let (loss, report) = backward_and_step(&loss, opt, lr, t.grad_clip, &mut at.scaler);
+            Ok((loss, report, stop_requested()))
+        }
+        Some(g) => {
+            let shard = BatchShard::of(g.rank, g.world, rank_seed(t.seed, g.rank, step));
+            let loss = objective.training_loss(&shard);
+            let result = data_parallel_step(g, &loss, opt, lr, t.grad_clip, &mut at.scaler, stop_requested())
+                .with_context(|| format!("step {}", step + 1))?;
+            at.comm_time += g.take_comm_seconds();
+            Ok(result)
         }
     }
-    // The communication share is of the training steps: evaluations' reductions are not counted.
-    let discard_comm = || group.map(|g| g.take_comm_seconds());
-    discard_comm();
-    let mut diverged_at = None;
-    let mut comm_time = 0.0;
-    for step in first_step..t.steps {
-        if group.is_none() {
-            if let Some(threads) = cores::follow_share() {
-                eprintln!("ablate: a worker of the pool finished: training on with {threads} threads from step {step}");
-            }
+}
+
+/// The training curves' points after step `done`: loss, gradient norm, learning rate, and the loss scale
+/// where one is kept.
+fn record_step(at: &mut Standing, done: i64, grad_norm: f64, lr: f64) {
+    at.curves.push(CurvePoint::new(done, "train", "loss", at.last_loss));
+    at.curves.push(CurvePoint::new(done, "train", "grad_norm", grad_norm));
+    at.curves.push(CurvePoint::new(done, "train", "lr", lr));
+    if at.scaler.enabled {
+        at.curves.push(CurvePoint::new(done, "train", "loss_scale", at.scaler.scale));
+    }
+}
+
+/// Saves the state every `checkpoint_every` steps, at the end, and when a signal asks to stop (the final
+/// state lets a run be continued or inspected later); then, if asked, stops with [`Interrupted`].
+fn save_or_stop(
+    t: &TrainConfig,
+    vs: &nn::VarStore,
+    opt: &AdamW,
+    at: &Standing,
+    state: Option<&StateFile>,
+    done: i64,
+    stop: bool,
+) -> Result<()> {
+    if let Some(s) = state {
+        let scheduled = t.checkpoint_every.is_some_and(|every| done % every == 0 || done == t.steps);
+        if scheduled || stop {
+            let progressed = Progressed {
+                config_hash: s.config_hash.clone(),
+                step: done,
+                optimiser_steps: opt.steps_taken(),
+                last_loss: at.last_loss,
+                train_time: at.train_time,
+                scaler: at.scaler.clone(),
+                curves: at.curves.clone(),
+                world_size: s.world_size,
+            };
+            s.save(vs, opt, &progressed)?;
         }
-        let tick = Instant::now();
-        tch::manual_seed(step_seed(t.seed, step));
-        let lr = t.lr_at(step);
-        let (loss, report, stop) = match group {
-            None => {
-                let loss = objective.training_loss(&BatchShard::whole());
-                let (loss, report) = backward_and_step(&loss, &mut opt, lr, t.grad_clip, &mut scaler);
-                (loss, report, stop_requested())
-            }
-            Some(g) => {
-                let shard = BatchShard::of(g.rank, g.world, rank_seed(t.seed, g.rank, step));
-                let loss = objective.training_loss(&shard);
-                let step = data_parallel_step(g, &loss, &mut opt, lr, t.grad_clip, &mut scaler, stop_requested())
-                    .with_context(|| format!("step {}", step + 1))?;
-                comm_time += g.take_comm_seconds();
-                step
-            }
-        };
-        last_loss = loss;
-        train_time += tick.elapsed().as_secs_f64();
-        let done = step + 1;
-        if !last_loss.is_finite() {
-            // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
-            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
-            diverged_at = Some(done);
-            progress(t.steps, last_loss);
-            break;
-        }
-        if done % t.log_interval == 0 || done == t.steps {
-            curves.push(CurvePoint::new(done, "train", "loss", last_loss));
-            curves.push(CurvePoint::new(done, "train", "grad_norm", report.grad_norm));
-            curves.push(CurvePoint::new(done, "train", "lr", lr));
-            if scaler.enabled {
-                curves.push(CurvePoint::new(done, "train", "loss_scale", scaler.scale));
-            }
-        }
-        if done % t.eval_interval == 0 && done != t.steps {
-            objective.evaluate(done)?.record(done, &mut curves);
-            discard_comm();
-        }
-        if let Some(s) = state {
-            // Every k steps and at the end (the final state lets a run be continued or inspected later), and
-            // when a signal asks to stop.
-            let scheduled = t.checkpoint_every.is_some_and(|every| done % every == 0 || done == t.steps);
-            if scheduled || stop {
-                let progressed = Progressed {
-                    config_hash: s.config_hash.clone(),
-                    step: done,
-                    optimiser_steps: opt.steps_taken(),
-                    last_loss,
-                    train_time,
-                    scaler: scaler.clone(),
-                    curves: curves.clone(),
-                    world_size: s.world_size,
-                };
-                s.save(vs, &opt, &progressed)?;
-            }
-            if stop {
-                let at = format!("after step {done}, its state saved in {}", s.path.display());
-                return Err(Interrupted(at).into());
-            }
-        } else if let (true, Some(g)) = (stop, group) {
-            let at = format!("after step {done} on rank {} (rank 0 saved the state)", g.rank);
+        if stop {
+            let at = format!("after step {done}, its state saved in {}", s.path.display());
             return Err(Interrupted(at).into());
         }
-        progress(done, last_loss);
+    } else if let (true, Some(g)) = (stop, distributed::current()) {
+        let at = format!("after step {done} on rank {} (rank 0 saved the state)", g.rank);
+        return Err(Interrupted(at).into());
     }
-    let final_eval = match diverged_at {
-        None => {
-            let e = objective.evaluate(t.steps)?;
-            e.record(t.steps, &mut curves);
-            e
-        }
-        Some(_) => Evaluation::default(),
-    };
-    Ok(Optimised {
-        params: opt.num_params(),
-        last_loss,
-        final_eval,
-        diverged_at,
-        train_time,
-        steps_done: diverged_at.unwrap_or(t.steps),
-        resumed_from: first_step,
-        curves,
-        world_size: group.map_or(1, |g| g.world as i64),
-        global_batch: t.global_batch(),
-        comm_time,
-        peak_memory_mb: peak.megabytes(),
-    })
+    Ok(())
 }

@@ -375,6 +375,39 @@ pub fn final_norm(vs: nn::Path, d: i64, spec: &TransformerSpec, eps: f64) -> Opt
 }
 
 impl Stack {
+    /// A stack as every sequence model builds it: the settings of `spec` (where absolute positions enter, how
+    /// they join the tokens, the embedding scale, dropout) over the parts the model file names and builds.
+    pub fn new(
+        spec: &TransformerSpec,
+        positions: AbsolutePositions,
+        global_tokens: GlobalTokens,
+        layers: Vec<TransformerLayer>,
+        final_norm: Option<NormLayer>,
+    ) -> Self {
+        Self {
+            positions,
+            at: spec.position.at,
+            embedding_norm: None,
+            global_tokens,
+            layers,
+            conv_positions: None,
+            final_norm,
+            dropout: spec.dropout,
+            embedding_scale: spec.embedding_factor(),
+            concat_positions: spec.concatenates_positions(),
+        }
+    }
+
+    /// With BERT's LayerNorm of the summed embeddings.
+    pub fn with_embedding_norm(self, norm: nn::LayerNorm) -> Self {
+        Self { embedding_norm: Some(norm), ..self }
+    }
+
+    /// With a convolutional position encoding before every layer (`pe: conv` on an image grid).
+    pub fn with_conv_positions(self, conv_positions: Option<(Vec<ConvPosEnc>, Grid)>) -> Self {
+        Self { conv_positions, ..self }
+    }
+
     fn scaled(&self, x: &Tensor) -> Tensor {
         if self.embedding_scale == 1.0 {
             x.shallow_clone()
@@ -407,25 +440,15 @@ impl Stack {
         }
     }
 
-    /// [`Stack::forward`] in a decoding loop: `x` (B, N_new, D) are the embedded tokens after the `cache.len()`
-    /// positions already seen (the global tokens come first, on the first call), in evaluation mode. Returns
-    /// the final states of the new tokens (B, N_new, D); `cache` then holds them too. `mask.offset` is the
-    /// absolute position of the cache's first position.
-    pub fn forward_cached(
-        &self,
-        x: &Tensor,
-        mask: &Mask,
-        memory: Option<(&Tensor, &Mask)>,
-        cache: &mut StackCache,
-    ) -> Tensor {
-        assert!(self.conv_positions.is_none(), "a convolutional position encoding needs the whole grid");
-        assert!(mask.key_padding.is_none() && mask.bias.is_none(), "cached decoding masks causally only");
+    /// The stack's input: the embedded tokens `x` (B, N, D) scaled, joined with the absolute positions
+    /// `start..start + N` where they enter at the input, normalised (BERT), and with `lead` global tokens
+    /// put first; and the position table the layers read (zero rows for the global tokens, which carry none).
+    fn input(&self, x: &Tensor, start: i64, lead: i64) -> (Tensor, Option<Tensor>) {
         let (b, n, _) = x.size3().unwrap();
-        let g = self.global_tokens.count();
-        let first = cache.is_empty();
-        // Absolute positions of the new tokens, counted after the global tokens (which carry none).
-        let start = if first { 0 } else { cache.seen - g };
-        let table = self.positions.table(start + n).map(|t| t.narrow(0, start, n));
+        let table = match start {
+            0 => self.positions.table(n),
+            _ => self.positions.table(start + n).map(|t| t.narrow(0, start, n)),
+        };
         let mut x = self.scaled(x);
         if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
             x = self.join_positions(&x, t);
@@ -433,63 +456,52 @@ impl Stack {
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(&x);
         }
-        let lead = if first { g } else { 0 };
         let table = table.map(|t| if lead > 0 { t.constant_pad_nd([0, 0, lead, 0]) } else { t });
-        if let (true, Some(tokens)) = (first, &self.global_tokens.0) {
-            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, g, -1], false), x], 1);
+        if let (true, Some(tokens)) = (lead > 0, &self.global_tokens.0) {
+            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, lead, -1], false), x], 1);
         }
-        if first {
-            cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
-        }
-        let layer_mask = Mask { causal: mask.causal, key_padding: None, offset: mask.offset, bias: None };
-        for (layer, layer_cache) in self.layers.iter().zip(&mut cache.layers) {
-            let qk_add = self.layer_positions(&mut x, table.as_ref());
-            x = layer.forward_cached(&x, &layer_mask, qk_add, memory, layer_cache);
-        }
-        cache.seen += n + lead;
-        if lead > 0 {
-            x = x.narrow(1, lead, n);
-        }
-        if let Some(norm) = &self.final_norm {
-            x = norm.forward(&x, false);
-        }
-        x
+        (x, table)
     }
 
     /// Runs `x` (B, N, D): embedded tokens before any position encoding. Returns the final states (B, N, D)
-    /// and, when asked, every layer's self-attention weights (over the global tokens too: they come first).
-    /// `mask.key_padding` covers the N tokens; global tokens are always real.
+    /// and, when `pass` asks, every layer's self-attention weights (over the global tokens too: they come
+    /// first). `mask.key_padding` covers the N tokens; global tokens are always real.
+    ///
+    /// With a cache (`Pass::cached`, a step of a decoding loop, in evaluation mode) `x` are the tokens after
+    /// the `cache.len()` positions already seen, the global tokens are put first on the first call only, and
+    /// the cache then holds the new positions too; `mask.offset` is the absolute position of the cache's
+    /// first position.
     pub fn forward(
         &self,
         x: &Tensor,
         mask: &Mask,
         memory: Option<(&Tensor, &Mask)>,
-        train: bool,
-        want_weights: bool,
+        pass: Pass,
     ) -> (Tensor, Vec<Tensor>) {
         let (b, n, _) = x.size3().unwrap();
-        let mut x = self.scaled(x);
-        let table = self.positions.table(n);
-        if let (Some(t), AbsoluteAt::Input) = (&table, self.at) {
-            x = self.join_positions(&x, t);
-        }
-        if let Some(norm) = &self.embedding_norm {
-            x = norm.forward(&x);
-        }
         let g = self.global_tokens.count();
-        // Global tokens carry no position: the encodings added inside the layers are zero for them.
-        let table = table.map(|t| if g > 0 { t.constant_pad_nd([0, 0, g, 0]) } else { t });
+        let Pass { train, weights: want_weights, mut cache } = pass;
+        // Absolute positions of the new tokens, counted after the global tokens; which come first once.
+        let (start, lead) = match &cache {
+            None => (0, g),
+            Some(c) if c.is_empty() => (0, g),
+            Some(c) => (c.seen - g, 0),
+        };
+        let (mut x, table) = self.input(x, start, lead);
         let padding;
         let mut mask =
             Mask { causal: mask.causal, key_padding: mask.key_padding, offset: mask.offset, bias: mask.bias };
-        if let Some(tokens) = &self.global_tokens.0 {
-            x = Tensor::cat(&[tokens.unsqueeze(0).expand([b, g, -1], false), x], 1);
-            if let Some(pad) = mask.key_padding {
-                padding = Tensor::cat(&[pad.ones_like().narrow(1, 0, 1).expand([b, g], false), pad.shallow_clone()], 1);
-                mask.key_padding = Some(&padding);
+        if let Some(cache) = cache.as_deref_mut() {
+            assert!(self.conv_positions.is_none(), "a convolutional position encoding needs the whole grid");
+            assert!(mask.key_padding.is_none() && mask.bias.is_none(), "cached decoding masks causally only");
+            if cache.is_empty() {
+                cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
             }
+        } else if let (true, Some(pad)) = (g > 0, mask.key_padding) {
+            padding = Tensor::cat(&[pad.ones_like().narrow(1, 0, 1).expand([b, g], false), pad.shallow_clone()], 1);
+            mask.key_padding = Some(&padding);
         }
-        if self.dropout > 0.0 {
+        if self.dropout > 0.0 && cache.is_none() {
             x = x.dropout(self.dropout, train);
         }
         let mut weights = Vec::new();
@@ -498,16 +510,67 @@ impl Stack {
                 x = convs[i].forward(&x, grid.side, grid.lead + g);
             }
             let qk_add = self.layer_positions(&mut x, table.as_ref());
-            let out = layer.forward(&x, &mask, qk_add, memory, train, want_weights);
-            x = out.output;
-            weights.extend(out.self_weights);
+            match cache.as_deref_mut() {
+                Some(c) => x = layer.forward_cached(&x, &mask, qk_add, memory, &mut c.layers[i]),
+                None => {
+                    let out = layer.forward(&x, &mask, qk_add, memory, train, want_weights);
+                    x = out.output;
+                    weights.extend(out.self_weights);
+                }
+            }
         }
-        if g > 0 {
-            x = x.narrow(1, g, n);
+        if let Some(c) = cache {
+            c.seen += n + lead;
+        }
+        if lead > 0 {
+            x = x.narrow(1, lead, n);
         }
         if let Some(norm) = &self.final_norm {
             x = norm.forward(&x, train);
         }
         (x, weights)
+    }
+}
+
+/// How a stack runs a forward pass: training (dropout and batch statistics on) or evaluation, whether it
+/// returns every layer's attention weights, and, in a decoding loop, the cache of the positions already
+/// seen. `Pass::train()`, `Pass::eval().with_weights()`, `Pass::cached(&mut cache)` read at the call site.
+pub struct Pass<'c> {
+    pub train: bool,
+    pub weights: bool,
+    pub cache: Option<&'c mut StackCache>,
+}
+
+impl Pass<'_> {
+    /// A training pass.
+    pub fn train() -> Self {
+        Self { train: true, weights: false, cache: None }
+    }
+
+    /// An evaluation pass.
+    pub fn eval() -> Self {
+        Self { train: false, weights: false, cache: None }
+    }
+
+    /// A training pass when `train`, else an evaluation pass.
+    pub fn new(train: bool) -> Self {
+        Self { train, weights: false, cache: None }
+    }
+
+    /// The same pass, also returning every layer's attention weights.
+    pub fn with_weights(self) -> Self {
+        Self { weights: true, ..self }
+    }
+
+    /// The same pass, returning the attention weights when `want`.
+    pub fn with_weights_if(self, want: bool) -> Self {
+        Self { weights: want, ..self }
+    }
+}
+
+impl<'c> Pass<'c> {
+    /// An evaluation pass in a decoding loop, after (and into) `cache`.
+    pub fn cached(cache: &'c mut StackCache) -> Self {
+        Self { train: false, weights: false, cache: Some(cache) }
     }
 }

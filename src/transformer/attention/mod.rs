@@ -287,14 +287,9 @@ impl MultiHeadAttention {
         self.attend_heads(&q, &k, &v, mask, true, false, false).output
     }
 
-    /// Rows of the stacked projection: queries, keys, values.
-    fn widths(&self) -> [i64; 3] {
-        self.widths
-    }
-
     /// The queries, keys and values of self-attention, (B, N, ·) each.
     fn project_self(&self, x: &Tensor, qk_add: Option<&Tensor>) -> (Tensor, Tensor, Tensor) {
-        let [wq, wk, wv] = self.widths();
+        let [wq, wk, wv] = self.widths;
         match qk_add {
             None => {
                 let parts = self.qkv.forward(x).split_with_sizes([wq, wk, wv], -1);
@@ -309,7 +304,7 @@ impl MultiHeadAttention {
 
     /// The keys and values of `memory`, (B, N_k, ·) each.
     fn project_memory(&self, memory: &Tensor) -> (Tensor, Tensor) {
-        let [wq, wk, wv] = self.widths();
+        let [wq, wk, wv] = self.widths;
         let kv = self.project(memory, wq, wk + wv).split_with_sizes([wk, wv], -1);
         (kv[0].shallow_clone(), kv[1].shallow_clone())
     }
@@ -326,7 +321,7 @@ impl MultiHeadAttention {
 
     /// Cross-attention: queries from `x` (B, N_q, D), keys and values from `memory` (B, N_k, D).
     pub fn cross_attend(&self, x: &Tensor, memory: &Tensor, mask: &Mask, train: bool, want_weights: bool) -> Attended {
-        let q = self.project(x, 0, self.widths()[0]);
+        let q = self.project(x, 0, self.widths[0]);
         let (k, v) = self.project_memory(memory);
         self.attend_projected(&q, &k, &v, mask, false, train, want_weights)
     }
@@ -341,7 +336,7 @@ impl MultiHeadAttention {
                 cache.append(split_heads(&k, self.kv_heads), split_heads(&v, self.kv_heads))
             }
         };
-        let q = split_heads(&self.project(x, 0, self.widths()[0]), self.heads);
+        let q = split_heads(&self.project(x, 0, self.widths[0]), self.heads);
         self.attend_heads(&q, &k, &v, mask, false, false, false).output
     }
 
