@@ -169,6 +169,90 @@ pub fn format_p(p: f64) -> String {
     }
 }
 
+/// Holm–Bonferroni adjusted p-values of a family of tests, in the order given: the k-th smallest of the m
+/// p-values times (m − k + 1), made non-decreasing in that order and capped at 1, which controls the
+/// family-wise error rate at the level it is compared with (statsmodels' `multipletests(method="holm")`).
+/// NaN p-values (comparisons that could not be tested) are left out of the family and stay NaN.
+pub fn holm(p: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..p.len()).filter(|&i| !p[i].is_nan()).collect();
+    order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));
+    let m = order.len();
+    let mut adjusted = vec![f64::NAN; p.len()];
+    let mut running = 0.0f64;
+    for (k, &i) in order.iter().enumerate() {
+        running = running.max(((m - k) as f64 * p[i]).min(1.0));
+        adjusted[i] = running;
+    }
+    adjusted
+}
+
+/// The significance level of every test ablate reports, and the power its sample-size planning aims for.
+pub const ALPHA: f64 = 0.05;
+pub const POWER: f64 = 0.8;
+
+/// The CDF at `x` of Student's t with `df` degrees of freedom and noncentrality `ncp`:
+/// P(T ≤ x) = E[Φ(x·S/√df − ncp)] over S = √V, V ~ χ²(df), integrated numerically (Simpson's rule over S,
+/// whose density stays finite at 0 for every df; 4,000 intervals reach 1e-9 of statsmodels' values).
+fn noncentral_t_cdf(x: f64, df: f64, ncp: f64) -> f64 {
+    use statrs::distribution::Normal;
+    use statrs::function::gamma::ln_gamma;
+    let normal = Normal::new(0.0, 1.0).expect("a standard normal");
+    // Density of S = √V: 2 s^(df−1) e^(−s²/2) / (2^(df/2) Γ(df/2)).
+    let ln_norm = (df / 2.0) * std::f64::consts::LN_2 + ln_gamma(df / 2.0) - std::f64::consts::LN_2;
+    let density = |s: f64| {
+        if s == 0.0 {
+            return if df == 1.0 { (-ln_norm).exp() } else { 0.0 };
+        }
+        ((df - 1.0) * s.ln() - s * s / 2.0 - ln_norm).exp()
+    };
+    let f = |s: f64| normal.cdf(x * s / df.sqrt() - ncp) * density(s);
+    let upper = (df + 40.0 * (2.0 * df).sqrt() + 100.0).sqrt();
+    let intervals = 4000;
+    let h = upper / intervals as f64;
+    let inner: f64 = (1..intervals).map(|i| f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 }).sum();
+    ((f(0.0) + inner + f(upper)) * h / 3.0).clamp(0.0, 1.0)
+}
+
+/// The power of a two-sided paired t-test at level `ALPHA` with `n` pairs to detect a mean difference of
+/// `effect` standard deviations of the differences (Cohen's d of the differences); statsmodels'
+/// `TTestPower().power`.
+pub fn paired_t_power(effect: f64, n: usize) -> f64 {
+    assert!(n >= 2, "a paired t-test needs two pairs");
+    let df = n as f64 - 1.0;
+    let ncp = effect * (n as f64).sqrt();
+    let critical = StudentsT::new(0.0, 1.0, df).expect("df > 0").inverse_cdf(1.0 - ALPHA / 2.0);
+    1.0 - noncentral_t_cdf(critical, df, ncp) + noncentral_t_cdf(-critical, df, ncp)
+}
+
+/// The smallest effect (in standard deviations of the paired differences) that `n` pairs detect with
+/// power `POWER`; statsmodels' `TTestPower().solve_power(nobs=n, power=0.8)`.
+pub fn minimum_detectable_effect(n: usize) -> f64 {
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    while paired_t_power(hi, n) < POWER {
+        hi *= 2.0;
+    }
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if paired_t_power(mid, n) < POWER {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
+}
+
+/// The fewest pairs (seeds) that detect `effect` standard deviations of the differences with power
+/// `POWER`: statsmodels' `solve_power(effect_size=effect, power=0.8)` rounded up. `None` for no effect, or
+/// above 10,000 seeds.
+pub fn seeds_needed(effect: f64) -> Option<usize> {
+    let effect = effect.abs();
+    if effect.is_nan() || effect == 0.0 || effect.is_infinite() {
+        return None;
+    }
+    (2..=10_000).find(|&n| paired_t_power(effect, n) >= POWER)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +268,58 @@ mod tests {
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol * b.abs().max(1e-12)
+    }
+
+    // Reference values computed once with statsmodels 0.14 (`pip install statsmodels`):
+    //   statsmodels.stats.multitest.multipletests(p, method="holm")[1]
+    //   statsmodels.stats.power.TTestPower().power(effect_size=d, nobs=n, alpha=0.05, alternative="two-sided")
+    //   TTestPower().solve_power(effect_size=None, nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    //   TTestPower().solve_power(effect_size=d, nobs=None, alpha=0.05, power=0.8, alternative="two-sided")
+    #[test]
+    fn holm_adjusts_like_statsmodels_multipletests() {
+        let cases: [(&[f64], &[f64]); 3] = [
+            (&[0.187, 0.009, 0.025, 0.056], &[0.187, 0.036, 0.075, 0.112]),
+            (&[0.01, 0.04, 0.03, 0.005, 0.5], &[0.04, 0.09, 0.09, 0.025, 0.5]),
+            (&[0.02, 0.02, 0.02], &[0.06, 0.06, 0.06]),
+        ];
+        for (p, expected) in cases {
+            let adjusted = holm(p);
+            for (a, e) in adjusted.iter().zip(expected) {
+                assert!(close(*a, *e, 1e-12), "{p:?}: {adjusted:?}");
+            }
+        }
+        let with_gap = holm(&[0.01, f64::NAN, 0.04]);
+        assert!(with_gap[1].is_nan() && close(with_gap[0], 0.02, 1e-12) && close(with_gap[2], 0.04, 1e-12));
+    }
+
+    #[test]
+    fn paired_t_power_matches_statsmodels() {
+        let cases = [
+            (1.0, 3, 0.1792553937765517),
+            (1.0, 5, 0.4013899173717948),
+            (0.5, 10, 0.2931756065140767),
+            (2.0, 3, 0.4707494312784346),
+            (0.8, 20, 0.9238987553885781),
+        ];
+        for (d, n, expected) in cases {
+            let p = paired_t_power(d, n);
+            assert!((p - expected).abs() < 1e-6, "d {d}, n {n}: {p} against {expected}");
+        }
+    }
+
+    #[test]
+    fn detectable_effects_and_seeds_needed_match_statsmodels() {
+        for (n, expected) in
+            [(2, 11.549889754978167), (3, 3.264043552819638), (5, 1.6819970833232674), (10, 0.9960019107624178)]
+        {
+            let d = minimum_detectable_effect(n);
+            assert!(close(d, expected, 1e-5), "n {n}: {d} against {expected}");
+        }
+        // statsmodels' fractional solutions 33.37, 9.94, 4.22 pairs, rounded up to whole seeds.
+        assert_eq!(seeds_needed(0.5), Some(34));
+        assert_eq!(seeds_needed(1.0), Some(10));
+        assert_eq!(seeds_needed(-2.0), Some(5));
+        assert_eq!(seeds_needed(0.0), None);
     }
 
     #[test]

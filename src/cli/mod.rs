@@ -2,13 +2,14 @@
 //! schedule, summarise, reproduce and redraw results, inspect models and checkpoints, and benchmark. One
 //! file per group of commands, each holding its flags (clap's derive) and what it does:
 //! - [`running`]: `ablate RECIPE` (one process, workers, data-parallel ranks), `merge`, `slurm`;
-//! - [`results`]: `check`, `summary`, `reproduce`, `plot`;
+//! - [`results`]: `check`, `summary`, `plan`, `reproduce`, `plot`;
 //! - [`inspect`]: `describe`, `generate`, `heads-importance`, `attention`, `embed`;
 //! - [`bench`]: `bench` and the hidden `complexity-point` a complexity recipe runs per point;
 //! - [`reference`]: `keys` and `cli`, the generated references in `docs/`.
 //!
 //! [`target`] finds and loads the recipe every command is pointed at. The work itself is in the library
 //! (`ablate::run` and below); these files only read flags, call it and print.
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +56,23 @@ impl OverrideArgs {
     }
 }
 
+/// A recipe's results directory: the recipe, its overrides, and `--out` when it is not the default.
+#[derive(clap::Args)]
+pub struct TargetArgs {
+    recipe: PathBuf,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+impl TargetArgs {
+    /// The training recipe with its overrides, and its output directory (as a full run writes it).
+    fn load(&self) -> anyhow::Result<target::Sweep> {
+        target::Sweep::load(&self.recipe, false, &self.overrides.parse()?, self.out.clone())
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Check a recipe and list the runs it expands to, without training.
@@ -71,6 +89,10 @@ enum Command {
     /// Print a markdown table of a recipe's results: per variant n, mean ± sample std and 95% CI over seeds of
     /// the final metrics; with --baseline, paired differences against one variant and their t-test.
     Summary(results::SummaryArgs),
+    /// Power and the noise floor: from a pilot or an existing results directory, per headline metric the
+    /// seed-to-seed standard deviation of paired differences, the smallest difference the recipe's seeds
+    /// detect (paired t, two-sided α 0.05, power 0.8), and with --effect the seeds needed.
+    Plan(results::PlanArgs),
     /// Compare a run directory with reference results (default: the committed results/<name>): per variant,
     /// whether its final metrics reproduce the reference's, and by which test. Writes reproduction.csv.
     Reproduce(results::ReproduceArgs),
@@ -127,6 +149,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Check(args)) => results::check(&args),
         Some(Command::Summary(args)) => results::summary(&args),
+        Some(Command::Plan(args)) => results::plan(&args),
         Some(Command::Reproduce(args)) => results::reproduce(&args),
         Some(Command::Plot(args)) => results::plot(&args),
         Some(Command::Merge(args)) => running::merge(&args),

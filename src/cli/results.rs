@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use ablate::run::reproduce;
 
 use super::target::{Sweep, Target};
-use super::OverrideArgs;
+use super::{OverrideArgs, TargetArgs};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -21,11 +21,8 @@ pub struct CheckArgs {
 
 #[derive(clap::Args)]
 pub struct SummaryArgs {
-    recipe: PathBuf,
     #[command(flatten)]
-    overrides: OverrideArgs,
-    #[arg(long)]
-    out: Option<PathBuf>,
+    target: TargetArgs,
     /// Compare every variant with this one, paired by seed: `heads=1` (a swept key, by its last part or
     /// its full name) or a variant's label.
     #[arg(long)]
@@ -33,23 +30,34 @@ pub struct SummaryArgs {
 }
 
 #[derive(clap::Args)]
-pub struct ReproduceArgs {
+pub struct PlanArgs {
     recipe: PathBuf,
     #[command(flatten)]
     overrides: OverrideArgs,
+    /// Results to measure the noise from: a pilot run's directory (default: the committed results/<name>).
     #[arg(long)]
-    out: Option<PathBuf>,
+    from: Option<PathBuf>,
+    /// The variant the others are paired against (default: the first): `heads=1` or a variant's label.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// An effect to plan for, as a difference in a headline metric's column, e.g. `--effect val_loss=0.01`
+    /// (repeatable): the seeds needed to detect it.
+    #[arg(long, value_name = "METRIC=SIZE")]
+    effect: Vec<ablate::run::summary::Effect>,
+}
+
+#[derive(clap::Args)]
+pub struct ReproduceArgs {
+    #[command(flatten)]
+    target: TargetArgs,
     #[arg(long)]
     reference: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
 pub struct PlotArgs {
-    recipe: PathBuf,
     #[command(flatten)]
-    overrides: OverrideArgs,
-    #[arg(long)]
-    out: Option<PathBuf>,
+    target: TargetArgs,
 }
 
 /// `ablate check`: the recipe validated and its runs listed (or printed as `runs.csv` rows), each checked
@@ -104,14 +112,23 @@ fn print_columns(recipe: &ablate::recipe::Recipe) -> anyhow::Result<()> {
 
 /// `ablate summary`: the results table, optionally paired against a baseline.
 pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
-    let sweep = Sweep::load(&args.recipe, false, &args.overrides.parse()?, args.out.clone())?;
+    let sweep = args.target.load()?;
     print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, args.baseline.as_deref())?);
+    Ok(())
+}
+
+/// `ablate plan`: the noise floor, the detectable difference at the recipe's seeds, and seeds needed.
+pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
+    let sweep = Sweep::load(&args.recipe, false, &args.overrides.parse()?, None)?;
+    let from = args.from.clone().unwrap_or_else(|| sweep.reference());
+    let table = ablate::run::summary::plan_table(&from, &sweep.recipe, args.baseline.as_deref(), &args.effect)?;
+    print!("{}", table.markdown());
     Ok(())
 }
 
 /// `ablate reproduce`: a run directory against reference results; writes reproduction.csv and the report.
 pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
-    let sweep = Sweep::load(&args.recipe, false, &args.overrides.parse()?, args.out.clone())?;
+    let sweep = args.target.load()?;
     let reference = args.reference.clone().unwrap_or_else(|| sweep.reference());
     let Some(verdicts) = reproduce::compare(&sweep.recipe, &sweep.out, &reference)? else {
         anyhow::bail!("{} has no runs.csv to compare with", reference.display());
@@ -126,7 +143,8 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
 
 /// `ablate plot`: plots, TensorBoard files and the report redrawn from the CSVs.
 pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
-    match Target::load(&args.recipe, false, &args.overrides, args.out.clone())? {
+    let TargetArgs { recipe, overrides, out } = &args.target;
+    match Target::load(recipe, false, overrides, out.clone())? {
         Target::Benchmark { recipe, out, .. } => ablate::run::complexity::replot(&recipe, &out),
         Target::Sweep(sweep) => ablate::run::finish(&sweep.out, &sweep.recipe),
     }

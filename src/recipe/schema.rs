@@ -362,7 +362,12 @@ pub struct AttentionConfig {
     /// What the scores are multiplied by before the softmax: `sqrt_dk` (1/√D_q, D_q = `qk_dim`), `none`, a
     /// number.
     pub scale: Scale,
-    /// Which computation of the same maths runs: `auto`, `fused`, `explicit`, `sparse`.
+    /// Which computation of the same maths runs: `auto` (fused unless attention weights are inspected),
+    /// `fused` (libtorch's scaled_dot_product_attention), `explicit` (scores, bias, softmax, weighted sum),
+    /// `sparse` (the blocked window kernel, for a windowed pattern). Where the chosen kernel cannot compute a
+    /// call, that call takes the masked path (same numbers, O(N²) cost): `fused` and `sparse` when attention
+    /// weights are asked for (`train.probe_attention`, heatmaps), `sparse` for cross-attention and with key
+    /// padding or an extra bias.
     pub implementation: Implementation,
     /// Dropout on the attention weights.
     pub dropout: f64,

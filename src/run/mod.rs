@@ -4,7 +4,6 @@
 pub mod bench;
 pub mod complexity;
 pub mod heads;
-pub mod interaction;
 pub mod launch;
 pub mod plot;
 pub mod report;

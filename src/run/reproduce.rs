@@ -7,12 +7,12 @@ use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::plot::recipe_metrics;
 use super::results::read_runs;
 use crate::files::write_atomically;
 use crate::metrics::{cost, Metric};
 use crate::recipe::{columns, Recipe};
 use crate::stats::{agreement, Estimate};
+use crate::tasks::recipe_metrics;
 
 type Row = BTreeMap<String, String>;
 

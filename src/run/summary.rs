@@ -5,11 +5,13 @@ use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::plot::recipe_metrics;
 use super::results::{read_runs, variants_of};
 use crate::metrics::Metric;
 use crate::recipe::Recipe;
-use crate::stats::{format_p, paired, Estimate, CONFIDENCE};
+use crate::stats::{
+    format_p, holm, minimum_detectable_effect, paired, seeds_needed, Estimate, Paired, ALPHA, CONFIDENCE, POWER,
+};
+use crate::tasks::recipe_metrics;
 
 type Row = BTreeMap<String, String>;
 
@@ -102,65 +104,202 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
     Ok(tables)
 }
 
-/// Paired differences (variant − baseline) over the seeds both ran, per headline metric.
+/// Paired differences (variant − baseline) over the seeds both ran, per headline metric, with each p-value
+/// raw and Holm-adjusted over its family: the comparisons of one metric against the baseline (one per
+/// other variant). A difference is called better or worse only where the adjusted p is below `ALPHA`.
 fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, metrics: &[Metric]) -> Table {
     let (base_label, base_ids) = &variants[base];
     let confidence = 100.0 * CONFIDENCE;
+    let others = variants.len() - 1;
     let note = format!(
         "Paired against `{base_label}`: per seed the difference variant − baseline; mean difference \
-         [{confidence:.0}% CI], marked better or worse where the interval excludes 0; two-sided paired t-test \
-         p-value. Fewer than two shared seeds: no test."
+         [{confidence:.0}% CI]; two-sided paired t-test p-value, raw and Holm–Bonferroni-adjusted over the \
+         family of the {others} comparison(s) of that metric with the baseline; marked better or worse where \
+         the adjusted p is below {ALPHA}. Fewer than two shared seeds: no test."
     );
-    let header =
-        ["variant", "metric", "pairs", &format!("mean difference [{confidence:.0}% CI]"), "p", "per-seed differences"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-    let mut rows = Vec::new();
-    for (i, (label, ids)) in variants.iter().enumerate() {
-        if i == base {
-            continue;
-        }
-        for m in metrics {
+    let header = [
+        "variant",
+        "metric",
+        "pairs",
+        &format!("mean difference [{confidence:.0}% CI]"),
+        "p",
+        "p (Holm)",
+        "per-seed differences",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Every comparison first, so that each metric's family is adjusted together.
+    let compared: Vec<Vec<(usize, Option<Paired>)>> = metrics
+        .iter()
+        .map(|m| {
             let column = m.column_name().expect("filtered to columns");
             let b = seed_values(runs, base_ids, column);
-            let v = seed_values(runs, ids, column);
-            let digits = m.digits;
-            rows.push(match paired(&b, &v) {
-                Some(p) => {
-                    let h = p.difference.half_width.expect("two or more pairs");
-                    // A direction only where the interval excludes no difference.
-                    let better = if (p.difference.mean - h) * (p.difference.mean + h) <= 0.0 {
-                        ""
-                    } else if (p.difference.mean > 0.0) == m.higher_is_better {
-                        " (better)"
-                    } else {
-                        " (worse)"
-                    };
-                    let diffs: Vec<String> =
-                        p.seeds.iter().zip(&p.differences).map(|(s, d)| format!("seed {s}: {d:+.digits$}")).collect();
-                    vec![
-                        label.clone(),
-                        m.axis(),
-                        p.seeds.len().to_string(),
-                        format!(
-                            "{:+.digits$} [{:+.digits$}, {:+.digits$}]{better}",
-                            p.difference.mean,
-                            p.difference.mean - h,
-                            p.difference.mean + h
-                        ),
-                        format_p(p.p),
-                        diffs.join(", "),
-                    ]
-                }
-                None => {
+            (0..variants.len())
+                .filter(|&i| i != base)
+                .map(|i| {
+                    let v = seed_values(runs, &variants[i].1, column);
                     let shared = v.iter().filter(|(s, _)| b.iter().any(|(bs, _)| bs == s)).count();
-                    vec![label.clone(), m.axis(), shared.to_string(), "–".into(), "–".into(), "–".into()]
+                    (shared, paired(&b, &v))
+                })
+                .collect()
+        })
+        .collect();
+    let adjusted: Vec<Vec<f64>> = compared
+        .iter()
+        .map(|family| holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>()))
+        .collect();
+    let mut rows = Vec::new();
+    for (k, label) in variants.iter().enumerate().filter(|&(i, _)| i != base).map(|(_, (l, _))| l).enumerate() {
+        for (j, m) in metrics.iter().enumerate() {
+            let (shared, comparison) = &compared[j][k];
+            rows.push(match comparison {
+                Some(p) => paired_row(label, m, p, adjusted[j][k]),
+                None => {
+                    vec![label.clone(), m.axis(), shared.to_string(), "–".into(), "–".into(), "–".into(), "–".into()]
                 }
             });
         }
     }
     Table { note, header, rows }
+}
+
+/// One row of the paired table: the mean difference with its interval, marked by direction where the
+/// Holm-adjusted p-value is below `ALPHA`, both p-values, and the per-seed differences.
+fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String> {
+    let digits = m.digits;
+    let h = p.difference.half_width.expect("two or more pairs");
+    let better = if adjusted.is_nan() || adjusted >= ALPHA {
+        ""
+    } else if (p.difference.mean > 0.0) == m.higher_is_better {
+        " (better)"
+    } else {
+        " (worse)"
+    };
+    let diffs: Vec<String> =
+        p.seeds.iter().zip(&p.differences).map(|(s, d)| format!("seed {s}: {d:+.digits$}")).collect();
+    vec![
+        label.to_string(),
+        m.axis(),
+        p.seeds.len().to_string(),
+        format!(
+            "{:+.digits$} [{:+.digits$}, {:+.digits$}]{better}",
+            p.difference.mean,
+            p.difference.mean - h,
+            p.difference.mean + h
+        ),
+        format_p(p.p),
+        format_p(adjusted),
+        diffs.join(", "),
+    ]
+}
+
+/// An effect a researcher wants to be able to detect: a difference of `size` in the metric whose column is
+/// `column` (`val_loss=0.01`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    pub column: String,
+    pub size: f64,
+}
+
+impl std::str::FromStr for Effect {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (column, size) = s.split_once('=').ok_or_else(|| format!("`{s}`: give METRIC=SIZE, e.g. val_loss=0.01"))?;
+        let size: f64 = size.trim().parse().map_err(|_| format!("`{s}`: the size `{size}` is not a number"))?;
+        if size == 0.0 || !size.is_finite() {
+            return Err(format!("`{s}`: the size must be a non-zero number"));
+        }
+        Ok(Effect { column: column.trim().to_string(), size: size.abs() })
+    }
+}
+
+/// Power and the noise floor of a recipe, from the results in `dir` (a pilot, or the committed reference):
+/// per headline metric, the seed-to-seed standard deviation of the paired differences against the baseline
+/// (pooled over the other variants: the root of their mean variance, with its range), the smallest
+/// difference the recipe's number of seeds detects (two-sided paired t-test at `ALPHA`, power `POWER`), and
+/// for each of `effects` the seeds needed to detect it.
+pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: &[Effect]) -> Result<Table> {
+    let path = dir.join("runs.csv");
+    let runs = read_runs(&path).with_context(|| format!("no results to plan from in {}", dir.display()))?;
+    let metrics = headline_metrics(recipe, &runs);
+    let variants = variants_of(&runs);
+    let base = match baseline {
+        Some(b) => find_baseline(&runs, &variants, b)?,
+        None => 0,
+    };
+    for e in effects {
+        if !metrics.iter().any(|m| m.column_name() == Some(e.column.as_str())) {
+            let names: Vec<&str> = metrics.iter().filter_map(|m| m.column_name()).collect();
+            bail!(
+                "--effect {}={}: no headline metric `{}`; the recipe's are {}",
+                e.column,
+                e.size,
+                e.column,
+                names.join(", ")
+            );
+        }
+    }
+    let seeds = recipe.seeds.len();
+    let (base_label, base_ids) = &variants[base];
+    let note = format!(
+        "Noise floor against `{base_label}` from {}: per metric, the standard deviation of the per-seed \
+         differences variant − baseline, pooled over the {} other variant(s) (root of the mean variance; range \
+         in brackets); the smallest mean difference {seeds} seed(s) detect with a two-sided paired t-test at \
+         α = {ALPHA} with power {POWER}; and the seeds needed for each --effect.",
+        dir.display(),
+        variants.len() - 1
+    );
+    let header = [
+        "metric",
+        "comparisons",
+        "SD of paired differences",
+        "seeds",
+        "detectable difference",
+        "effect",
+        "seeds needed",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rows = Vec::new();
+    for m in &metrics {
+        let column = m.column_name().expect("filtered to columns");
+        let b = seed_values(&runs, base_ids, column);
+        let sds: Vec<f64> = (0..variants.len())
+            .filter(|&i| i != base)
+            .filter_map(|i| paired(&b, &seed_values(&runs, &variants[i].1, column)))
+            .map(|p| p.difference.std)
+            .collect();
+        let digits = m.digits + 1;
+        if sds.is_empty() {
+            rows.push(vec![m.axis(), "0".into(), "–".into(), seeds.to_string(), "–".into(), "–".into(), "–".into()]);
+            continue;
+        }
+        let pooled = (sds.iter().map(|s| s * s).sum::<f64>() / sds.len() as f64).sqrt();
+        let (lo, hi) = sds.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+        let detectable = if seeds >= 2 {
+            format!("{:.digits$}", minimum_detectable_effect(seeds) * pooled)
+        } else {
+            "– (one seed: no test)".into()
+        };
+        let asked: Vec<&Effect> = effects.iter().filter(|e| e.column == column).collect();
+        let needed = |e: &Effect| match seeds_needed(e.size / pooled) {
+            Some(n) => n.to_string(),
+            None => "more than 10,000".into(),
+        };
+        rows.push(vec![
+            m.axis(),
+            sds.len().to_string(),
+            format!("{pooled:.digits$} [{lo:.digits$}, {hi:.digits$}]"),
+            seeds.to_string(),
+            detectable,
+            asked.iter().map(|e| format!("{}", e.size)).collect::<Vec<_>>().join(", "),
+            asked.iter().map(|e| needed(e)).collect::<Vec<_>>().join(", "),
+        ]);
+    }
+    Ok(Table { note, header, rows })
 }
 
 /// The index of the variant named by `spec`: a variant label, or `key=value` where `key` is a column of
@@ -201,5 +340,66 @@ fn find_baseline(runs: &[Row], variants: &[(String, Vec<String>)], spec: &str) -
             many.len(),
             many.iter().map(|&i| format!("`{}`", variants[i].0)).collect::<Vec<_>>().join(", ")
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three variants against a baseline, three seeds each, one metric: the adjusted column is Holm over the
+    /// three raw p-values, and only an adjusted p below 0.05 earns a direction.
+    #[test]
+    fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
+        let values = [
+            ("base", [1.00, 1.10, 0.95]),
+            ("small", [0.97, 1.085, 0.925]),
+            ("clear", [0.90, 0.99, 0.86]),
+            ("noise", [1.02, 1.07, 0.97]),
+        ];
+        let mut runs = Vec::new();
+        for (label, seeds) in values {
+            for (seed, v) in seeds.iter().enumerate() {
+                let row: Row = [
+                    ("run_id".to_string(), format!("{label} seed={seed}")),
+                    ("label".to_string(), label.to_string()),
+                    ("seed".to_string(), seed.to_string()),
+                    ("status".to_string(), "ok".to_string()),
+                    ("val_loss".to_string(), v.to_string()),
+                ]
+                .into_iter()
+                .collect();
+                runs.push(row);
+            }
+        }
+        let variants = variants_of(&runs);
+        let metric = Metric::column("val_loss", "held-out loss", "nats", false);
+        let table = paired_table(&runs, &variants, 0, &[metric]);
+        assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
+        let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
+        let adjusted: Vec<f64> = table.rows.iter().map(|r| r[5].parse().unwrap()).collect();
+        let expected = holm(&raw);
+        for (a, e) in adjusted.iter().zip(&expected) {
+            // Both columns are printed to three digits.
+            assert!((a - e).abs() < 2e-3, "{adjusted:?} against Holm of {raw:?}");
+        }
+        for (row, (&p, &q)) in table.rows.iter().zip(raw.iter().zip(&adjusted)) {
+            assert!(q >= p, "{row:?}");
+            assert_eq!(row[3].ends_with("(better)"), q < ALPHA, "{row:?}");
+        }
+        assert!(
+            raw[0] < ALPHA && adjusted[0] >= ALPHA,
+            "the small gain is significant raw but not after Holm: {raw:?} {adjusted:?}"
+        );
+    }
+
+    #[test]
+    fn an_effect_is_a_metric_and_a_non_zero_size_or_one_line_saying_what_is_wrong() {
+        assert_eq!("val_loss=0.01".parse::<Effect>(), Ok(Effect { column: "val_loss".into(), size: 0.01 }));
+        assert_eq!("val_accuracy=-0.02".parse::<Effect>().map(|e| e.size), Ok(0.02));
+        for bad in ["val_loss", "val_loss=x", "val_loss=0", "val_loss=inf"] {
+            let e = bad.parse::<Effect>().unwrap_err();
+            assert!(e.starts_with(&format!("`{bad}`")) && !e.contains('\n'), "{e}");
+        }
     }
 }

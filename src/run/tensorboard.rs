@@ -17,11 +17,11 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use super::plot::recipe_metrics;
 use super::results::{read_curves, read_runs};
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
 use crate::tasks::checkpoint::file_stem;
+use crate::tasks::recipe_metrics;
 
 #[derive(Clone, PartialEq, Message)]
 struct Event {

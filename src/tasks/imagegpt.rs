@@ -2,7 +2,7 @@
 //! is reported in bits per dimension (per pixel token); its features are judged by a linear probe (a
 //! logistic regression on the mean of the final embeddings); its samples are completions of half-images,
 //! saved as a PNG grid under `completions/`.
-use anyhow::{Context, Result};
+use anyhow::Result;
 use plotters::prelude::*;
 use std::path::Path;
 use std::time::Instant;
@@ -152,9 +152,8 @@ pub fn write_completion_grid(path: &Path, rows: &[Vec<Tensor>], keep_rows: i64) 
     let cols = rows[0].len() as u32 + 1;
     let cell = (w as u32 * SCALE + GAP, h as u32 * SCALE + GAP);
     let size = (cols * cell.0 + GAP, rows.len() as u32 * cell.1 + GAP);
-    let tmp = path.with_extension("png.tmp.png");
-    {
-        let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+    crate::files::write_atomically_with(path, |tmp| {
+        let root = BitMapBackend::new(tmp, size).into_drawing_area();
         root.fill(&WHITE)?;
         for (r, row) in rows.iter().enumerate() {
             // Column 0 the original, column 1 the prompt, then the samples.
@@ -184,9 +183,8 @@ pub fn write_completion_grid(path: &Path, rows: &[Vec<Tensor>], keep_rows: i64) 
             }
         }
         root.present()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+        Ok(())
+    })
 }
 
 struct BuiltImageGpt {

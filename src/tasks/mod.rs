@@ -31,6 +31,19 @@ pub mod memory;
 pub mod pretrained;
 pub mod translate;
 
+/// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
+pub fn recipe_metrics(recipe: &crate::recipe::Recipe) -> Vec<Metric> {
+    let mut out: Vec<Metric> = Vec::new();
+    for run in &recipe.runs {
+        for m in task(run.config.kind).metrics(&run.config) {
+            if !out.iter().any(|o| o.column == m.column && o.curve == m.curve) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
 /// The task of a kind of run.
 pub fn task(kind: Kind) -> &'static dyn Task {
     match kind {

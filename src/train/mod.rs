@@ -185,16 +185,9 @@ impl StateFile {
 }
 
 /// A saved state from a run on another number of processes: resuming it would change the global batch.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct WrongWorldSize(pub String);
-
-impl std::fmt::Display for WrongWorldSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WrongWorldSize {}
 
 fn one() -> i64 {
     1
@@ -308,16 +301,9 @@ impl StateFile {
 
 /// Work stopped by SIGTERM or SIGINT with its state saved (a run after finishing a step, or a pool whose
 /// workers did so): running the same command again continues. Says what was saved where.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted {0}: run the same command to continue")]
 pub struct Interrupted(pub String);
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "interrupted {}: run the same command to continue", self.0)
-    }
-}
-
-impl std::error::Error for Interrupted {}
 
 /// Set by SIGTERM (what Slurm sends before a time limit or a preemption) and SIGINT once
 /// [`stop_on_signals`] is installed; the loop stops at the end of the step in progress.

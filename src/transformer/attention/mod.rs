@@ -200,6 +200,22 @@ impl KvCache {
     }
 }
 
+/// What one attention call is: self-attention (position schemes and patterns apply) or across two
+/// sequences, in training or evaluation, returning the weights or not.
+#[derive(Clone, Copy)]
+struct Call {
+    is_self: bool,
+    train: bool,
+    want_weights: bool,
+}
+
+impl Call {
+    /// A step of a decoding loop: evaluation, no weights.
+    fn decoding(is_self: bool) -> Self {
+        Self { is_self, train: false, want_weights: false }
+    }
+}
+
 impl MultiHeadAttention {
     /// Self-attention with the spec's pattern and the relative position scheme of `position`, if any
     /// (absolute encodings are the model's business; `grid` places the tokens of a 2-D scheme).
@@ -271,7 +287,7 @@ impl MultiHeadAttention {
         want_weights: bool,
     ) -> Attended {
         let (q, k, v) = self.project_self(x, qk_add);
-        self.attend_projected(&q, &k, &v, mask, true, train, want_weights)
+        self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights })
     }
 
     /// Self-attention of new tokens `x` (B, N_new, D) over themselves and the positions `cache` holds, which
@@ -284,7 +300,7 @@ impl MultiHeadAttention {
         let (q, k, v) = self.split_qkv(&q, &k, &v);
         let (q, k) = (self.relative.rotate(&q, start), self.relative.rotate(&k, start));
         let (k, v) = cache.append(k, v);
-        self.attend_heads(&q, &k, &v, mask, true, false, false).output
+        self.attend_heads(&q, &k, &v, mask, Call::decoding(true)).output
     }
 
     /// The queries, keys and values of self-attention, (B, N, ·) each.
@@ -323,7 +339,7 @@ impl MultiHeadAttention {
     pub fn cross_attend(&self, x: &Tensor, memory: &Tensor, mask: &Mask, train: bool, want_weights: bool) -> Attended {
         let q = self.project(x, 0, self.widths[0]);
         let (k, v) = self.project_memory(memory);
-        self.attend_projected(&q, &k, &v, mask, false, train, want_weights)
+        self.attend_projected(&q, &k, &v, mask, Call { is_self: false, train, want_weights })
     }
 
     /// Cross-attention in a decoding loop: the memory's keys and values are projected on the first call and
@@ -337,7 +353,7 @@ impl MultiHeadAttention {
             }
         };
         let q = split_heads(&self.project(x, 0, self.widths[0]), self.heads);
-        self.attend_heads(&q, &k, &v, mask, false, false, false).output
+        self.attend_heads(&q, &k, &v, mask, Call::decoding(false)).output
     }
 
     /// Channel attention (DaViT's channel group attention): tokens exchange information through attention
@@ -363,39 +379,20 @@ impl MultiHeadAttention {
 
     /// Attention on projected q (B, N_q, D), k and v (B, N_k, D). Position schemes and patterns apply to
     /// self-attention only: across two sequences there is no shared notion of position.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_projected(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: &Mask,
-        is_self: bool,
-        train: bool,
-        want_weights: bool,
-    ) -> Attended {
+    fn attend_projected(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> Attended {
         let (n_q, n_k) = (q.size()[1], k.size()[1]);
         let (mut q, mut k, v) = self.split_qkv(q, k, v);
-        if is_self {
+        if call.is_self {
             q = self.relative.rotate(&q, mask.offset + n_k - n_q);
             k = self.relative.rotate(&k, mask.offset);
         }
-        self.attend_heads(&q, &k, &v, mask, is_self, train, want_weights)
+        self.attend_heads(&q, &k, &v, mask, call)
     }
 
     /// Attention on per-head q (B, H, N_q, qk_dim), k and v (B, H_kv, N_k, ·), already rotated for RoPE; the
     /// queries are the last N_q of the N_k positions. Returns the output projection of the merged heads.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_heads(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: &Mask,
-        is_self: bool,
-        train: bool,
-        want_weights: bool,
-    ) -> Attended {
+    fn attend_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> Attended {
+        let Call { is_self, train, want_weights } = call;
         let (b, _, n_q, _) = q.size4().unwrap();
         let n_k = k.size()[2];
         // Each key/value head serves heads / kv_heads consecutive query heads.
@@ -417,17 +414,14 @@ impl MultiHeadAttention {
             && n_q == n_k;
         let (heads_out, weights) = if sparse_kernel {
             count(2);
-            let out = pattern::sliding_window_attention(
-                q,
-                k,
-                v,
-                &self.pattern,
-                mask.causal,
-                self.scale,
-                &self.relative,
+            let rules = pattern::ScoreRules {
+                causal: mask.causal,
+                scale: self.scale,
+                relative: &self.relative,
                 dropout,
                 train,
-            );
+            };
+            let out = pattern::sliding_window_attention(q, k, v, &self.pattern, &rules);
             (out, None)
         } else {
             let explicit = want_weights || self.implementation == Implementation::Explicit || self.additive.is_some();

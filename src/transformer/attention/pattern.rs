@@ -57,37 +57,33 @@ pub fn allowed(pattern: &Pattern, n: i64, causal: bool, device: tch::Device) -> 
 /// Attention under a windowed pattern (plus its global positions), computed block by block.
 /// q, k, v: (B, H, N, d) self-attention inputs (q and k already rotated for RoPE); the result is (B, H, N, d)
 /// and equals the mask-based computation of the same pattern.
-#[allow(clippy::too_many_arguments)]
-pub fn sliding_window_attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    pattern: &Pattern,
-    causal: bool,
-    scale: f64,
-    relative: &Relative,
-    dropout: f64,
-    train: bool,
-) -> Tensor {
-    windowed(q, k, v, pattern, causal, scale, relative, dropout, train, CHUNK_BYTES, true)
+pub fn sliding_window_attention(q: &Tensor, k: &Tensor, v: &Tensor, pattern: &Pattern, rules: &ScoreRules) -> Tensor {
+    windowed(q, k, v, pattern, rules, CHUNK_BYTES, true)
+}
+
+/// How a call scores and weighs keys beyond q·k: causality, the scale, the relative position scheme, and
+/// attention dropout (applied when `train`).
+#[derive(Clone, Copy)]
+pub struct ScoreRules<'a> {
+    pub causal: bool,
+    pub scale: f64,
+    pub relative: &'a Relative,
+    pub dropout: f64,
+    pub train: bool,
 }
 
 /// [`sliding_window_attention`] with the chunk budget as a parameter (the tests shrink it to force chunks),
 /// and whether blocks may go through libtorch's fused attention (`fused`; the tests compare both ways).
-#[allow(clippy::too_many_arguments)]
 fn windowed(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     pattern: &Pattern,
-    causal: bool,
-    scale: f64,
-    relative: &Relative,
-    dropout: f64,
-    train: bool,
+    rules: &ScoreRules,
     chunk_bytes: i64,
     fused: bool,
 ) -> Tensor {
+    let ScoreRules { causal, scale, relative, dropout, train } = *rules;
     let (b, h, n, dh) = q.size4().unwrap();
     let globals = pattern.global_positions(n);
     let geometry = Blocks::new(pattern, n, causal);
@@ -353,19 +349,8 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, n, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |fused| {
-                let out = windowed(
-                    &inputs[0],
-                    &inputs[1],
-                    &inputs[2],
-                    &pattern,
-                    causal,
-                    0.35,
-                    &rel,
-                    0.0,
-                    false,
-                    chunk_bytes,
-                    fused,
-                );
+                let rules = ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false };
+                let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, fused);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
             };
@@ -393,19 +378,8 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |chunk_bytes| {
-                let out = windowed(
-                    &inputs[0],
-                    &inputs[1],
-                    &inputs[2],
-                    &pattern,
-                    causal,
-                    0.35,
-                    &rel,
-                    0.0,
-                    false,
-                    chunk_bytes,
-                    true,
-                );
+                let rules = ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false };
+                let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, true);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
             };

@@ -136,11 +136,8 @@ pub fn interaction_chart(path: &Path, panels: &[Interaction], title: &str) -> Re
     let columns = panels.len().min(4);
     let rows = panels.len().div_ceil(columns);
     let (panel_w, panel_h) = (side + 60, side + 80);
-    super::plot::register_font();
-    crate::files::write_atomically_with(path, |tmp| {
-        let size = ((panel_w * columns as u32).max(640) + 20, panel_h * rows as u32 + 50);
-        let root = BitMapBackend::new(tmp, size).into_drawing_area();
-        root.fill(&WHITE)?;
+    let size = ((panel_w * columns as u32).max(640) + 20, panel_h * rows as u32 + 50);
+    super::canvas::write_png(path, size, |root| {
         root.draw(&Text::new(title.to_string(), (10, 12), ("sans-serif", 18)))?;
         for (k, p) in panels.iter().enumerate() {
             let n = p.allowed.len();
@@ -167,9 +164,7 @@ pub fn interaction_chart(path: &Path, panels: &[Interaction], title: &str) -> Re
             root.draw(&Text::new("key →", (left + extent - 40, top + extent + 4), ("sans-serif", 11)))?;
             root.draw(&Text::new("query ↓", (x0 - 8, top + extent + 4), ("sans-serif", 11)))?;
         }
-        root.present()?;
-        drop(root);
-        super::plot::recompress_png(tmp)
+        Ok(())
     })
 }
 
