@@ -127,7 +127,7 @@ ablate_build() {
     ablate_die "cargo is missing: install the Rust toolchain (https://rustup.rs) and run again"
   if [[ ! -x "$ABLATE_ROOT/target/release/ablate" ]]; then
     # The first build compiles every dependency: say so, and let cargo show its progress.
-    echo "ablate: first build (release, with every dependency): about 5 minutes on a 2-core Intel Xeon, about 9 on a 2-core AMD EPYC; later builds take seconds" >&2
+    echo "ablate: first build (release, with every dependency): 4 to 5 minutes on the 2-core machines measured (up to 9 reported on one); later builds take seconds" >&2
     (cd "$ABLATE_ROOT" && cargo build --release "$@") ||
       ablate_die "the build failed (see the compiler's message above)"
   else

@@ -210,8 +210,13 @@ pub(super) fn panel(
         y0 = (lo - pad).exp();
         y1 = (hi + pad).exp();
     } else {
-        // A flat series (one point, or equal values) still gets a readable range around its value.
-        let pad = ((y1 - y0).abs() * 0.05).max(y1.abs().max(y0.abs()) * 0.01).max(1e-6);
+        // A flat series (one point, or equal values) still gets a readable range around its value; one flat
+        // at zero (an exact-match rate that stayed 0) gets ±0.01 rather than a range of rounding errors.
+        let pad = if y0 == 0.0 && y1 == 0.0 {
+            0.01
+        } else {
+            ((y1 - y0).abs() * 0.05).max(y1.abs().max(y0.abs()) * 0.01).max(1e-6)
+        };
         y0 -= pad;
         y1 += pad;
     }

@@ -114,7 +114,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     let band = if seeds > SEED_CURVES_UP_TO {
         format!(" (mean, {:.0}% CI over n = {seeds} seeds)", 100.0 * CONFIDENCE)
     } else if seeds > 1 {
-        format!(" (mean, and each of the n = {seeds} seeds in thin lines or circles)")
+        format!(" (mean; each of n = {seeds} seeds drawn)")
     } else {
         String::new()
     };
@@ -310,22 +310,30 @@ pub(super) fn length_generalisation_chart(
     let series: Vec<Series> = variants
         .iter()
         .filter_map(|(label, ids)| {
-            let points: Vec<(f64, f64, f64)> = columns
-                .iter()
-                .enumerate()
-                .filter_map(|(x, (_, col))| {
-                    let values: Vec<f64> = runs
-                        .iter()
-                        .filter(|r| ids.contains(&r["run_id"]))
-                        .filter_map(|r| r.get(col).and_then(|v| v.parse::<f64>().ok()))
-                        .collect();
-                    (!values.is_empty()).then(|| {
-                        let (m, half) = mean_interval(&values);
-                        (x as f64, m, half)
-                    })
-                })
-                .collect();
-            (!points.is_empty()).then(|| Series { label: label.clone(), points, ..Default::default() })
+            let mut points = Vec::new();
+            let mut each_run = Vec::new();
+            for (x, (_, col)) in columns.iter().enumerate() {
+                let values: Vec<f64> = runs
+                    .iter()
+                    .filter(|r| ids.contains(&r["run_id"]))
+                    .filter_map(|r| r.get(col).and_then(|v| v.parse::<f64>().ok()))
+                    .collect();
+                if values.is_empty() {
+                    continue;
+                }
+                let (m, half) = mean_interval(&values);
+                points.push((x as f64, m, half));
+                // Every run beside its mean where there are several (with two, instead of an error bar).
+                if values.len() > 1 {
+                    each_run.extend(values.iter().map(|&v| (x as f64, v)));
+                }
+            }
+            (!points.is_empty()).then(|| Series {
+                label: label.clone(),
+                points,
+                runs: each_run,
+                seed_curves: Vec::new(),
+            })
         })
         .collect();
     let title = format!("{name}: held-out loss at longer sequences than trained on{band}");
