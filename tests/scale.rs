@@ -80,8 +80,9 @@ fn a_cpu_worker_takes_the_cores_a_finished_worker_leaves_and_trains_the_same() {
     let dir = scratch("workers-share");
     let recipe = dir.join("share.yaml");
     // Round-robin gives worker 0 the first and the long third run, worker 1 the short second one: worker 1
-    // is done while worker 0 has most of its long run ahead.
-    let text = recipe_text(&dir).replace("transformer.heads: [1, 2, 4]", "train.steps: [8, 9, 800]");
+    // is done while worker 0 has most of its long run ahead. The long run is seconds long on an idle fast
+    // core (800 steps took 1.4 s, which a finishing worker's exit could outlast, and the hand-over was missed).
+    let text = recipe_text(&dir).replace("transformer.heads: [1, 2, 4]", "train.steps: [8, 9, 4000]");
     std::fs::write(&recipe, text.replace("seeds: [0, 1]", "seeds: [0]")).unwrap();
     let run = |out: &str, extra: &[&str]| {
         let done = Command::new(env!("CARGO_BIN_EXE_ablate"))

@@ -150,6 +150,14 @@ pub(super) fn y_extent(series: &[Series], from: f64) -> (f64, f64) {
     means.chain(runs).chain(seeds).fold((f64::MAX, f64::MIN), |(lo, hi), y| (lo.min(y), hi.max(y)))
 }
 
+/// The font size of a centred caption: 18 points, smaller where that would not fit `width` pixels (a
+/// centred caption wider than its panel is cut at both ends), at least 11.
+pub(super) fn caption_size(caption: &str, width: u32) -> f64 {
+    // About 0.55 of the font size per character of this sans-serif, plus a margin.
+    let fitting = (width as f64 - 24.0) / (0.55 * caption.chars().count().max(1) as f64);
+    fitting.clamp(11.0, 18.0)
+}
+
 /// The axis range for data spanning `data`: widened to show the bands, but by at most half the data's span
 /// on each side (and never below zero for non-negative data), so that a band far wider than the data (two
 /// seeds, an early evaluation) is clipped instead of squeezing the data into a sliver.
@@ -229,7 +237,11 @@ pub(super) fn panel(
     let clipped = bands_clipped(series, (y0, y1), non_negative);
     let title = if clipped { format!("{title} (bands clipped at the axes)") } else { title.to_string() };
     let mut builder = ChartBuilder::on(area);
-    builder.caption(&title, ("sans-serif", 18)).margin(12).x_label_area_size(x_area).y_label_area_size(80);
+    builder
+        .caption(&title, ("sans-serif", caption_size(&title, area.dim_in_pixel().0)))
+        .margin(12)
+        .x_label_area_size(x_area)
+        .y_label_area_size(80);
     let n_cats = if rotate.is_some() { axes.x_categories.map_or(0, |c| c.len()) } else { 0 };
     let frame = Frame {
         axes,

@@ -72,6 +72,17 @@ mod tests {
     }
 
     #[test]
+    fn a_long_caption_shrinks_to_its_panel_and_a_short_one_keeps_its_size() {
+        assert_eq!(caption_size("heads: held-out loss", 880), 18.0);
+        let long = "vit_transfer: final test accuracy on the pre-training images, before fine-tuning against variant (mean, 95% CI over n = 3 seeds)";
+        let size = caption_size(long, 880);
+        assert!(
+            (11.0..18.0).contains(&size) && 0.55 * size * long.chars().count() as f64 <= 880.0 - 24.0 + 1e-9,
+            "{size}"
+        );
+    }
+
+    #[test]
     fn twelve_series_have_a_colour_each_and_every_series_a_look_of_its_own() {
         let colours: std::collections::BTreeSet<(u8, u8, u8)> =
             (0..12).map(|i| (colour(i).0, colour(i).1, colour(i).2)).collect();
