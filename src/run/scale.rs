@@ -331,12 +331,12 @@ fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
     (workers * threads / running.max(1)).max(threads)
 }
 
-/// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
-/// per-run lines are forwarded with a `[worker k]` prefix.
 /// A worker process of the pool: its index, the child, and the thread forwarding its stderr (which returns
 /// the worker's last line, the one that says why it failed).
 type Worker = (usize, std::process::Child, std::thread::JoinHandle<String>);
 
+/// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
+/// per-run lines are forwarded with a `[worker k]` prefix.
 pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()> {
     // Held until the merge: the workers write their shard directories, this process the main one.
     let results = ResultsDir::create(plan.out)?;

@@ -215,6 +215,9 @@ fn train_and_record(
     Ok(())
 }
 
+/// Runs a recipe's runs (this shard's) in this process: everything that can fail on input is checked first
+/// ([`plan`]), finished runs are skipped, the rest train one by one, each committed to `runs.csv` as it
+/// ends; then the plots, TensorBoard files and report. Other ranks of a data-parallel launch follow rank 0.
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
         return follow_rank0(recipe, opts, group);
