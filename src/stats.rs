@@ -250,7 +250,26 @@ pub fn seeds_needed(effect: f64) -> Option<usize> {
     if effect.is_nan() || effect == 0.0 || effect.is_infinite() {
         return None;
     }
-    (2..=10_000).find(|&n| paired_t_power(effect, n) >= POWER)
+    // Power grows with the pairs: double until it is reached, then halve the gap.
+    const MOST: usize = 10_000;
+    let enough = |n: usize| paired_t_power(effect, n) >= POWER;
+    let (mut lo, mut hi) = (1, 2);
+    while !enough(hi) {
+        if hi >= MOST {
+            return None;
+        }
+        (lo, hi) = (hi, (hi * 2).min(MOST));
+    }
+    // Power is reached at `hi` and not at `lo` (or `lo` is below a test's two pairs).
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if enough(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 #[cfg(test)]

@@ -15,22 +15,23 @@ fn printed(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn docs_cli_md_is_what_the_binary_prints() {
-    let committed = std::fs::read_to_string(root().join("docs/cli.md")).unwrap_or_default();
+/// `file` (under the repository) is exactly what `ablate <command>` prints.
+fn assert_generated(file: &str, command: &str) {
+    let committed = std::fs::read_to_string(root().join(file)).unwrap_or_default();
     assert!(
-        committed == printed(&["cli-reference"]),
-        "docs/cli.md differs from `ablate cli-reference`: regenerate it with `target/release/ablate cli-reference > docs/cli.md`"
+        committed == printed(&[command]),
+        "{file} differs from `ablate {command}`: regenerate it with `target/release/ablate {command} > {file}`"
     );
 }
 
 #[test]
+fn docs_cli_md_is_what_the_binary_prints() {
+    assert_generated("docs/cli.md", "cli-reference");
+}
+
+#[test]
 fn docs_keys_md_is_what_the_binary_prints() {
-    let committed = std::fs::read_to_string(root().join("docs/keys.md")).unwrap_or_default();
-    assert!(
-        committed == printed(&["keys"]),
-        "docs/keys.md differs from `ablate keys`: regenerate it with `target/release/ablate keys > docs/keys.md`"
-    );
+    assert_generated("docs/keys.md", "keys");
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.

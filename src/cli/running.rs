@@ -129,18 +129,17 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                     membership.world
                 );
             }
-            let overrides = args.overrides.parse()?;
+            let Sweep { path, recipe, .. } = sweep;
             let request = ablate::run::launch::Request {
-                recipe_path: &sweep.path,
-                overrides: &overrides,
-                smoke: args.smoke,
+                recipe,
+                recipe_path: &path,
                 device: &args.device,
                 threads: args.threads,
                 quiet: args.quiet,
             };
-            let (recipe, device) = ablate::run::launch::join(&membership, &request)?;
+            let (recipe, device) = ablate::run::launch::join(&membership, request)?;
             let out = args.out.clone().unwrap_or_else(|| target::default_out(&recipe));
-            (Sweep { recipe, out, ..sweep }, device)
+            (Sweep { path, recipe, out }, device)
         }
     };
     let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
@@ -272,8 +271,6 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         (None, Some(n)) if n > 0 => n,
         (None, _) => anyhow::bail!("--shards must be at least 1"),
     };
-    target::find_recipe(&args.recipe)?;
-    target::device(&args.device)?;
     let mut overrides = args.overrides.parse()?;
     if let Some((n, t)) = data_parallel {
         // The job's ranks are recorded as train.world_size (and name the default output directory), so a
@@ -281,6 +278,7 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         overrides = overrides.with(&format!("train.world_size={}", n * t))?;
     }
     let sweep = Sweep::load(&args.recipe, args.smoke, &overrides, args.out.clone())?;
+    target::device(&args.device)?;
     let plan = SlurmPlan {
         recipe_path: &sweep.path,
         out: &sweep.out,

@@ -19,7 +19,16 @@ pub struct Sweep {
 impl Sweep {
     /// Loads the training recipe `name` with `overrides`; the output directory is `out` or the default.
     pub fn load(name: &Path, smoke: bool, overrides: &recipe::Overrides, out: Option<PathBuf>) -> anyhow::Result<Self> {
-        let path = find_recipe(name)?;
+        Self::from_file(find_recipe(name)?, smoke, overrides, out)
+    }
+
+    /// [`Sweep::load`] of a recipe file already found.
+    fn from_file(
+        path: PathBuf,
+        smoke: bool,
+        overrides: &recipe::Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let recipe = recipe::load_with(&path, smoke, overrides)?;
         let out = out.unwrap_or_else(|| default_out(&recipe));
         Ok(Self { path, recipe, out })
@@ -46,7 +55,7 @@ impl Target {
     pub fn load(name: &Path, smoke: bool, overrides: &OverrideArgs, out: Option<PathBuf>) -> anyhow::Result<Self> {
         let path = find_recipe(name)?;
         if !complexity::is_complexity_recipe(&path) {
-            return Ok(Target::Sweep(Sweep::load(&path, smoke, &overrides.parse()?, out)?));
+            return Ok(Target::Sweep(Sweep::from_file(path, smoke, &overrides.parse()?, out)?));
         }
         if !overrides.is_empty() {
             anyhow::bail!(

@@ -280,6 +280,7 @@ pub fn parse_with(
         sweep_keys: &sweep_keys,
         smoke: smoke.then_some(smoke_settings.as_slice()),
         overrides: &override_settings,
+        written_keys: leaves(&Value::Mapping(written.clone())),
         written: &written,
         kind: parsed.kind,
     };
@@ -567,6 +568,8 @@ struct Grid<'a> {
     /// With --smoke: the recipe's `smoke:` settings.
     smoke: Option<&'a [Setting]>,
     overrides: &'a [Setting],
+    /// The dotted keys of the written sections, each blamed on its own line.
+    written_keys: Vec<String>,
     written: &'a Mapping,
     /// The file's `kind:`.
     kind: Option<Kind>,
@@ -623,8 +626,7 @@ fn build_run(src: &Source, grid: &Grid, point: &[usize], seed: u64) -> Result<(R
     let defaults = to_value(&Config::defaults(kind));
     let mut value = defaults.clone();
     merge(&mut value, Value::Mapping(grid.written.clone()));
-    let written_keys = leaves(&Value::Mapping(grid.written.clone()));
-    let mut set: SetKeys = written_keys.iter().map(|k| (k.clone(), k.clone())).collect();
+    let mut set: SetKeys = grid.written_keys.iter().map(|k| (k.clone(), k.clone())).collect();
     for s in settings.iter().filter(|s| s.key != "kind") {
         // A section's unset keys take the kind's defaults, not the base recipe's.
         let mut new = get_path(&defaults, &s.key).cloned().unwrap_or(Value::Null);

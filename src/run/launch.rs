@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::recipe::{self, Overrides, Recipe};
+use crate::recipe::{self, Recipe};
 use crate::train::distributed::{self, Backend, Membership};
 
 /// How long a collective or store wait may block before a rank gives up (`ABLATE_DIST_TIMEOUT` seconds;
@@ -134,12 +134,11 @@ pub fn first_host(list: &str) -> Option<String> {
     (!host.is_empty()).then_some(host)
 }
 
-/// What a rank of a data-parallel launch was started with: the recipe, its overrides and the flags that
-/// apply to a launch.
+/// What a rank of a data-parallel launch was started with: the recipe as loaded (with its overrides and
+/// `--smoke`), the file it came from, and the flags that apply to a launch.
 pub struct Request<'a> {
+    pub recipe: Recipe,
     pub recipe_path: &'a Path,
-    pub overrides: &'a Overrides,
-    pub smoke: bool,
     /// `--device`: `auto`, `cuda` (each rank takes its `LOCAL_RANK`'s GPU) or `cpu`.
     pub device: &'a str,
     /// `--threads`, when given.
@@ -151,7 +150,7 @@ pub struct Request<'a> {
 /// GPU) and its share of the node's cores, joins the group (NCCL between GPUs where built, else Gloo),
 /// records the number of processes as `train.world_size`, and refuses ranks whose recipe or ablate build
 /// differ from rank 0's.
-pub fn join(membership: &Membership, request: &Request) -> Result<(Recipe, tch::Device)> {
+pub fn join(membership: &Membership, request: Request) -> Result<(Recipe, tch::Device)> {
     let device = rank_device(membership, request.device)?;
     if request.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && device == tch::Device::Cpu {
         // The node's cores shared among its ranks (torchrun sets OMP_NUM_THREADS itself).
@@ -170,9 +169,9 @@ pub fn join(membership: &Membership, request: &Request) -> Result<(Recipe, tch::
         _ => Backend::Gloo,
     };
     let group = distributed::join(membership, backend, device)?;
-    let recipe = recipe_for_world(request, membership.world)?;
+    let recipe = recipe_for_world(request.recipe, request.recipe_path, membership.world)?;
     let runs: Vec<(&str, &str)> = recipe.runs.iter().map(|r| (r.id.as_str(), r.config_hash.as_str())).collect();
-    let recipe_print = fingerprint(serde_json::to_string(&(&recipe.name, request.smoke, runs))?.as_bytes());
+    let recipe_print = fingerprint(serde_json::to_string(&(&recipe.name, recipe.smoke, runs))?.as_bytes());
     group.agree("recipe (its runs and their configs)", &format!("recipe {recipe_print}"))?;
     let exe = std::fs::read(std::env::current_exe()?).context("reading this ablate binary")?;
     group.agree("ablate build", &format!("build {} v{}", fingerprint(&exe), env!("CARGO_PKG_VERSION")))?;
@@ -202,19 +201,18 @@ fn rank_device(membership: &Membership, spec: &str) -> Result<tch::Device> {
     }
 }
 
-/// The recipe with `train.world_size` equal to the launch's processes: set to it when the recipe leaves it
-/// at 1, refused when the recipe asks for another number.
-fn recipe_for_world(request: &Request, world: usize) -> Result<Recipe> {
-    let from_file = recipe::load_with(request.recipe_path, request.smoke, request.overrides)?;
-    let asked = from_file.runs.iter().map(|r| r.config.train.world_size).max().unwrap_or(1);
+/// `recipe` with `train.world_size` equal to the launch's processes: loaded again from `path` with it set
+/// when the recipe leaves it at 1, refused when the recipe asks for another number.
+fn recipe_for_world(recipe: Recipe, path: &Path, world: usize) -> Result<Recipe> {
+    let asked = recipe.runs.iter().map(|r| r.config.train.world_size).max().unwrap_or(1);
     if asked as usize == world {
-        return Ok(from_file);
+        return Ok(recipe);
     }
     if asked != 1 {
-        bail!("{}: train.world_size is {asked}, but this launch has {world} processes", request.recipe_path.display());
+        bail!("{}: train.world_size is {asked}, but this launch has {world} processes", path.display());
     }
-    let with_world = request.overrides.clone().with(&format!("train.world_size={world}"))?;
-    Ok(recipe::load_with(request.recipe_path, request.smoke, &with_world)?)
+    let with_world = recipe.overrides.clone().with(&format!("train.world_size={world}"))?;
+    Ok(recipe::load_with(path, recipe.smoke, &with_world)?)
 }
 
 /// The first 8 bytes of a SHA-256, in hex: enough to tell two recipes or builds apart.

@@ -108,7 +108,7 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
 /// raw and Holm-adjusted over its family: the comparisons of one metric against the baseline (one per
 /// other variant). A difference is called better or worse only where the adjusted p is below `ALPHA`.
 fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, metrics: &[Metric]) -> Table {
-    let (base_label, base_ids) = &variants[base];
+    let base_label = &variants[base].0;
     let confidence = 100.0 * CONFIDENCE;
     let others = variants.len() - 1;
     let note = format!(
@@ -132,18 +132,7 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
     // Every comparison first, so that each metric's family is adjusted together.
     let compared: Vec<Vec<(usize, Option<Paired>)>> = metrics
         .iter()
-        .map(|m| {
-            let column = m.column_name().expect("filtered to columns");
-            let b = seed_values(runs, base_ids, column);
-            (0..variants.len())
-                .filter(|&i| i != base)
-                .map(|i| {
-                    let v = seed_values(runs, &variants[i].1, column);
-                    let shared = v.iter().filter(|(s, _)| b.iter().any(|(bs, _)| bs == s)).count();
-                    (shared, paired(&b, &v))
-                })
-                .collect()
-        })
+        .map(|m| against_baseline(runs, variants, base, m.column_name().expect("filtered to columns")))
         .collect();
     let adjusted: Vec<Vec<f64>> = compared
         .iter()
@@ -162,6 +151,25 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
         }
     }
     Table { note, header, rows }
+}
+
+/// Each other variant's comparison with variant `base` in `column`, in variant order: the seeds they share,
+/// and the paired test over them (`None` below two shared seeds).
+fn against_baseline(
+    runs: &[Row],
+    variants: &[(String, Vec<String>)],
+    base: usize,
+    column: &str,
+) -> Vec<(usize, Option<Paired>)> {
+    let b = seed_values(runs, &variants[base].1, column);
+    (0..variants.len())
+        .filter(|&i| i != base)
+        .map(|i| {
+            let v = seed_values(runs, &variants[i].1, column);
+            let shared = v.iter().filter(|(s, _)| b.iter().any(|(bs, _)| bs == s)).count();
+            (shared, paired(&b, &v))
+        })
+        .collect()
 }
 
 /// One row of the paired table: the mean difference with its interval, marked by direction where the
@@ -242,7 +250,7 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
         }
     }
     let seeds = recipe.seeds.len();
-    let (base_label, base_ids) = &variants[base];
+    let base_label = &variants[base].0;
     let note = format!(
         "Noise floor against `{base_label}` from {}: per metric, the standard deviation of the per-seed \
          differences variant − baseline, pooled over the {} other variant(s) (root of the mean variance; range \
@@ -266,11 +274,9 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
     let mut rows = Vec::new();
     for m in &metrics {
         let column = m.column_name().expect("filtered to columns");
-        let b = seed_values(&runs, base_ids, column);
-        let sds: Vec<f64> = (0..variants.len())
-            .filter(|&i| i != base)
-            .filter_map(|i| paired(&b, &seed_values(&runs, &variants[i].1, column)))
-            .map(|p| p.difference.std)
+        let sds: Vec<f64> = against_baseline(&runs, &variants, base, column)
+            .into_iter()
+            .filter_map(|(_, p)| Some(p?.difference.std))
             .collect();
         let digits = m.digits + 1;
         if sds.is_empty() {
