@@ -9,7 +9,7 @@ pub struct Metric {
     pub column: Option<Cow<'static, str>>,
     /// `split/metric` key of its learning curve in `curves.csv` (`None`: a final value only).
     pub curve: Option<&'static str>,
-    /// What it is, for legends, axes and tables: "held-out loss", "test accuracy".
+    /// What it is, for legends, axes and tables: "test loss", "test accuracy".
     pub label: &'static str,
     /// "nats/token", "images/s", "" for a plain number or a fraction.
     pub unit: &'static str,
@@ -110,7 +110,26 @@ impl Metric {
         self
     }
 
-    /// The label with its unit, for an axis: "held-out loss (nats/token)".
+    /// The label of its learning curve: a `val/…` curve is measured on the validation split, so a label
+    /// that names the test split (the final column's) names the validation split instead.
+    pub fn curve_label(&self) -> Cow<'static, str> {
+        match (self.curve.is_some_and(|c| c.starts_with("val/")), self.label.strip_prefix("test ")) {
+            (true, Some(rest)) => Cow::Owned(format!("validation {rest}")),
+            _ => Cow::Borrowed(self.label),
+        }
+    }
+
+    /// [`Metric::axis`] of its learning curve ([`Metric::curve_label`]).
+    pub fn curve_axis(&self) -> String {
+        let label = self.curve_label();
+        if self.unit.is_empty() {
+            label.into_owned()
+        } else {
+            format!("{label} ({})", self.unit)
+        }
+    }
+
+    /// The label with its unit, for an axis: "test loss (nats/token)".
     pub fn axis(&self) -> String {
         if self.unit.is_empty() {
             self.label.to_string()

@@ -32,7 +32,7 @@ const CASES: &[(&str, usize, &str)] = &[
     ("train:\n  grad_clip: 0\n", 2, "train.grad_clip"),
     ("train:\n  batch_size: 0\n", 2, "train.batch_size"),
     ("train:\n  warmup_steps: -1\n", 2, "train.warmup_steps"),
-    ("data:\n  val_fraction: 1.0\n", 2, "data.val_fraction"),
+    ("data:\n  test_fraction: 1.0\n", 2, "data.test_fraction"),
     ("data:\n  path: /definitely/not/here.txt\n", 2, "no such file"),
     ("data:\n  path: /etc\n", 2, "/etc is a directory"),
     ("data:\n  corpus: shakespeare\n", 2, "bible"),

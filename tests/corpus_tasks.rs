@@ -241,13 +241,13 @@ fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
     let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
     let get = |r: usize, k: &str| -> f64 { runs[r][k].parse().unwrap_or_else(|_| panic!("{k} = {:?}", runs[r][k])) };
     // Punctuation: 25 of the 30 words carry a mark, so always guessing "none" scores 1/6 and F1 0.
-    assert!(get(0, "val_accuracy") > 0.95, "token accuracy {}", get(0, "val_accuracy"));
-    assert!(get(0, "f1") > 0.95, "mark F1 {}", get(0, "f1"));
-    assert_eq!(runs[0]["exact_match"], "", "token classification has no exact match");
+    assert!(get(0, "test_accuracy") > 0.95, "token accuracy {}", get(0, "test_accuracy"));
+    assert!(get(0, "test_f1") > 0.95, "mark F1 {}", get(0, "test_f1"));
+    assert_eq!(runs[0]["test_exact_match"], "", "token classification has no exact match");
     // Location: 12-word passages, 2–5-word questions: a random guess is exact about 1 time in 50; 600 steps
     // reach 0.85 (seed 0).
-    assert!(get(1, "exact_match") > 0.6, "exact match {}", get(1, "exact_match"));
-    assert!(get(1, "f1") > get(1, "exact_match"), "F1 credits partial overlaps");
+    assert!(get(1, "test_exact_match") > 0.6, "exact match {}", get(1, "test_exact_match"));
+    assert!(get(1, "test_f1") > get(1, "test_exact_match"), "F1 credits partial overlaps");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

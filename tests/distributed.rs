@@ -277,3 +277,44 @@ fn torchrun_launches_ablate_as_its_workers() {
     assert_eq!(runs[0]["train.world_size"], "2");
     assert_eq!(runs[0]["global_batch"], "8");
 }
+
+/// A tuned recipe trains its rungs and final runs on two ranks: rank 0 tells the other each pass's runs,
+/// and the result is that of one process with twice the batch (the same choices, the same losses).
+#[test]
+fn a_tuned_recipe_trains_both_phases_data_parallel_as_one_process_with_twice_the_batch() {
+    let dir = scratch("ddp-tune");
+    let tuned = |steps, batch| {
+        let path = write_recipe(&dir, steps, batch, None);
+        let text = std::fs::read_to_string(&path).unwrap().replace("  checkpoint: true\n", "");
+        let text = format!("{text}seeds: [0]\ntune:\n  keys:\n    train.lr: [1.0e-7, 3.0e-3]\n  seeds: [5]\n");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let recipe = tuned(30, 4);
+    let out = dir.join("ranks");
+    for o in wait_all(spawn_ranks(&recipe, &out, 2, &[]), Duration::from_secs(180)) {
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let single = dir.join("single");
+    let recipe = tuned(30, 8);
+    let one = ablate(&recipe, &single).env("OMP_NUM_THREADS", "1").output().unwrap();
+    assert!(one.status.success(), "{}", stderr(&one));
+    let rows = |d: &Path| {
+        ablate::run::results::read_all_runs(&d.join("runs.csv"))
+            .unwrap()
+            .into_iter()
+            .map(|r| (r["run_id"].clone(), r["phase"].clone(), r["train.lr"].clone(), r["test_loss"].clone()))
+            .collect::<Vec<_>>()
+    };
+    let (two, one) = (rows(&out), rows(&single));
+    assert_eq!(two.len(), 3, "two tuning runs and one final: {two:?}");
+    assert_eq!(two[2].2, "0.003", "{two:?}");
+    let who = |rows: &[(String, String, String, String)]| -> Vec<(String, String, String)> {
+        rows.iter().map(|r| (r.0.clone(), r.1.clone(), r.2.clone())).collect()
+    };
+    assert_eq!(who(&two), who(&one));
+    for (a, b) in two.iter().zip(&one) {
+        let (a, b): (f64, f64) = (a.3.parse().unwrap_or(f64::NAN), b.3.parse().unwrap_or(f64::NAN));
+        assert!((a - b).abs() < 1e-3 || (a.is_nan() && b.is_nan()), "{two:?} against {one:?}");
+    }
+}

@@ -109,7 +109,7 @@ fn a_model_trained_on_a_tiny_deterministic_sequence_regenerates_it() {
         corpus.display()
     ));
     let (run, data) = common::train(&cfg);
-    let accuracy = run.outcome.get("val_accuracy");
+    let accuracy = run.outcome.get("test_accuracy");
     assert!(accuracy > 0.95, "held-out accuracy {accuracy}");
     let (_vs, model) = common::trained_model(&cfg, &run, &data);
     let tokenizer = run.tokenizer.as_ref().unwrap();
@@ -232,7 +232,7 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
         "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 2, block_size: 12, pe: rope}\ndata: {task: copy, copy_length: 6, copy_symbols: 5}\ntrain: {steps: 400, batch_size: 32, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 20, eval_interval: 400, eval_batches: 4}\n",
     );
     let (run, _) = common::train(&cfg);
-    assert!(run.outcome.get("val_accuracy") > 0.9, "copy accuracy {}", run.outcome.get("val_accuracy"));
+    assert!(run.outcome.get("test_accuracy") > 0.9, "copy accuracy {}", run.outcome.get("test_accuracy"));
 }
 
 #[test]
@@ -240,12 +240,12 @@ fn length_generalisation_is_scored_where_the_encoding_allows_it() {
     let corpus = common::corpus_file("lengths", &"abcdefghij ".repeat(300));
     for (pe, readable) in [("learned", false), ("alibi", true)] {
         let cfg = common::config(&format!(
-            "kind: lm\ntransformer: {{d_model: 16, layers: 1, heads: 2, block_size: 16, pe: {pe}}}\ndata: {{path: {}, val_fraction: 0.3}}\ntrain: {{steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, eval_lengths: [2, 4]}}\n",
+            "kind: lm\ntransformer: {{d_model: 16, layers: 1, heads: 2, block_size: 16, pe: {pe}}}\ndata: {{path: {}, test_fraction: 0.3}}\ntrain: {{steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, eval_lengths: [2, 4]}}\n",
             corpus.display()
         ));
         let (run, _) = common::train(&cfg);
         for k in [2, 4] {
-            let loss = run.outcome.get(&format!("val_loss_x{k}"));
+            let loss = run.outcome.get(&format!("test_loss_x{k}"));
             assert_eq!(loss.is_finite(), readable, "{pe} at {k}× the block: {loss}");
         }
     }
@@ -283,13 +283,13 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
     // An absurd learning rate on unscaled attention blows the loss up to infinity / NaN.
     let corpus = common::corpus_file("diverge", &"abcdefghij ".repeat(300));
     let cfg = common::config(&format!(
-        "kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 1, block_size: 16, attention: {{scale: 1.0e4}}}}\ndata: {{path: {}, val_fraction: 0.3}}\ntrain: {{steps: 200, batch_size: 4, lr: 1.0e6, min_lr: 1.0e5, warmup_steps: 1, grad_clip: null, eval_interval: 50, eval_batches: 2}}\n",
+        "kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 1, block_size: 16, attention: {{scale: 1.0e4}}}}\ndata: {{path: {}, test_fraction: 0.3}}\ntrain: {{steps: 200, batch_size: 4, lr: 1.0e6, min_lr: 1.0e5, warmup_steps: 1, grad_clip: null, eval_interval: 50, eval_batches: 2}}\n",
         corpus.display()
     ));
     let (run, _) = common::train(&cfg);
     let step = run.outcome.diverged_at.expect("this configuration diverges");
     assert!(step <= 200);
-    assert!(run.outcome.get("val_loss").is_nan());
+    assert!(run.outcome.get("test_loss").is_nan());
 }
 
 #[test]
@@ -323,4 +323,31 @@ fn each_run_records_its_own_peak_memory_which_grows_with_the_batch() {
     let small = common::train(&common::config(&recipe(4))).0.outcome.get("peak_memory_mb");
     assert!(small > 50.0, "a run holds at least libtorch: {small} MB");
     assert!(large > small + 50.0, "batch 1024 peaked at {large} MB, batch 4 at {small} MB");
+}
+
+/// Bits per byte and nats per character: the loss over the text's own units, whatever the tokenizer. With
+/// characters as tokens every target is one character of one to three UTF-8 bytes, so both follow from
+/// the per-token losses and the characters themselves.
+#[test]
+fn text_loss_is_the_nats_over_the_characters_and_the_bits_over_the_utf8_bytes() {
+    let text = "el año pasó € ñandú\n".repeat(40);
+    let data = ablate::data::TextData::from_text(&text, 0.25, 0.1).unwrap();
+    let (_vs, model) = tiny_model(data.tokenizer.vocab_size(), 3);
+    let dataset = Dataset::Text(data);
+    let batches = dataset.held_out_batches(ablate::data::HeldOut::Test, 2, 3, 24, Device::Cpu);
+    let got = ablate::tasks::lm::text_loss(&model, &batches, dataset.tokenizer());
+    let (mut nats, mut chars, mut bytes) = (0.0, 0usize, 0usize);
+    for (x, y) in &batches {
+        let logits = model.forward(x, false);
+        let per_token = logits.view([-1, logits.size()[2]]).cross_entropy_for_logits(&y.view([-1]));
+        nats += per_token.double_value(&[]) * y.numel() as f64;
+        for id in Vec::<i64>::try_from(y.view([-1])).unwrap() {
+            let c = dataset.tokenizer().decode(&[id]);
+            chars += c.chars().count();
+            bytes += c.len();
+        }
+    }
+    assert!(bytes > chars, "the text has multi-byte characters");
+    assert!((got.nats_per_char - nats / chars as f64).abs() < 1e-9, "{got:?}");
+    assert!((got.bits_per_byte - nats / std::f64::consts::LN_2 / bytes as f64).abs() < 1e-9, "{got:?}");
 }

@@ -109,9 +109,9 @@ fn a_masked_nsp_run_records_both_losses_and_fine_tunes_after_it() {
     let o = &run.outcome;
     // The masked-LM loss is below the uniform guess (ln 600 = 6.40); the next-sentence loss starts at
     // ln 2 = 0.69 and cannot be far from it after 30 steps.
-    assert!(o.get("val_loss") < 6.4 && o.get("val_loss") == o.get("mlm_loss"), "{:?}", o.metrics);
-    assert!((o.get("nsp_loss") - 2f64.ln()).abs() < 0.3, "{:?}", o.metrics);
-    assert!((0.0..=1.0).contains(&o.get("nsp_accuracy")), "{:?}", o.metrics);
+    assert!(o.get("test_loss") < 6.4 && o.get("test_loss") == o.get("test_mlm_loss"), "{:?}", o.metrics);
+    assert!((o.get("test_nsp_loss") - 2f64.ln()).abs() < 0.3, "{:?}", o.metrics);
+    assert!((0.0..=1.0).contains(&o.get("test_nsp_accuracy")), "{:?}", o.metrics);
     let nsp_params = 32 * 2 + 2;
     let masked = common::train(&common::config(&format!("{base}bert:\n  objective: masked\n"))).0;
     assert_eq!(
@@ -124,6 +124,6 @@ fn a_masked_nsp_run_records_both_losses_and_fine_tunes_after_it() {
     let finetune =
         common::config(&format!("{base}bert:\n  task: punctuation\n  objective: masked_nsp\n  pretrain_steps: 20\n"));
     let (run, _) = common::train(&finetune);
-    assert!((0.0..=1.0).contains(&run.outcome.get("nsp_accuracy")), "{:?}", run.outcome.metrics);
-    assert!(run.outcome.get("val_accuracy") > 0.0, "{:?}", run.outcome.metrics);
+    assert!((0.0..=1.0).contains(&run.outcome.get("test_nsp_accuracy")), "{:?}", run.outcome.metrics);
+    assert!(run.outcome.get("test_accuracy") > 0.0, "{:?}", run.outcome.metrics);
 }

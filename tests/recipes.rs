@@ -191,29 +191,29 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
             "train.lr",
             "data.path",
             "params",
-            "val_loss",
-            "val_perplexity",
+            "test_loss",
+            "test_perplexity",
             "tokens_per_s",
             "wall_s",
         ] {
             assert!(r.contains_key(col), "missing column {col}");
         }
-        let loss: f64 = r["val_loss"].parse().unwrap();
-        let ppl: f64 = r["val_perplexity"].parse().unwrap();
+        let loss: f64 = r["test_loss"].parse().unwrap();
+        let ppl: f64 = r["test_perplexity"].parse().unwrap();
         assert!((loss.exp() - ppl).abs() < 1e-3 * ppl);
     }
     let curves = ablate::run::results::read_curves(&out.join("curves.csv")).unwrap();
     let first = &curves["transformer.heads=1 seed=0"];
     assert_eq!(first["val/loss"].iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3, 6]);
     assert!(first.contains_key("val/attn_entropy") && first.contains_key("train/grad_norm"));
-    for png in ["val_loss.png", "final_val_loss.png", "attn_entropy.png"] {
+    for png in ["val_loss.png", "final_test_loss.png", "attn_entropy.png"] {
         let bytes = std::fs::read(out.join(png)).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }
     assert!(out.join("recipe.resolved.yaml").exists());
 
     // Same seed, same config: identical metrics (CPU determinism), and a re-run trains nothing.
-    assert_eq!(runs[0]["val_loss"], read_runs(&out.join("runs.csv")).unwrap()[0]["val_loss"]);
+    assert_eq!(runs[0]["test_loss"], read_runs(&out.join("runs.csv")).unwrap()[0]["test_loss"]);
     let before = std::fs::read_to_string(out.join("curves.csv")).unwrap();
     run_recipe(&recipe, &opts).unwrap();
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap(), before);
@@ -226,22 +226,22 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     run_recipe(&recipe, &opts).unwrap();
     let rerun = read_runs(&out.join("runs.csv")).unwrap();
     assert_eq!(rerun.len(), 4);
-    assert_eq!(rerun[3]["val_loss"], runs[3]["val_loss"], "a re-run of the same seed reproduces its metrics");
+    assert_eq!(rerun[3]["test_loss"], runs[3]["test_loss"], "a re-run of the same seed reproduces its metrics");
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
 
-    // The summary: one row per variant, the mean of its seeds' final held-out loss.
+    // The summary: one row per variant, the mean of its seeds' final test loss.
     let table = ablate::run::summary::summary_table(&out, &recipe, None).unwrap();
     let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| heads=")).collect();
     assert_eq!(rows.len(), 2, "{table}");
-    let heads1: Vec<f64> = runs[..2].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
+    let heads1: Vec<f64> = runs[..2].iter().map(|r| r["test_loss"].parse().unwrap()).collect();
     let mean = (heads1[0] + heads1[1]) / 2.0;
     assert!(rows[0].starts_with(&format!("| heads=1 | 2 | {mean:.4} ± ")), "{table}");
     // With a baseline: the other variant paired with it on both seeds.
-    let heads2: Vec<f64> = runs[2..].iter().map(|r| r["val_loss"].parse().unwrap()).collect();
+    let heads2: Vec<f64> = runs[2..].iter().map(|r| r["test_loss"].parse().unwrap()).collect();
     let difference = (heads2[0] - heads1[0] + heads2[1] - heads1[1]) / 2.0;
     let table = ablate::run::summary::summary_table(&out, &recipe, Some("heads=1")).unwrap();
     assert!(table.contains("Paired against `heads=1`"), "{table}");
-    let paired_row = table.lines().find(|l| l.starts_with("| heads=2 | held-out loss")).expect("paired row");
+    let paired_row = table.lines().find(|l| l.starts_with("| heads=2 | test loss")).expect("paired row");
     assert!(paired_row.contains(&format!("| 2 | {difference:+.4} [")), "{table}");
     for bad in ["heads=3", "nonsense=1", "heads"] {
         let e = ablate::run::summary::summary_table(&out, &recipe, Some(bad)).unwrap_err().to_string();

@@ -137,7 +137,7 @@ fn bf16_training_follows_fp32_training_closely() {
         let (run, _) = common::train(&cfg);
         // Master weights stay float32 whatever the arithmetic.
         assert!(run.vs.trainable_variables().iter().all(|p| p.kind() == Kind::Float));
-        run.outcome.get("val_loss")
+        run.outcome.get("test_loss")
     };
     let (fp32, bf16) = (loss("fp32"), loss("bf16"));
     assert!(fp32 < 2.5, "fp32 learned: {fp32}");

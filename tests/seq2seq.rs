@@ -40,6 +40,10 @@ impl Objective for Copy<'_> {
     fn evaluate(&self, _step: i64) -> anyhow::Result<Evaluation> {
         Ok(Evaluation::default())
     }
+
+    fn test(&self) -> anyhow::Result<Evaluation> {
+        Ok(Evaluation::default())
+    }
 }
 
 #[test]
@@ -165,9 +169,10 @@ fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
         ..Default::default()
     };
     let data = ablate::tasks::translate::TranslationData::from_pairs(&pairs, &data_cfg, 16).unwrap();
-    // Every 20th pair is held out; the over-long one is dropped.
+    // Every 20th pair is the test split, a tenth of the rest validation; the over-long one is dropped.
     assert_eq!(data.test.len(), 10);
-    assert_eq!(data.train.len() + data.test.len() + data.dropped, 201);
+    assert_eq!(data.validation.len(), 19);
+    assert_eq!(data.train.len() + data.validation.len() + data.test.len() + data.dropped, 201);
     assert_eq!(data.dropped, 1);
     let b = data.batch(&[&data.train[0], &data.train[1]], Device::Cpu);
     let (s0, t0) = &data.train[0];

@@ -73,7 +73,7 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
         .iter()
         .map(|m| m["name"]["tag"].as_str().unwrap())
         .collect();
-    assert!(metric_tags.contains(&"final/val_loss"), "{metric_tags:?}");
+    assert!(metric_tags.contains(&"final/test_loss"), "{metric_tags:?}");
     let groups = seen["session_groups"].as_array().unwrap();
     assert_eq!(groups.len(), 4, "one group per variant");
     for group in groups {
@@ -92,11 +92,11 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|m| m["name"]["tag"] == "final/val_loss")
+                .find(|m| m["name"]["tag"] == "final/test_loss")
                 .unwrap()["value"]
                 .as_f64()
                 .unwrap();
-            assert!(close(loss, row["val_loss"].parse().unwrap()), "{label}");
+            assert!(close(loss, row["test_loss"].parse().unwrap()), "{label}");
         }
     }
 }

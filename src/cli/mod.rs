@@ -101,7 +101,7 @@ enum Command {
     Plot(results::PlotArgs),
     /// Generate text from a checkpoint saved by a run with `train.checkpoint: true`.
     Generate(inspect::GenerateArgs),
-    /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the held-out loss change
+    /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the validation loss change
     /// when each head is removed alone (a layer × head heatmap per checkpoint), then heads removed least
     /// important first (the pruning curve of all of them).
     HeadsImportance(inspect::HeadsImportanceArgs),

@@ -40,7 +40,7 @@ pub struct PlanArgs {
     /// The variant the others are paired against (default: the first): `heads=1` or a variant's label.
     #[arg(long)]
     baseline: Option<String>,
-    /// An effect to plan for, as a difference in a headline metric's column, e.g. `--effect val_loss=0.01`
+    /// An effect to plan for, as a difference in a headline metric's column, e.g. `--effect test_loss=0.01`
     /// (repeatable): the seeds needed to detect it.
     #[arg(long, value_name = "METRIC=SIZE")]
     effect: Vec<ablate::run::summary::Effect>,
@@ -83,10 +83,23 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
         return print_columns(recipe);
     }
     let kinds: Vec<String> = recipe.kinds().iter().map(|k| k.to_string()).collect();
-    println!("{}: ok, {} runs (kind {})", path.display(), recipe.runs.len(), kinds.join(", "));
+    println!("{}: ok, {} runs (kind {})", path.display(), recipe.planned_runs(), kinds.join(", "));
+    if let Some(t) = &recipe.tuning {
+        println!(
+            "  tuning {} per arm over {} candidate(s) by successive halving (eta {}, {} rung(s)): {} of the {} runs \
+             below train, which ones decided by each rung's validation scores",
+            t.keys.join(", "),
+            t.candidates.len(),
+            t.eta,
+            t.rungs,
+            recipe.planned_runs(),
+            recipe.runs.len()
+        );
+    }
     for r in &recipe.runs {
         let memory = ablate::tasks::memory::human(ablate::tasks::memory::training_bytes(&r.config));
-        println!("  {} (config {}, about {memory} to train)", r.id, r.config_hash);
+        let phase = r.tune.map_or(String::new(), |t| format!("{}, ", t.phase()));
+        println!("  {} ({phase}config {}, about {memory} to train)", r.id, r.config_hash);
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
-use crate::data::{cached_files, fetch_deb, fetch_npm};
+use crate::data::{cached_files, fetch_deb, fetch_npm, HeldOut};
 
 /// Images (N, C, H, W) as bytes and their labels (N) as int64.
 pub struct ImageSet {
@@ -217,11 +217,13 @@ pub fn augment(images: &Tensor, pad: i64, flip: bool) -> Tensor {
 }
 
 /// A classification task over an image set: the (fraction of the) training images to draw batches from,
-/// and the test images to evaluate on.
+/// the validation images carved from the training set, and the test images.
 pub struct ImageTask {
     pub train: ImageSet,
+    /// The last `validation_fraction` of the training images after a fixed shuffle: never trained on.
+    pub validation: ImageSet,
     pub test: ImageSet,
-    /// Training images in use (`train_fraction` of them, a fixed shuffle's first ones).
+    /// Training images in use (`train_fraction` of those not in validation, a fixed shuffle's first ones).
     pub train_count: i64,
     pub crop_padding: i64,
     pub flip: bool,
@@ -231,7 +233,8 @@ pub struct ImageTask {
 }
 
 impl ImageTask {
-    pub fn load(cfg: &crate::recipe::ImageDataConfig) -> Result<Self> {
+    /// The image set of `cfg`, `validation_fraction` of its training images set aside for validation.
+    pub fn load(cfg: &crate::recipe::ImageDataConfig, validation_fraction: f64) -> Result<Self> {
         use crate::recipe::ImageDataset;
         let dir = || PathBuf::from(cfg.path.clone().unwrap_or_default());
         let (train, test) = match cfg.dataset {
@@ -252,12 +255,27 @@ impl ImageTask {
         // with the same fraction sees the same training images.
         tch::manual_seed(0x5eed);
         let order = Tensor::randperm(train.len(), (Kind::Int64, tch::Device::Cpu));
-        let train =
-            ImageSet { images: train.images.index_select(0, &order), labels: train.labels.index_select(0, &order) };
+        let n_validation = ((train.len() as f64 * validation_fraction).round() as i64).clamp(1, train.len() - 1);
+        let n_train = train.len() - n_validation;
+        let pick = |from: i64, n: i64| {
+            let idx = order.narrow(0, from, n);
+            ImageSet { images: train.images.index_select(0, &idx), labels: train.labels.index_select(0, &idx) }
+        };
+        let (validation, train) = (pick(n_train, n_validation), pick(0, n_train));
         let train_count = ((train.len() as f64 * cfg.train_fraction).round() as i64).max(1);
         let (_, channels, size, _) = train.images.size4()?;
         let classes = train.labels.max().int64_value(&[]).max(test.labels.max().int64_value(&[])) + 1;
-        Ok(Self { train, test, train_count, crop_padding: cfg.crop_padding, flip: cfg.flip, channels, size, classes })
+        Ok(Self {
+            train,
+            validation,
+            test,
+            train_count,
+            crop_padding: cfg.crop_padding,
+            flip: cfg.flip,
+            channels,
+            size,
+            classes,
+        })
     }
 
     /// Bytes to the model's input range: [0, 255] -> [−1, 1].
@@ -273,17 +291,29 @@ impl ImageTask {
         (x.to(device), self.train.labels.index_select(0, &idx).to(device))
     }
 
-    /// The first `count` test images in batches of `batch`.
-    pub fn test_batches(&self, count: i64, batch: i64, device: tch::Device) -> Vec<(Tensor, Tensor)> {
-        let count = count.min(self.test.len());
+    /// One of the held-out splits.
+    pub fn held_out(&self, split: HeldOut) -> &ImageSet {
+        match split {
+            HeldOut::Validation => &self.validation,
+            HeldOut::Test => &self.test,
+        }
+    }
+
+    /// The first `count` images of `split` in batches of `batch`, in the model's input range.
+    pub fn held_out_batches(
+        &self,
+        split: HeldOut,
+        count: i64,
+        batch: i64,
+        device: tch::Device,
+    ) -> Vec<(Tensor, Tensor)> {
+        let set = self.held_out(split);
+        let count = count.min(set.len());
         (0..count)
             .step_by(batch as usize)
             .map(|start| {
                 let n = batch.min(count - start);
-                (
-                    Self::to_input(&self.test.images.narrow(0, start, n), device),
-                    self.test.labels.narrow(0, start, n).to(device),
-                )
+                (Self::to_input(&set.images.narrow(0, start, n), device), set.labels.narrow(0, start, n).to(device))
             })
             .collect()
     }

@@ -13,7 +13,15 @@ pub mod sword;
 pub mod text;
 pub mod tokenize;
 
-pub use text::{load_text, split_text, Dataset, TextData, IGNORE};
+pub use text::{load_text, split_text, Dataset, HeldOut, TextData, IGNORE};
+
+/// `n` training examples split into training and validation indices: `fraction` of them, evenly spread
+/// (index i is in validation when i·fraction passes an integer), so that both cover the whole of the
+/// examples' order. Every index is in exactly one of the two, in order.
+pub fn carve_validation(n: usize, fraction: f64) -> (Vec<usize>, Vec<usize>) {
+    let in_validation = |i: usize| ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor();
+    (0..n).partition(|&i| !in_validation(i))
+}
 
 /// Where downloaded corpora are cached: `$ABLATE_DATA_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/ablate/data`.
 pub fn cache_dir() -> PathBuf {

@@ -116,22 +116,47 @@ impl Dataset {
         }
     }
 
-    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+    /// A fixed set of `batches` batches of the `split`, the same for every evaluation of every run.
+    pub fn held_out_batches(
+        &self,
+        split: HeldOut,
+        batches: i64,
+        batch: i64,
+        block: i64,
+        device: Device,
+    ) -> Vec<(Tensor, Tensor)> {
         match self {
-            Dataset::Text(d) => d.val_batches(batches, batch, block, device),
-            Dataset::Copy(c) => c.val_batches(batches, batch, device),
+            Dataset::Text(d) => d.held_out_batches(split, batches, batch, block, device),
+            Dataset::Copy(c) => c.held_out_batches(split, batches, batch, device),
         }
     }
 
-    /// A prompt to sample from after training: a held-out character, or a copy task's first half.
+    /// A prompt to sample from after training: a validation character, or a copy task's first half.
     pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
         match self {
-            Dataset::Text(d) => (vec![d.val.int64_value(&[0])], 200),
+            Dataset::Text(d) => (vec![d.validation.int64_value(&[0])], 200),
             Dataset::Copy(c) => {
-                let (x, _) = &c.val_batches(1, 1, Device::Cpu)[0];
+                let (x, _) = &c.held_out_batches(HeldOut::Validation, 1, 1, Device::Cpu)[0];
                 let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
                 (ids[..=c.length as usize].to_vec(), c.length as usize - 1)
             }
+        }
+    }
+}
+
+/// The two held-out splits: validation (evaluation during training, tuning, any selection) and test (the
+/// reported final metrics, read once per run at its end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldOut {
+    Validation,
+    Test,
+}
+
+impl HeldOut {
+    pub fn name(self) -> &'static str {
+        match self {
+            HeldOut::Validation => "validation",
+            HeldOut::Test => "test",
         }
     }
 }
@@ -163,9 +188,13 @@ impl CopyTask {
         (x.to_device(device), y.to_device(device))
     }
 
-    /// A fixed held-out set, the same for every run: symbols from a fixed-seed generator of our own.
-    fn val_batches(&self, batches: i64, batch: i64, device: Device) -> Vec<(Tensor, Tensor)> {
-        let mut state: u64 = 0x5eed;
+    /// A fixed held-out set, the same for every run: symbols from a fixed-seed generator of our own, one
+    /// seed per split (training batches come from libtorch's generator, seeded per step).
+    pub fn held_out_batches(&self, split: HeldOut, batches: i64, batch: i64, device: Device) -> Vec<(Tensor, Tensor)> {
+        let mut state: u64 = match split {
+            HeldOut::Test => 0x5eed,
+            HeldOut::Validation => 0x7a11d,
+        };
         let mut next = || {
             // splitmix64
             state = state.wrapping_add(0x9e3779b97f4a7c15);
@@ -183,11 +212,13 @@ impl CopyTask {
     }
 }
 
-/// A tokenised corpus split into a training part and a held-out part (the last `val_fraction` of the text).
+/// A tokenised corpus split three ways, in the text's order: training, validation (the last
+/// `validation_fraction` of what precedes the test part) and test (the last `test_fraction` of the text).
 pub struct TextData {
     pub tokenizer: TextTokenizer,
     pub train: Tensor,
-    pub val: Tensor,
+    pub validation: Tensor,
+    pub test: Tensor,
 }
 
 /// The tokenizer a data config asks for. Characters are the whole text's; BPE and WordPiece are trained
@@ -213,9 +244,9 @@ pub fn encode_text(tokenizer: &TextTokenizer, text: &str) -> Result<Vec<i64>> {
     Ok(tokenizer.encode_lines(&lines)?.concat())
 }
 
-/// The text split for subword runs: the first `1 − val_fraction` of it (cut at a line break) and the rest.
-pub fn split_text(text: &str, val_fraction: f64) -> (&str, &str) {
-    let mut cut = ((text.len() as f64) * (1.0 - val_fraction)) as usize;
+/// The text split for subword runs: the first `1 − fraction` of it (cut at a line break) and the rest.
+pub fn split_text(text: &str, fraction: f64) -> (&str, &str) {
+    let mut cut = ((text.len() as f64) * (1.0 - fraction)) as usize;
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
@@ -224,13 +255,14 @@ pub fn split_text(text: &str, val_fraction: f64) -> (&str, &str) {
 }
 
 impl TextData {
-    /// Characters as tokens, split by token count (`val_fraction` of them held out).
-    pub fn from_text(text: &str, val_fraction: f64) -> Result<Self> {
-        Self::from_text_with(text, &DataConfig { val_fraction, ..DataConfig::default() })
+    /// Characters as tokens, split by token count (`test_fraction` of them for test, then
+    /// `validation_fraction` of the rest for validation).
+    pub fn from_text(text: &str, test_fraction: f64, validation_fraction: f64) -> Result<Self> {
+        Self::from_text_with(text, &DataConfig { test_fraction, validation_fraction, ..DataConfig::default() })
     }
 
-    /// The text tokenised as `cfg` says. Characters split by token count; subword vocabularies are trained
-    /// on the first `1 − val_fraction` of the text (at a line break) and the rest is held out.
+    /// The text tokenised as `cfg` says. Characters split by token count; subword texts are cut at line
+    /// breaks, and their vocabularies trained on the training part only.
     pub fn from_text_with(text: &str, cfg: &DataConfig) -> Result<Self> {
         Self::split(text, cfg, None)
     }
@@ -248,35 +280,47 @@ impl TextData {
                 None => build_tokenizer(cfg, text, text)?,
             };
             let ids = encode_text(&tokenizer, text)?;
-            let n_val = ((ids.len() as f64) * cfg.val_fraction).round() as usize;
-            let n_train = ids.len() - n_val;
+            let n_test = ((ids.len() as f64) * cfg.test_fraction).round() as i64;
+            let rest = ids.len() as i64 - n_test;
+            let n_validation = ((rest as f64) * cfg.validation_fraction).round() as i64;
+            let n_train = rest - n_validation;
             let all = Tensor::from_slice(&ids);
             return Ok(Self {
                 tokenizer,
-                train: all.narrow(0, 0, n_train as i64),
-                val: all.narrow(0, n_train as i64, n_val as i64),
+                train: all.narrow(0, 0, n_train),
+                validation: all.narrow(0, n_train, n_validation),
+                test: all.narrow(0, rest, n_test),
             });
         }
-        let (train_text, val_text) = split_text(text, cfg.val_fraction);
+        let (rest, test_text) = split_text(text, cfg.test_fraction);
+        let (train_text, validation_text) = split_text(rest, cfg.validation_fraction);
         let tokenizer = match given {
             Some(t) => t,
             None => build_tokenizer(cfg, train_text, text)?,
         };
-        let train = Tensor::from_slice(&encode_text(&tokenizer, train_text)?);
-        let val = Tensor::from_slice(&encode_text(&tokenizer, val_text)?);
-        Ok(Self { tokenizer, train, val })
+        let encode = |t: &str| Ok::<_, anyhow::Error>(Tensor::from_slice(&encode_text(&tokenizer, t)?));
+        let (train, validation, test) = (encode(train_text)?, encode(validation_text)?, encode(test_text)?);
+        Ok(Self { tokenizer, train, validation, test })
+    }
+
+    /// One of the held-out splits.
+    pub fn held_out(&self, split: HeldOut) -> &Tensor {
+        match split {
+            HeldOut::Validation => &self.validation,
+            HeldOut::Test => &self.test,
+        }
     }
 
     pub fn load(cfg: &DataConfig) -> Result<Self> {
         Self::from_text_with(&load_text(cfg)?, cfg)
     }
 
-    /// Checks that both splits hold at least one window of `block_size + 1` tokens.
+    /// Checks that every split holds at least one window of `block_size + 1` tokens.
     pub fn check_block_size(&self, block_size: i64) -> Result<()> {
-        for (name, split) in [("training", &self.train), ("held-out", &self.val)] {
+        for (name, split) in [("training", &self.train), ("validation", &self.validation), ("test", &self.test)] {
             if split.numel() as i64 <= block_size {
                 bail!(
-                    "the {name} split has {} tokens, fewer than model.block_size + 1 = {}: use more data (data.max_chars) or a shorter block",
+                    "the {name} split has {} tokens, fewer than model.block_size + 1 = {}: use more data (data.max_chars, data.validation_fraction, data.test_fraction) or a shorter block",
                     split.numel(),
                     block_size + 1
                 );
@@ -291,13 +335,21 @@ impl TextData {
         windows(&self.train, &starts, block, device)
     }
 
-    /// A fixed set of `batches` held-out batches, evenly spaced over the split, so every evaluation (of every
+    /// A fixed set of `batches` batches of `split`, evenly spaced over it, so every evaluation (of every
     /// run in a sweep) sees exactly the same text.
-    pub fn val_batches(&self, batches: i64, batch: i64, block: i64, device: Device) -> Vec<(Tensor, Tensor)> {
-        let span = self.val.numel() as i64 - block - 1;
+    pub fn held_out_batches(
+        &self,
+        split: HeldOut,
+        batches: i64,
+        batch: i64,
+        block: i64,
+        device: Device,
+    ) -> Vec<(Tensor, Tensor)> {
+        let data = self.held_out(split);
+        let span = data.numel() as i64 - block - 1;
         let count = batches * batch;
         let starts: Vec<i64> = (0..count).map(|i| if count > 1 { i * span / (count - 1) } else { 0 }).collect();
-        starts.chunks(batch as usize).map(|c| windows(&self.val, &Tensor::from_slice(c), block, device)).collect()
+        starts.chunks(batch as usize).map(|c| windows(data, &Tensor::from_slice(c), block, device)).collect()
     }
 }
 
@@ -326,16 +378,43 @@ mod tests {
     #[test]
     fn batches_are_shifted_windows_of_the_text() {
         let text: String = (0..200).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
-        let d = TextData::from_text(&text, 0.25).unwrap();
-        assert_eq!(d.train.numel() + d.val.numel(), 200);
+        let d = TextData::from_text(&text, 0.25, 0.2).unwrap();
+        assert_eq!((d.train.numel(), d.validation.numel(), d.test.numel()), (120, 30, 50));
         tch::manual_seed(1);
         let (x, y) = d.train_batch(4, 10, Device::Cpu);
         assert_eq!(x.size(), vec![4, 10]);
         // The alphabet cycles, so every target is the next letter of its input.
         let expected = (&x + 1).remainder(26);
         assert!(y.equal(&expected));
-        let val = d.val_batches(3, 2, 8, Device::Cpu);
-        assert_eq!(val.len(), 3);
-        assert!(val[0].0.get(0).equal(&d.val.narrow(0, 0, 8)));
+        for split in [HeldOut::Validation, HeldOut::Test] {
+            let held = d.held_out_batches(split, 3, 2, 8, Device::Cpu);
+            assert_eq!(held.len(), 3);
+            assert!(held[0].0.get(0).equal(&d.held_out(split).narrow(0, 0, 8)));
+        }
+    }
+
+    /// The three splits are consecutive, disjoint stretches of the one encoding, the test part where it
+    /// always was (the text's end), for characters and for a trained subword vocabulary alike.
+    #[test]
+    fn splits_partition_the_text_in_order() {
+        let text: String = (0..400).map(|i| format!("line {i} of the text\n")).collect();
+        let chars = TextData::from_text(&text, 0.1, 0.1).unwrap();
+        let whole = Tensor::cat(&[&chars.train, &chars.validation, &chars.test], 0);
+        assert!(whole.equal(&Tensor::from_slice(&encode_text(&chars.tokenizer, &text).unwrap())));
+        let n = whole.numel() as f64;
+        assert_eq!(chars.test.numel(), (n * 0.1).round() as usize);
+        let cfg = DataConfig { tokenizer: Tokenizer::Bpe, vocab_size: Some(80), ..DataConfig::default() };
+        let bpe = TextData::from_text_with(&text, &cfg).unwrap();
+        let (rest, test_text) = split_text(&text, cfg.test_fraction);
+        let (train_text, validation_text) = split_text(rest, cfg.validation_fraction);
+        assert_eq!(format!("{train_text}{validation_text}{test_text}"), text);
+        assert!(train_text.ends_with('\n') && validation_text.ends_with('\n'));
+        // No line is in two splits (each line of this text is unique).
+        for line in validation_text.lines() {
+            assert!(!train_text.contains(&format!("{line}\n")) && !test_text.contains(&format!("{line}\n")));
+        }
+        let decoded = |t: &Tensor| bpe.tokenizer.decode(&Vec::<i64>::try_from(t).unwrap());
+        assert_eq!(decoded(&bpe.validation), validation_text);
+        assert_eq!(decoded(&bpe.test), test_text);
     }
 }

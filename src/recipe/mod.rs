@@ -17,10 +17,12 @@ pub mod overrides;
 pub mod presets;
 pub mod reads;
 pub mod schema;
+pub mod tune;
 pub mod validate;
 
 pub use overrides::Overrides;
 pub use schema::*;
+pub use tune::{TuneRole, Tuning};
 pub use validate::{divisors, Invalid, MAX_D_MODEL};
 
 use lines::LineMap;
@@ -82,6 +84,8 @@ struct RecipeFile {
     /// Extra dotted-key overrides applied by `--smoke` on top of the generic shrink.
     #[serde(default)]
     smoke: Mapping,
+    /// Per-arm tuning of some keys by successive halving on the validation split.
+    tune: Option<tune::TuneFile>,
 }
 
 /// The sections as their structs, read straight from the text only to report a mistake in them at its
@@ -104,6 +108,7 @@ struct TypedSections {
     variants: Option<Value>,
     seeds: Option<Value>,
     smoke: Option<Value>,
+    tune: Option<Value>,
 }
 
 /// The config sections of a recipe file, in schema order.
@@ -123,6 +128,8 @@ pub struct RunSpec {
     /// Short hash of the columns the run reads: a finished run is skipped on re-run only if this still
     /// matches.
     pub config_hash: String,
+    /// In a recipe with `tune:`, what the run is for (a rung of an arm's tuning, or a final run).
+    pub tune: Option<TuneRole>,
 }
 
 #[derive(Debug, Clone)]
@@ -133,13 +140,25 @@ pub struct Recipe {
     /// The swept keys in grid order; `variant` stands for the `variants` list.
     pub sweep_keys: Vec<String>,
     pub seeds: Vec<u64>,
+    /// Every run the recipe can train. With `tune:`, every arm's tuning runs and its final runs for every
+    /// candidate: which of them train is decided as the sweep goes.
     pub runs: Vec<RunSpec>,
     pub smoke: bool,
     /// The command line's changes to the file.
     pub overrides: Overrides,
+    pub tuning: Option<Tuning>,
 }
 
 impl Recipe {
+    /// How many runs the recipe trains when it is done: every run, or with `tune:` each arm's tuning runs
+    /// that successive halving keeps and its final runs of one candidate.
+    pub fn planned_runs(&self) -> usize {
+        let Some(t) = &self.tuning else { return self.runs.len() };
+        let per_arm_tuning: usize = (0..t.rungs).map(|r| t.survivors_at(r) * t.seeds.len()).sum();
+        let finals = self.runs.iter().filter(|r| r.tune.is_some_and(|role| role.rung.is_none())).count();
+        t.arms.len() * per_arm_tuning + finals / t.candidates.len().max(1)
+    }
+
     /// The kinds of run in the recipe, in first-seen order.
     pub fn kinds(&self) -> Vec<Kind> {
         let mut out = Vec::new();
@@ -287,6 +306,13 @@ pub fn parse_with(
     let (mut runs, set_per_run) = expand(&src, &grid, &sizes, &seeds)?;
     refuse_unread_keys(&src, &runs, &set_per_run)?;
     validate_runs(&src, &mut runs, &set_per_run)?;
+    let (tuning, runs) = match &parsed.tune {
+        Some(file) => {
+            let (tuning, runs) = tune::expand(&src, file, runs, &sweep_keys, &seeds)?;
+            (Some(tuning), runs)
+        }
+        None => (None, runs),
+    };
     Ok(Recipe {
         file: file.into(),
         name: parsed.name.unwrap_or_else(|| stem.to_string()),
@@ -296,6 +322,7 @@ pub fn parse_with(
         runs,
         smoke,
         overrides: overrides.clone(),
+        tuning,
     })
 }
 
@@ -667,6 +694,7 @@ fn build_run(src: &Source, grid: &Grid, point: &[usize], seed: u64) -> Result<(R
         seed,
         config,
         config_hash: String::new(),
+        tune: None,
     };
     Ok((run, set))
 }
@@ -825,6 +853,12 @@ pub fn config_hash(config: &Config) -> String {
 /// (swept, or in a variant) keeps its value, and only keys the kind reads are touched.
 fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settings: &[&Setting]) {
     let kept = |k: &str| sweep_keys.iter().any(|s| s == k) || settings.iter().any(|s| s.key == k);
+    // A budget in tokens or FLOPs can need many steps: a smoke run ends after one second of training instead.
+    if !kept("train.budget") && get_path(value, "train.budget").is_some_and(|b| !b.is_null()) {
+        let mut one_second = Mapping::new();
+        one_second.insert(Value::from("seconds"), Value::from(1.0));
+        set_path(value, "train.budget", Value::Mapping(one_second));
+    }
     let mut cap = |key: &str, max: i64| {
         if kept(key) {
             return;

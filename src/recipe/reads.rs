@@ -53,6 +53,9 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
         }
         "data" => data_key(cfg, rest),
         "train" => match rest {
+            "steps" if cfg.train.budget.is_some() => {
+                Some("train.budget ends the run instead (the budget and the steps are exclusive)".into())
+            }
             "eval_lengths" => (kind != Kind::Lm).then(|| {
                 format!("length generalisation evaluates a decoder on longer text windows (kind lm); this run is kind {kind}")
             }),
@@ -93,6 +96,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.attention.layer_patterns" => t.attention.layer_patterns.is_empty(),
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
+        "train.budget" => cfg.train.budget.is_none(),
         _ => false,
     }
 }
@@ -183,6 +187,10 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
         let dataset = cfg.images().dataset;
         return (key == "images.path").then(|| fetched_set_path("data.images", dataset)).flatten();
     }
+    if field == "validation_fraction" {
+        return (kind == Kind::Lm && cfg.data.task == Task::Copy)
+            .then(|| "the copy task draws its validation sequences from a seed of their own".into());
+    }
     if kind.is_vision() {
         return Some(format!("kind {kind} reads images (data.images), not text"));
     }
@@ -190,10 +198,10 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
         "task" => (kind == Kind::Translate).then(|| "kind translate reads sentence pairs (translate.pairs)".into()),
         "copy_length" | "copy_symbols" => (kind != Kind::Lm || cfg.data.task != Task::Copy)
             .then(|| "sets the copy task: kind lm with data.task: copy".into()),
-        "corpus" | "path" | "max_chars" | "val_fraction" if kind == Kind::Translate => {
+        "corpus" | "path" | "max_chars" | "test_fraction" if kind == Kind::Translate => {
             Some("kind translate reads sentence pairs (translate.pairs), not a corpus".into())
         }
-        "corpus" | "path" | "max_chars" | "val_fraction" if cfg.data.task == Task::Copy => {
+        "corpus" | "path" | "max_chars" | "test_fraction" if cfg.data.task == Task::Copy => {
             Some("the copy task generates its sequences; it reads no corpus".into())
         }
         "corpus" if cfg.data.path.is_some() => Some("data.path replaces the default corpus".into()),

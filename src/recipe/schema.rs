@@ -734,8 +734,14 @@ pub struct DataConfig {
     pub tokenizer_path: Option<String>,
     /// Use only the first N characters of the corpus (`null`: all of it).
     pub max_chars: Option<usize>,
-    /// The last fraction of the text is held out for evaluation.
-    pub val_fraction: f64,
+    /// The test split: the last fraction of the text (kinds lm and bert). The reported `test_…` metrics
+    /// are measured on it once, at the end of each run.
+    pub test_fraction: f64,
+    /// The validation split, carved from the training data: this fraction of the text before the test part
+    /// (lm, bert), of the training images (vision kinds, imagegpt), of the training pairs (translate) and of
+    /// a fine-tuning task's training examples (bert). Evaluation during training, tuning and any selection
+    /// read it; it is never trained on. The copy task draws its validation sequences from a seed of their own.
+    pub validation_fraction: f64,
     /// Vision kinds: the image set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub images: Option<ImageDataConfig>,
@@ -753,7 +759,8 @@ impl Default for DataConfig {
             vocab_size: None,
             tokenizer_path: None,
             max_chars: None,
-            val_fraction: 0.1,
+            test_fraction: 0.1,
+            validation_fraction: 0.1,
             images: None,
         }
     }
@@ -857,7 +864,8 @@ pub struct TrainConfig {
     pub beta2: f64,
     /// Clip the global gradient norm to this value (`null`: no clipping).
     pub grad_clip: Option<f64>,
-    /// Evaluate on the held-out split every this many steps (and at the end).
+    /// Evaluate on the validation split every this many steps (and at the end; the test split is read once,
+    /// after the last step).
     pub eval_interval: i64,
     /// Batches averaged per evaluation.
     pub eval_batches: i64,
@@ -875,7 +883,7 @@ pub struct TrainConfig {
     /// `fp32`; `bf16` or `fp16` autocast (matmuls in the low precision, reductions and weights in float32);
     /// `fp16` adds dynamic loss scaling.
     pub precision: Precision,
-    /// After training, also evaluate on held-out windows this many times longer than `block_size`.
+    /// After training, also evaluate on test windows this many times longer than `block_size`.
     pub eval_lengths: Vec<i64>,
     /// Learning-rate schedule after the linear warm-up: `cosine` decay to `min_lr`, or `noam` (Vaswani et
     /// al.): lr · min(step / warmup, √(warmup / step)).
@@ -884,6 +892,58 @@ pub struct TrainConfig {
     /// is `batch_size × world_size`). Set by the launch (torchrun, srun): a recipe that names it is refused
     /// under any other launch. 1 is one process, and then recorded nowhere.
     pub world_size: i64,
+    /// End each run at a budget instead of at `steps` (the two are exclusive), so that variants of
+    /// different cost compare at equal tokens, FLOPs or time. The schedule follows the budget: cosine decay
+    /// to its end. `runs.csv` records the budget and, as `steps`, the steps reached. `null`: `steps`.
+    pub budget: Option<Budget>,
+}
+
+/// What ends a run under `train.budget`: exactly one of its keys.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Training tokens: ⌊N / (global batch × the kind's tokens per example)⌋ steps (tokens per example: the
+    /// block for text kinds, patch tokens for ViT/Swin/DaViT, pixels for cnn and image_gpt, the mean pair
+    /// length for translate).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<f64>,
+    /// Training FLOPs: ⌊N / (3 × the kind's analytic forward FLOPs per example × global batch)⌋ steps, the
+    /// count its MFU uses (not for translate, whose FLOPs depend on sentence lengths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flops: Option<f64>,
+    /// Seconds of training steps (evaluation excluded). Machine-dependent: the run stops after the step that
+    /// reaches it, and the cosine decay follows the elapsed fraction (warm-up stays in steps). One process
+    /// only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+}
+
+/// The one quantity a [`Budget`] sets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetKind {
+    Tokens(f64),
+    Flops(f64),
+    Seconds(f64),
+}
+
+impl Budget {
+    /// The quantity set, if exactly one is.
+    pub fn kind(&self) -> Option<BudgetKind> {
+        match (self.tokens, self.flops, self.seconds) {
+            (Some(n), None, None) => Some(BudgetKind::Tokens(n)),
+            (None, Some(n), None) => Some(BudgetKind::Flops(n)),
+            (None, None, Some(n)) => Some(BudgetKind::Seconds(n)),
+            _ => None,
+        }
+    }
+}
+
+impl BudgetKind {
+    pub fn amount(self) -> f64 {
+        match self {
+            BudgetKind::Tokens(n) | BudgetKind::Flops(n) | BudgetKind::Seconds(n) => n,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Default)]
@@ -917,6 +977,7 @@ impl Default for TrainConfig {
             eval_lengths: Vec::new(),
             schedule: Schedule::Cosine,
             world_size: 1,
+            budget: None,
         }
     }
 }
@@ -925,6 +986,27 @@ impl TrainConfig {
     /// Examples of one optimisation step over all data-parallel processes.
     pub fn global_batch(&self) -> i64 {
         self.batch_size * self.world_size
+    }
+
+    /// The learning rate of optimisation step `step` (0-based) after `elapsed` seconds of training: under a
+    /// seconds budget, linear warm-up over `warmup_steps` and then cosine decay by the elapsed fraction of
+    /// the budget; otherwise [`TrainConfig::lr_at`].
+    pub fn lr_at_time(&self, step: i64, elapsed: f64) -> f64 {
+        match self.budget.and_then(|b| b.kind()) {
+            Some(BudgetKind::Seconds(s)) if self.schedule == Schedule::Cosine && step >= self.warmup_steps => {
+                let progress = (elapsed / s).clamp(0.0, 1.0);
+                self.min_lr + 0.5 * (1.0 + (std::f64::consts::PI * progress).cos()) * (self.lr - self.min_lr)
+            }
+            _ => self.lr_at(step),
+        }
+    }
+
+    /// The seconds of a seconds budget.
+    pub fn seconds_budget(&self) -> Option<f64> {
+        match self.budget.and_then(|b| b.kind()) {
+            Some(BudgetKind::Seconds(s)) => Some(s),
+            _ => None,
+        }
     }
 
     /// The learning rate of optimisation step `step` (0-based).

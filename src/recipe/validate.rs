@@ -72,6 +72,7 @@ impl Config {
     /// Every impossible value or combination of this run, before anything trains.
     pub fn validate(&self) -> Result<(), Invalid> {
         // The data and structure first: the Transformer's checks read the sequence length they imply.
+        open_fraction("data.validation_fraction", self.data.validation_fraction)?;
         match self.kind {
             Kind::Lm | Kind::Bert | Kind::Translate => self.validate_text()?,
             _ => {
@@ -367,6 +368,27 @@ impl Config {
         if let Some(&k) = t.eval_lengths.iter().find(|&&k| !(2..=1024).contains(&k)) {
             return Err(invalid("train.eval_lengths", format!("multiples of block_size must be in 2..=1024, got {k}")));
         }
+        if let Some(budget) = t.budget {
+            let Some(budget) = budget.kind() else {
+                return Err(invalid("train.budget", "give exactly one of tokens, flops and seconds"));
+            };
+            let n = budget.amount();
+            if !(n > 0.0 && n.is_finite()) {
+                return Err(invalid("train.budget", format!("must be a positive number, got {n}")));
+            }
+            if matches!(budget, crate::recipe::BudgetKind::Flops(_)) && self.kind == Kind::Translate {
+                return Err(invalid(
+                    "train.budget",
+                    "kind translate has no analytic FLOP count (it depends on sentence lengths): use tokens or seconds",
+                ));
+            }
+            if matches!(budget, crate::recipe::BudgetKind::Seconds(_)) && t.world_size > 1 {
+                return Err(invalid(
+                    "train.budget",
+                    "a seconds budget would end each data-parallel process at its own step: use tokens or flops",
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -396,7 +418,7 @@ impl Config {
                 return Err(invalid("data.tokenizer", "the copy task's symbols are characters: use char"));
             }
         }
-        open_fraction("data.val_fraction", d.val_fraction)?;
+        open_fraction("data.test_fraction", d.test_fraction)?;
         if let Some(path) = &d.path {
             let p = std::path::Path::new(path);
             if p.is_dir() {

@@ -1,19 +1,19 @@
 //! Head importance and pruning ("Are Sixteen Heads Really Better than One?", Michel et al. 2019): each
 //! attention head of a trained decoder is removed alone at evaluation (its output multiplied by 0 before the
-//! heads are mixed) and the held-out loss change recorded; then heads are removed cumulatively, least
+//! heads are mixed) and the validation loss change recorded; then heads are removed cumulatively, least
 //! important first, and the loss recorded after each removal: the pruning curve. `ablate heads-importance`.
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 use super::plot::{importance_heatmap, line_chart, Axes, Series};
-use crate::data::Dataset;
+use crate::data::{Dataset, HeldOut};
 use crate::models::gpt::Gpt;
 use crate::recipe::Kind as RunKind;
 use crate::tasks::checkpoint::{file_stem, Loaded};
 use crate::tasks::lm::evaluate;
 
-/// What removing heads does to one model's held-out loss.
+/// What removing heads does to one model's validation loss.
 #[derive(Debug, Clone)]
 pub struct HeadImportance {
     /// Held-out loss with every head.
@@ -66,7 +66,7 @@ pub fn head_importance(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<Head
     Ok(HeadImportance { base_loss, delta, pruning, order })
 }
 
-/// A decoder checkpoint (through the one checkpoint loader) with its held-out batches: `eval_batches`
+/// A decoder checkpoint (through the one checkpoint loader) with its validation batches: `eval_batches`
 /// batches of the run's own batch size and block, from the run's own data.
 fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<(Loaded, Vec<(Tensor, Tensor)>)> {
     let loaded = crate::tasks::checkpoint::load(checkpoint, device)?;
@@ -90,13 +90,18 @@ fn load(checkpoint: &Path, eval_batches: Option<i64>, device: Device) -> Result<
         );
     }
     let t = &config.train;
-    let batches =
-        data.val_batches(eval_batches.unwrap_or(t.eval_batches), t.batch_size, config.transformer.block_size, device);
+    let batches = data.held_out_batches(
+        HeldOut::Validation,
+        eval_batches.unwrap_or(t.eval_batches),
+        t.batch_size,
+        config.transformer.block_size,
+        device,
+    );
     Ok((loaded, batches))
 }
 
 /// `ablate heads-importance`: for each checkpoint, `<stem>.head_importance.csv` and `.png` (the heatmap of
-/// layer × head), and for all of them `pruning.csv` and `pruning.png` (held-out loss against the fraction of
+/// layer × head), and for all of them `pruning.csv` and `pruning.png` (validation loss against the fraction of
 /// heads removed), in `out`.
 pub fn run(checkpoints: &[std::path::PathBuf], out: &Path, eval_batches: Option<i64>, device: Device) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -116,8 +121,10 @@ pub fn run(checkpoints: &[std::path::PathBuf], out: &Path, eval_batches: Option<
             }
         }
         crate::files::write_atomically(&out.join(format!("{stem}.head_importance.csv")), csv.as_bytes())?;
-        let title =
-            format!("{name}: held-out loss change when one head is removed (base {:.4} nats/token)", result.base_loss);
+        let title = format!(
+            "{name}: validation loss change when one head is removed (base {:.4} nats/token)",
+            result.base_loss
+        );
         importance_heatmap(&out.join(format!("{stem}.head_importance.png")), &result.delta, &title)?;
         let total = result.order.len() as f64;
         for &(k, loss) in &result.pruning {
@@ -144,9 +151,9 @@ pub fn run(checkpoints: &[std::path::PathBuf], out: &Path, eval_batches: Option<
     }
     crate::files::write_atomically(&out.join("pruning.csv"), pruning_csv.as_bytes())?;
     let axes = Axes {
-        title: "held-out loss as heads are removed, least important first (Michel et al. 2019)",
+        title: "validation loss as heads are removed, least important first (Michel et al. 2019)",
         x_label: "fraction of attention heads removed",
-        y_label: "held-out loss (nats/token)",
+        y_label: "validation loss (nats/token)",
         x_categories: None,
     };
     line_chart(&out.join("pruning.png"), &curves, &axes)

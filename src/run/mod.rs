@@ -13,6 +13,7 @@ pub mod scale;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;
+pub mod tune;
 
 /// What every finished results directory gets from its CSVs, in this order: the plots, the TensorBoard
 /// event files of any run that has none yet (runs finished by an earlier, interrupted sweep or merged from

@@ -35,6 +35,7 @@ pub fn run_header(spec: &RunSpec) -> Vec<String> {
     RUN_FIXED_COLUMNS
         .iter()
         .map(|s| s.to_string())
+        .chain(spec.tune.map(|_| "phase".to_string()))
         .chain(variant_of(spec).map(|_| "variant".to_string()))
         .chain(columns(&spec.config).into_iter().map(|(k, _)| k))
         .chain(run_metrics(spec).iter().filter_map(|m| m.column_name().map(String::from)))
@@ -74,6 +75,7 @@ pub fn run_row(spec: &RunSpec, outcome: &RunOutcome) -> Vec<String> {
     let values = metrics.iter().filter_map(|m| m.column_name().map(|c| m.csv_value(outcome.get(c))));
     [spec.id.clone(), spec.label.clone(), spec.seed.to_string(), spec.config_hash.clone(), status]
         .into_iter()
+        .chain(spec.tune.map(|t| t.phase().to_string()))
         .chain(variant_of(spec).map(String::from))
         .chain(columns(&spec.config).into_iter().map(|(_, v)| v))
         .chain(values)
@@ -128,6 +130,18 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
 /// The variants of `runs.csv` in first-seen order, each with its run ids, labelled for legends. Diverged
 /// runs keep their curves up to the blow-up; the label says so, so a short line is not mistaken for a crash
 /// or a plotting bug.
+/// The tuned keys' values of a variant's final runs (`train.lr=0.001`; several if its runs differ).
+pub fn chosen_values(runs: &[BTreeMap<String, String>], ids: &[String], keys: &[String]) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for r in runs.iter().filter(|r| ids.contains(&r["run_id"])) {
+        let value = keys.iter().map(|k| format!("{k}={}", r.get(k).map_or("", |v| v))).collect::<Vec<_>>().join(" ");
+        if !seen.contains(&value) {
+            seen.push(value);
+        }
+    }
+    seen.join("; ")
+}
+
 pub fn variants_of(runs: &[BTreeMap<String, String>]) -> Vec<(String, Vec<String>)> {
     let mut variants: Vec<(String, Vec<String>)> = Vec::new();
     for r in runs {
@@ -370,8 +384,15 @@ pub fn read_curves(path: &Path) -> Result<Curves> {
     Ok(out)
 }
 
-/// `runs.csv` as a list of column -> value maps.
+/// The reported rows of `runs.csv`, as column -> value maps: every row but a tuned recipe's tuning runs
+/// (`phase` `tune`), which summaries, plots, reports and reproduction leave out.
 pub fn read_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
+    let rows = read_all_runs(path)?;
+    Ok(rows.into_iter().filter(|r| r.get("phase").is_none_or(|p| p != "tune")).collect())
+}
+
+/// Every row of `runs.csv`, tuning runs included, as column -> value maps.
+pub fn read_all_runs(path: &Path) -> Result<Vec<BTreeMap<String, String>>> {
     let mut reader = csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
     let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
     // Plots and summaries group runs by these; a table without them (hand-made, or from an older ablate)

@@ -298,7 +298,7 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
     write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
     super::finish(out, recipe)?;
-    let missing = recipe.runs.len() - ids.len();
+    let missing = recipe.planned_runs().saturating_sub(ids.len());
     if !quiet {
         eprintln!(
             "ablate: merged {} runs from {} shard(s) into {}{}",
@@ -347,7 +347,7 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
         eprintln!(
             "ablate: {} — {} runs on {} workers ({}), {} thread(s) each -> {}",
             recipe.name,
-            recipe.runs.len(),
+            recipe.planned_runs(),
             plan.devices.len(),
             plan.devices.join(", "),
             plan.threads,

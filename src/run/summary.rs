@@ -81,11 +81,17 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
          of the mean, Student t with n − 1 degrees of freedom]."
     );
     let mut header = vec!["variant".to_string(), "n".to_string()];
+    if recipe.tuning.is_some() {
+        header.push("chosen on validation".to_string());
+    }
     header.extend(metrics.iter().map(|m| m.axis()));
     let mut rows = Vec::new();
     for (label, ids) in &variants {
         let n = runs.iter().filter(|r| ids.contains(&r["run_id"])).count();
         let mut cells = vec![label.clone(), n.to_string()];
+        if let Some(tuning) = &recipe.tuning {
+            cells.push(super::results::chosen_values(&runs, ids, &tuning.keys));
+        }
         for m in &metrics {
             let column = m.column_name().expect("filtered to columns");
             let values: Vec<f64> = seed_values(&runs, ids, column).into_iter().map(|(_, v)| v).collect();
@@ -98,10 +104,50 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
         rows.push(cells);
     }
     let mut tables = vec![Table { note, header, rows }];
+    if let Some(tuning) = &recipe.tuning {
+        tables.push(tuning_cost(&path, tuning)?);
+    }
     if let Some(base) = baseline {
         tables.push(paired_table(&runs, &variants, base, &metrics));
     }
     Ok(tables)
+}
+
+/// What tuning cost, from every row of `runs.csv`: optimisation steps and wall time of the tuning runs
+/// against the final runs.
+fn tuning_cost(runs_csv: &Path, tuning: &crate::recipe::Tuning) -> Result<Table> {
+    let all = super::results::read_all_runs(runs_csv)?;
+    let total = |phase: &str, column: &str| -> f64 {
+        all.iter()
+            .filter(|r| r.get("phase").is_some_and(|p| p == phase))
+            .filter_map(|r| r.get(column).and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    let count = |phase: &str| all.iter().filter(|r| r.get("phase").is_some_and(|p| p == phase)).count();
+    let note = format!(
+        "Tuning: each arm chose among {} candidate(s) of {} by successive halving (eta {}, {} rung(s), tuning \
+         seeds {:?}, disjoint from the final seeds), scored on the validation split's `{}` at the end of each \
+         rung run. The tables above use the final runs only.",
+        tuning.candidates.len(),
+        tuning.keys.join(", "),
+        tuning.eta,
+        tuning.rungs,
+        tuning.seeds,
+        tuning.curve
+    );
+    let header = ["phase", "runs", "optimisation steps", "wall time (s)"].iter().map(|s| s.to_string()).collect();
+    let rows = ["tune", "final"]
+        .iter()
+        .map(|phase| {
+            vec![
+                phase.to_string(),
+                count(phase).to_string(),
+                format!("{:.0}", total(phase, "steps")),
+                format!("{:.0}", total(phase, "wall_s")),
+            ]
+        })
+        .collect();
+    Ok(Table { note, header, rows })
 }
 
 /// Paired differences (variant − baseline) over the seeds both ran, per headline metric, with each p-value
@@ -203,7 +249,7 @@ fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String>
 }
 
 /// An effect a researcher wants to be able to detect: a difference of `size` in the metric whose column is
-/// `column` (`val_loss=0.01`).
+/// `column` (`test_loss=0.01`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Effect {
     pub column: String,
@@ -214,7 +260,8 @@ impl std::str::FromStr for Effect {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (column, size) = s.split_once('=').ok_or_else(|| format!("`{s}`: give METRIC=SIZE, e.g. val_loss=0.01"))?;
+        let (column, size) =
+            s.split_once('=').ok_or_else(|| format!("`{s}`: give METRIC=SIZE, e.g. test_loss=0.01"))?;
         let size: f64 = size.trim().parse().map_err(|_| format!("`{s}`: the size `{size}` is not a number"))?;
         if size == 0.0 || !size.is_finite() {
             return Err(format!("`{s}`: the size must be a non-zero number"));
@@ -371,7 +418,7 @@ mod tests {
                     ("label".to_string(), label.to_string()),
                     ("seed".to_string(), seed.to_string()),
                     ("status".to_string(), "ok".to_string()),
-                    ("val_loss".to_string(), v.to_string()),
+                    ("test_loss".to_string(), v.to_string()),
                 ]
                 .into_iter()
                 .collect();
@@ -379,7 +426,7 @@ mod tests {
             }
         }
         let variants = variants_of(&runs);
-        let metric = Metric::column("val_loss", "held-out loss", "nats", false);
+        let metric = Metric::column("test_loss", "test loss", "nats", false);
         let table = paired_table(&runs, &variants, 0, &[metric]);
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
         let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
@@ -401,9 +448,9 @@ mod tests {
 
     #[test]
     fn an_effect_is_a_metric_and_a_non_zero_size_or_one_line_saying_what_is_wrong() {
-        assert_eq!("val_loss=0.01".parse::<Effect>(), Ok(Effect { column: "val_loss".into(), size: 0.01 }));
-        assert_eq!("val_accuracy=-0.02".parse::<Effect>().map(|e| e.size), Ok(0.02));
-        for bad in ["val_loss", "val_loss=x", "val_loss=0", "val_loss=inf"] {
+        assert_eq!("test_loss=0.01".parse::<Effect>(), Ok(Effect { column: "test_loss".into(), size: 0.01 }));
+        assert_eq!("test_accuracy=-0.02".parse::<Effect>().map(|e| e.size), Ok(0.02));
+        for bad in ["test_loss", "test_loss=x", "test_loss=0", "test_loss=inf"] {
             let e = bad.parse::<Effect>().unwrap_err();
             assert!(e.starts_with(&format!("`{bad}`")) && !e.contains('\n'), "{e}");
         }

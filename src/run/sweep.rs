@@ -3,16 +3,16 @@
 //! plots from the CSV files. Everything that depends on what a run trains goes through its task.
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tch::Device;
 
 use super::results::{write_resolved, ResultsDir};
 use super::scale::Shard;
 use crate::metrics::Metric;
-use crate::recipe::{Recipe, RunSpec};
+use crate::recipe::{Config, Recipe, RunSpec};
 use crate::tasks::checkpoint::{self, file_stem};
-use crate::tasks::{task, DataCache, RunContext};
+use crate::tasks::{budgeted, task, DataCache, RunContext};
 use crate::train::{RunOutcome, StateFile};
 
 #[derive(Clone, Copy)]
@@ -26,12 +26,52 @@ pub struct SweepOptions<'a> {
     pub shard: Option<Shard>,
 }
 
-/// A data-parallel rank other than 0: trains, in step with rank 0, the runs rank 0 found unfinished, and
-/// writes nothing (rank 0 keeps the state, the results and the plots).
+/// What rank 0 of a data-parallel launch tells the other ranks before each pass over runs (a tuned recipe
+/// makes one pass per rung and one for its final runs): the runs to train, in order, or that it is done
+/// (or stopped with an error).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) enum Pass {
+    Train(Vec<String>),
+    Done,
+    Stopped(String),
+}
+
+/// Rank 0's side of [`Pass`], when this process is rank 0 of a data-parallel group.
+pub(super) fn tell_followers(pass: &Pass) -> Result<()> {
+    if let Some(group) = crate::train::distributed::current() {
+        group.share_from_rank0(&serde_json::to_vec(pass)?)?;
+        if matches!(pass, Pass::Done) {
+            // Rank 0 hosts the store: it stays until every rank has read that there is nothing more.
+            group.sum([0.0])?;
+        }
+    }
+    Ok(())
+}
+
+/// A data-parallel rank other than 0: trains, in step with rank 0, the runs rank 0 found unfinished, pass
+/// after pass, and writes nothing (rank 0 keeps the state, the results and the plots).
 fn follow_rank0(recipe: &Recipe, opts: &SweepOptions, group: &crate::train::distributed::Group) -> Result<()> {
-    let shared: Result<Vec<String>, String> =
-        serde_json::from_slice(&group.share_from_rank0(&[])?).context("reading rank 0's list of runs to train")?;
-    let ids = shared.map_err(|e| anyhow::anyhow!("rank 0 stopped before training: {e}"))?;
+    loop {
+        let pass: Pass =
+            serde_json::from_slice(&group.share_from_rank0(&[])?).context("reading rank 0's list of runs to train")?;
+        match pass {
+            Pass::Done => {
+                group.sum([0.0])?;
+                return Ok(());
+            }
+            Pass::Stopped(e) => bail!("rank 0 stopped before training: {e}"),
+            Pass::Train(ids) => follow_pass(recipe, opts, group, &ids)?,
+        }
+    }
+}
+
+/// Trains one pass of rank 0's runs on this rank.
+fn follow_pass(
+    recipe: &Recipe,
+    opts: &SweepOptions,
+    group: &crate::train::distributed::Group,
+    ids: &[String],
+) -> Result<()> {
     let todo: Vec<_> = ids
         .iter()
         .map(|id| {
@@ -39,6 +79,7 @@ fn follow_rank0(recipe: &Recipe, opts: &SweepOptions, group: &crate::train::dist
         })
         .collect::<Result<_>>()?;
     let data = prepare_data(recipe, &todo, opts.out, true)?;
+    let configs = budgeted_configs(recipe, &todo, &data)?;
     let scratch = tempfile::tempdir().context("a scratch directory for this rank's side files")?;
     for run in todo {
         let stem = file_stem(&run.id);
@@ -46,7 +87,7 @@ fn follow_rank0(recipe: &Recipe, opts: &SweepOptions, group: &crate::train::dist
         let ctx =
             RunContext { device: opts.device, progress: &mut progress, state: None, out: scratch.path(), stem: &stem };
         task(run.config.kind)
-            .train(&run.config, &data, ctx)
+            .train(&configs[&run.id], &data, ctx)
             .with_context(|| format!("run `{}` (rank {})", run.id, group.rank))?;
     }
     Ok(())
@@ -113,18 +154,31 @@ fn prepare_data(recipe: &Recipe, runs: &[&RunSpec], out: &Path, quiet: bool) -> 
     Ok(data)
 }
 
-/// What a sweep will do, settled before its first step: where it writes, its runs (this shard's), those
-/// still to train, and their data.
+/// Each of `runs`' configs as it trains ([`budgeted`]), by run id: a budget that buys no step fails here,
+/// naming the run, before anything trains.
+fn budgeted_configs(recipe: &Recipe, runs: &[&RunSpec], data: &DataCache) -> Result<HashMap<String, Config>> {
+    runs.iter()
+        .map(|r| {
+            let config = budgeted(&r.config, data).with_context(|| format!("{}: run `{}`", recipe.file, r.id))?;
+            Ok((r.id.clone(), config))
+        })
+        .collect()
+}
+
+/// What a pass of a sweep will do, settled before its first step: where it writes, its runs (this shard's),
+/// those still to train, and their data.
 struct Plan<'r> {
     results: ResultsDir,
     mine: Vec<&'r RunSpec>,
     todo: Vec<&'r RunSpec>,
     data: DataCache,
+    /// The configs the runs to train train with: a `train.budget` turned into steps ([`budgeted`]).
+    configs: HashMap<String, Config>,
 }
 
 /// Everything that can fail on input fails here, before the first step: the output directory (before any
 /// download), runs left by another recipe, memory, then the data.
-fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions) -> Result<Plan<'r>> {
+fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions, mine: Vec<&'r RunSpec>) -> Result<Plan<'r>> {
     let results = ResultsDir::create(&match opts.shard {
         Some(shard) => shard.dir(opts.out),
         None => opts.out.to_path_buf(),
@@ -139,20 +193,24 @@ fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions) -> Result<Plan<'r>> {
         finished.extend(ResultsDir::reader(opts.out).finished()?);
     }
     refuse_foreign_rows(recipe, &finished, &results.dir)?;
-    let mine: Vec<&RunSpec> =
-        recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r).collect();
     let todo: Vec<&RunSpec> =
         mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
     if opts.device == Device::Cpu {
         crate::tasks::memory::check_runs_fit(&recipe.file, todo.iter().copied())?;
     }
     let data = prepare_data(recipe, &todo, opts.out, opts.quiet)?;
-    Ok(Plan { results, mine, todo, data })
+    let configs = budgeted_configs(recipe, &todo, &data)?;
+    Ok(Plan { results, mine, todo, data, configs })
 }
 
 /// The sweep's progress bar over every step still to train (hidden with --quiet).
-fn progress_bar(todo: &[&RunSpec], quiet: bool) -> ProgressBar {
-    let total_steps: u64 = todo.iter().map(|r| r.config.train.steps as u64).sum();
+fn progress_bar(todo: &[&RunSpec], configs: &HashMap<String, Config>, quiet: bool) -> ProgressBar {
+    // A seconds budget's steps are not known ahead: its run counts its recipe's `train.steps`.
+    let steps = |r: &RunSpec| match configs.get(&r.id) {
+        Some(c) if c.train.seconds_budget().is_none() => c.train.steps,
+        _ => r.config.train.steps,
+    };
+    let total_steps: u64 = todo.iter().map(|r| steps(r) as u64).sum();
     let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(total_steps) };
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} steps {msg} ({elapsed} elapsed, eta {eta})")
@@ -172,8 +230,9 @@ fn train_and_record(
     header: &[String],
     bar: &ProgressBar,
 ) -> Result<()> {
-    let kind = task(run.config.kind);
-    let steps = run.config.train.steps;
+    let config = plan.configs.get(&run.id).unwrap_or(&run.config);
+    let kind = task(config.kind);
+    let steps = config.train.steps;
     let before = bar.position();
     let mut progress = |step: i64, loss: f64| {
         bar.set_position(before + step as u64);
@@ -189,17 +248,10 @@ fn train_and_record(
         world_size: run.config.train.world_size,
     };
     let ctx = RunContext { device: opts.device, progress: &mut progress, state: Some(&state), out: dir, stem: &stem };
-    let trained = kind.train(&run.config, &plan.data, ctx).with_context(|| format!("run `{}`", run.id))?;
-    if run.config.train.checkpoint {
-        let vocab = kind.vocab(&run.config, &plan.data)?;
-        checkpoint::save(
-            &dir.join("checkpoints"),
-            &run.id,
-            &run.config,
-            vocab,
-            trained.tokenizer.as_ref(),
-            &trained.vs,
-        )?;
+    let trained = kind.train(config, &plan.data, ctx).with_context(|| format!("run `{}`", run.id))?;
+    if config.train.checkpoint {
+        let vocab = kind.vocab(config, &plan.data)?;
+        checkpoint::save(&dir.join("checkpoints"), &run.id, config, vocab, trained.tokenizer.as_ref(), &trained.vs)?;
     }
     plan.results.append(header, run, &trained.outcome)?;
     super::tensorboard::export(dir, recipe)?;
@@ -217,44 +269,26 @@ fn train_and_record(
 
 /// Runs a recipe's runs (this shard's) in this process: everything that can fail on input is checked first
 /// ([`plan`]), finished runs are skipped, the rest train one by one, each committed to `runs.csv` as it
-/// ends; then the plots, TensorBoard files and report. Other ranks of a data-parallel launch follow rank 0.
+/// ends; then the plots, TensorBoard files and report. A tuned recipe trains in passes ([`super::tune`]).
+/// Other ranks of a data-parallel launch follow rank 0.
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
         return follow_rank0(recipe, opts, group);
     }
-    let planned = plan(recipe, opts);
-    if let Some(group) = crate::train::distributed::current() {
-        // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
-        let shared: Result<Vec<&str>, String> = match &planned {
-            Ok(plan) => Ok(plan.todo.iter().map(|r| r.id.as_str()).collect()),
-            Err(e) => Err(format!("{e:#}")),
-        };
-        group.share_from_rank0(&serde_json::to_vec(&shared)?)?;
-    }
-    let plan = planned?;
-    let dir = plan.results.dir.clone();
-    write_resolved(recipe, &dir.join("recipe.resolved.yaml"))?;
-    let skipped = plan.mine.len() - plan.todo.len();
-    if !opts.quiet {
-        let shard = opts.shard.map(|s| format!(" (shard {s} of the {} runs)", recipe.runs.len())).unwrap_or_default();
-        eprintln!(
-            "ablate: {} — {} runs{shard} ({} already finished, {} to train) on {:?} -> {}",
-            recipe.name,
-            plan.mine.len(),
-            skipped,
-            plan.todo.len(),
-            opts.device,
-            dir.display()
-        );
-    }
-    // Every shard writes the whole recipe's columns, so shards merge.
-    let header = super::results::recipe_header(&recipe.runs);
-    let bar = progress_bar(&plan.todo, opts.quiet);
-    for (k, run) in plan.todo.iter().enumerate() {
-        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, plan.mine.len(), run.id));
-        train_and_record(recipe, run, &plan, opts, &header, &bar)?;
-    }
-    bar.finish_and_clear();
+    let trained = match &recipe.tuning {
+        Some(tuning) => super::tune::run_tuned(recipe, tuning, opts),
+        None => {
+            let mine =
+                recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r);
+            train_pass(recipe, opts, mine.collect(), "")
+        }
+    };
+    trained?;
+    tell_followers(&Pass::Done)?;
+    let dir = match opts.shard {
+        Some(shard) => shard.dir(opts.out),
+        None => opts.out.to_path_buf(),
+    };
     if let Some(shard) = opts.shard {
         if !opts.quiet {
             eprintln!(
@@ -269,5 +303,43 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     if !opts.quiet {
         eprintln!("ablate: wrote {}", dir.display());
     }
+    Ok(())
+}
+
+/// One pass over `mine` (runs of this shard; `what` names the pass in the opening line): plans, then trains
+/// the unfinished ones in order, each committed to `runs.csv` as it ends.
+pub(super) fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &str) -> Result<()> {
+    let planned = plan(recipe, opts, mine);
+    if crate::train::distributed::current().is_some() {
+        // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
+        match &planned {
+            Ok(plan) => tell_followers(&Pass::Train(plan.todo.iter().map(|r| r.id.clone()).collect()))?,
+            Err(e) => tell_followers(&Pass::Stopped(format!("{e:#}")))?,
+        }
+    }
+    let plan = planned?;
+    let dir = plan.results.dir.clone();
+    write_resolved(recipe, &dir.join("recipe.resolved.yaml"))?;
+    let skipped = plan.mine.len() - plan.todo.len();
+    if !opts.quiet {
+        let shard = opts.shard.map(|s| format!(" (shard {s} of the {} runs)", recipe.runs.len())).unwrap_or_default();
+        eprintln!(
+            "ablate: {}{what} — {} runs{shard} ({} already finished, {} to train) on {:?} -> {}",
+            recipe.name,
+            plan.mine.len(),
+            skipped,
+            plan.todo.len(),
+            opts.device,
+            dir.display()
+        );
+    }
+    // Every shard and pass writes the whole recipe's columns, so shards merge and passes share one file.
+    let header = super::results::recipe_header(&recipe.runs);
+    let bar = progress_bar(&plan.todo, &plan.configs, opts.quiet);
+    for (k, run) in plan.todo.iter().enumerate() {
+        bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, plan.mine.len(), run.id));
+        train_and_record(recipe, run, &plan, opts, &header, &bar)?;
+    }
+    bar.finish_and_clear();
     Ok(())
 }

@@ -26,7 +26,7 @@ use crate::data::corpus_tasks::{
     Specials, PUNCTUATION_CLASSES,
 };
 use crate::data::spam::spam_inputs;
-use crate::data::{Dataset, TextData, IGNORE};
+use crate::data::{Dataset, HeldOut, TextData, IGNORE};
 use crate::metrics::{self, Metric};
 use crate::models::bert::{Bert as Encoder, BertInputs, BertSpec};
 use crate::recipe::{BertConfig, BertTask, Config, PretrainObjective};
@@ -244,9 +244,10 @@ pub struct PretrainBatch {
 struct Pretraining<'a> {
     model: &'a MaskedLm,
     data: &'a TextData,
-    /// Fixed held-out batches: the masking (and the pairing) is drawn once, so every evaluation scores the
-    /// same.
-    val: Vec<PretrainBatch>,
+    /// Fixed batches of the validation and of the test split: the masking (and the pairing) is drawn once,
+    /// so every evaluation scores the same.
+    validation: Vec<PretrainBatch>,
+    test: Vec<PretrainBatch>,
     cfg: &'a BertConfig,
     specials: Specials,
     vocab: i64,
@@ -351,9 +352,25 @@ impl Objective for Pretraining<'_> {
     }
 
     fn evaluate(&self, step: i64) -> Result<Evaluation> {
+        let e = self.score(&self.validation)?;
+        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count), by all
+        // data-parallel processes.
+        let windows = (step * self.batch * distributed::world_size()) as f64;
+        Ok(e.with("val/tokens_seen", windows * self.block as f64)
+            .with("val/tokens_predicted", windows * self.predicted_per_window()))
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(&self.test)
+    }
+}
+
+impl Pretraining<'_> {
+    /// The objective's loss and accuracy (and next-sentence scores) over held-out `batches`.
+    fn score(&self, batches: &[PretrainBatch]) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
         let count = |t: &Tensor| t.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
-        let [loss, correct, predicted, nsp_loss, nsp_correct, pairs] = sum_over_share(&self.val, |b| {
+        let [loss, correct, predicted, nsp_loss, nsp_correct, pairs] = sum_over_share(batches, |b| {
             let (l, logits, targets, nsp) = match &b.pairs {
                 Some((segments, follows)) => {
                     let p = self.model.pair_loss(&b.inputs, segments, &b.targets, follows, false);
@@ -378,11 +395,7 @@ impl Objective for Pretraining<'_> {
         if pairs > 0.0 {
             e = e.with("val/nsp_loss", nsp_loss / pairs).with("val/nsp_accuracy", nsp_correct / pairs);
         }
-        // The data-efficiency axes: tokens read, and tokens that carried loss (the expected count), by all
-        // data-parallel processes.
-        let windows = (step * self.batch * distributed::world_size()) as f64;
-        Ok(e.with("val/tokens_seen", windows * self.block as f64)
-            .with("val/tokens_predicted", windows * self.predicted_per_window()))
+        Ok(e)
     }
 }
 
@@ -528,11 +541,33 @@ fn eval_batches(n: i64) -> impl Iterator<Item = Tensor> {
         .map(move |start| Tensor::arange_start(start, (start + EVAL_BATCH).min(n), (Kind::Int64, Device::Cpu)))
 }
 
+/// Training examples split into training and validation rows ([`crate::data::carve_validation`]).
+fn validation_rows(n: i64, fraction: f64) -> (Tensor, Tensor) {
+    let (train, validation) = crate::data::carve_validation(n as usize, fraction);
+    let rows = |v: Vec<usize>| Tensor::from_slice(&v.into_iter().map(|i| i as i64).collect::<Vec<_>>());
+    (rows(train), rows(validation))
+}
+
+/// The held-out splits of a fine-tuning task.
+struct HeldOutRows<'a, T> {
+    validation: &'a T,
+    test: &'a T,
+}
+
+impl<'a, T> HeldOutRows<'a, T> {
+    fn get(&self, split: HeldOut) -> &'a T {
+        match split {
+            HeldOut::Validation => self.validation,
+            HeldOut::Test => self.test,
+        }
+    }
+}
+
 struct Classification<'a> {
     bert: &'a Encoder,
     classifier: &'a SequenceClassifier,
     train: &'a Labelled,
-    test: &'a Labelled,
+    held_out: HeldOutRows<'a, Labelled>,
     batch: i64,
     device: Device,
 }
@@ -545,20 +580,30 @@ impl Objective for Classification<'_> {
         self.classifier.loss(&logits, &b.labels)
     }
 
-    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Validation))
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Test))
+    }
+}
+
+impl Classification<'_> {
+    // Every rank scores the whole set (F1 needs every prediction), so all agree without a reduction.
+    fn score(&self, set: &Labelled) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let n = self.test.len();
+        let n = set.len();
         let (mut loss, mut predictions) = (0.0, Vec::new());
         for idx in eval_batches(n) {
-            let b = self.test.rows(&idx, self.device);
+            let b = set.rows(&idx, self.device);
             let logits = self.classifier.logits(self.bert, &b.ids, &b.padding, false);
             loss += self.classifier.loss(&logits, &b.labels).double_value(&[]) * idx.size()[0] as f64;
             predictions.push(self.classifier.predict(&logits).to_device(Device::Cpu));
         }
         let predicted = Tensor::cat(&predictions, 0);
-        let accuracy = predicted.eq_tensor(&self.test.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
-        let f1 = f1_score(&predicted, &self.test.labels);
+        let accuracy = predicted.eq_tensor(&set.labels).to_kind(Kind::Float).mean(Kind::Float).double_value(&[]);
+        let f1 = f1_score(&predicted, &set.labels);
         Ok(Evaluation::default().with("val/loss", loss / n as f64).with("val/accuracy", accuracy).with("val/f1", f1))
     }
 }
@@ -568,7 +613,7 @@ struct Tagging<'a> {
     bert: &'a Encoder,
     tagger: &'a TokenClassifier,
     train: &'a Labelled,
-    test: &'a Labelled,
+    held_out: HeldOutRows<'a, Labelled>,
     batch: i64,
     device: Device,
 }
@@ -581,12 +626,22 @@ impl Objective for Tagging<'_> {
         TokenClassifier::loss(&logits, &b.labels)
     }
 
-    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Validation))
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Test))
+    }
+}
+
+impl Tagging<'_> {
+    // Every rank scores the whole set (F1 needs every prediction), so all agree without a reduction.
+    fn score(&self, set: &Labelled) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
         let (mut loss, mut scored, mut predictions) = (0.0, 0.0, Vec::new());
-        for idx in eval_batches(self.test.len()) {
-            let b = self.test.rows(&idx, self.device);
+        for idx in eval_batches(set.len()) {
+            let b = set.rows(&idx, self.device);
             let logits = self.tagger.logits(self.bert, &b.ids, &b.padding, false);
             let count = b.labels.ne(IGNORE).sum(Kind::Float).double_value(&[]);
             loss += TokenClassifier::loss(&logits, &b.labels).double_value(&[]) * count;
@@ -594,7 +649,7 @@ impl Objective for Tagging<'_> {
             predictions.push(logits.argmax(-1, false).to_device(Device::Cpu));
         }
         let predicted = Tensor::cat(&predictions, 0);
-        let labels = &self.test.labels;
+        let labels = &set.labels;
         let mask = labels.ne(IGNORE);
         let right = predicted.eq_tensor(labels).logical_and(&mask).sum(Kind::Float).double_value(&[]);
         let f1 = mark_f1(&predicted, labels);
@@ -610,7 +665,7 @@ struct Locating<'a> {
     bert: &'a Encoder,
     span: &'a SpanPredictor,
     train: &'a SpanExamples,
-    test: &'a SpanExamples,
+    held_out: HeldOutRows<'a, SpanExamples>,
     batch: i64,
     device: Device,
 }
@@ -623,20 +678,30 @@ impl Objective for Locating<'_> {
         SpanPredictor::loss(&s, &e, &b.start, &b.end)
     }
 
-    // Every rank scores the whole test set (F1 needs every prediction), so all agree without a reduction.
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Validation))
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(self.held_out.get(HeldOut::Test))
+    }
+}
+
+impl Locating<'_> {
+    // Every rank scores the whole set (F1 needs every prediction), so all agree without a reduction.
+    fn score(&self, set: &SpanExamples) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let n = self.test.ids.size()[0];
+        let n = set.ids.size()[0];
         let (mut loss, mut predicted) = (0.0, Vec::new());
         for idx in eval_batches(n) {
-            let b = self.test.rows(&idx, self.device);
+            let b = set.rows(&idx, self.device);
             let (s, e) = self.span.logits(self.bert, &b, false);
             let l = SpanPredictor::loss(&s, &e, &b.start, &b.end);
             loss += l.double_value(&[]) * idx.size()[0] as f64;
             predicted.extend(self.span.best_spans(&s, &e));
         }
-        let starts = Vec::<i64>::try_from(&self.test.start).unwrap_or_default();
-        let ends = Vec::<i64>::try_from(&self.test.end).unwrap_or_default();
+        let starts = Vec::<i64>::try_from(&set.start).unwrap_or_default();
+        let ends = Vec::<i64>::try_from(&set.end).unwrap_or_default();
         let gold: Vec<(i64, i64)> = starts.into_iter().zip(ends).collect();
         let (exact, f1) = span_scores(&predicted, &gold);
         Ok(Evaluation::default()
@@ -719,7 +784,7 @@ const TASK_TEST_ROWS: usize = 1024;
 /// The corpus's word pieces for the generated tasks, split where `TextData` splits the text.
 fn task_pieces(cfg: &Config) -> Result<(Vec<Passage>, Vec<Passage>)> {
     let text = crate::data::load_text(&cfg.data)?;
-    let (train, test) = crate::data::split_text(&text, cfg.data.val_fraction);
+    let (train, test) = crate::data::split_text(&text, cfg.data.test_fraction);
     let own = |t: &str| -> Vec<Passage> {
         word_pieces(t).into_iter().map(|w| w.into_iter().map(str::to_string).collect()).collect()
     };
@@ -789,34 +854,34 @@ impl Task for Bert {
         let b = cfg.bert();
         let mut m = match (b.task, b.objective) {
             (BertTask::Pretrain, PretrainObjective::Masked) => vec![
-                Metric::both("val_loss", "val/loss", "held-out masked-LM loss", "nats/masked token", false),
-                Metric::both("val_accuracy", "val/accuracy", "held-out masked-token accuracy", "", true),
-                Metric::both("mlm_loss", "val/mlm_loss", "held-out masked-LM loss", "nats/masked token", false)
+                Metric::both("test_loss", "val/loss", "test masked-LM loss", "nats/masked token", false),
+                Metric::both("test_accuracy", "val/accuracy", "test masked-token accuracy", "", true),
+                Metric::both("test_mlm_loss", "val/mlm_loss", "test masked-LM loss", "nats/masked token", false)
                     .detail(),
-                Metric::both("mlm_accuracy", "val/mlm_accuracy", "held-out masked-token accuracy", "", true)
+                Metric::both("test_mlm_accuracy", "val/mlm_accuracy", "test masked-token accuracy", "", true)
                     .detail()
                     .no_charts(),
             ],
             (BertTask::Pretrain, PretrainObjective::MaskedNsp) => vec![
                 Metric::both(
-                    "val_loss",
+                    "test_loss",
                     "val/loss",
-                    "held-out masked-LM loss (on segment pairs)",
+                    "test masked-LM loss (on segment pairs)",
                     "nats/masked token",
                     false,
                 ),
-                Metric::both("val_accuracy", "val/accuracy", "held-out masked-token accuracy", "", true),
-                Metric::both("mlm_loss", "val/mlm_loss", "held-out masked-LM loss", "nats/masked token", false)
+                Metric::both("test_accuracy", "val/accuracy", "test masked-token accuracy", "", true),
+                Metric::both("test_mlm_loss", "val/mlm_loss", "test masked-LM loss", "nats/masked token", false)
                     .detail(),
-                Metric::both("mlm_accuracy", "val/mlm_accuracy", "held-out masked-token accuracy", "", true)
+                Metric::both("test_mlm_accuracy", "val/mlm_accuracy", "test masked-token accuracy", "", true)
                     .detail()
                     .no_charts(),
-                Metric::both("nsp_loss", "val/nsp_loss", "held-out next-sentence loss", "nats/pair", false).detail(),
-                Metric::both("nsp_accuracy", "val/nsp_accuracy", "held-out next-sentence accuracy", "", true),
+                Metric::both("test_nsp_loss", "val/nsp_loss", "test next-sentence loss", "nats/pair", false).detail(),
+                Metric::both("test_nsp_accuracy", "val/nsp_accuracy", "test next-sentence accuracy", "", true),
             ],
             (BertTask::Pretrain, PretrainObjective::NextToken) => vec![
-                Metric::both("val_loss", "val/loss", "held-out next-token loss", "nats/token", false),
-                Metric::both("val_accuracy", "val/accuracy", "held-out next-token accuracy", "", true),
+                Metric::both("test_loss", "val/loss", "test next-token loss", "nats/token", false),
+                Metric::both("test_accuracy", "val/accuracy", "test next-token accuracy", "", true),
             ],
             (task, _) => {
                 let (accuracy, f1) = match task {
@@ -825,39 +890,44 @@ impl Task for Bert {
                     _ => ("test exact match of the spans", "test F1 of the predicted spans (token overlap)"),
                 };
                 let mut m = vec![
-                    Metric::both("val_loss", "val/loss", "test loss of the task head", "nats/example", false).detail(),
-                    Metric::both("val_accuracy", "val/accuracy", accuracy, "", true),
-                    Metric::both("f1", "val/f1", f1, "", true),
+                    Metric::both("test_loss", "val/loss", "test loss of the task head", "nats/example", false).detail(),
+                    Metric::both("test_accuracy", "val/accuracy", accuracy, "", true),
+                    Metric::both("test_f1", "val/f1", f1, "", true),
                 ];
                 if task == BertTask::Locate {
                     m.push(
-                        Metric::both("exact_match", "val/exact_match", "test exact match of the spans", "", true)
+                        Metric::both("test_exact_match", "val/exact_match", "test exact match of the spans", "", true)
                             .detail(),
                     );
                 }
                 if b.pretrain_steps > 0 {
                     m.push(Metric::column(
-                        "mlm_loss",
-                        "masked-LM held-out loss after pre-training",
+                        "test_mlm_loss",
+                        "test masked-LM loss after pre-training",
                         "nats/masked token",
                         false,
                     ));
                     m.push(
-                        Metric::column("mlm_accuracy", "masked-token accuracy after pre-training", "", true)
+                        Metric::column("test_mlm_accuracy", "test masked-token accuracy after pre-training", "", true)
                             .detail()
                             .no_charts(),
                     );
                     m.push(Metric::curve(
                         "pretrain_val/mlm_loss",
-                        "masked-LM held-out loss during pre-training",
+                        "validation masked-LM loss during pre-training",
                         "nats/masked token",
                         false,
                     ));
                     if b.objective == PretrainObjective::MaskedNsp {
-                        m.push(Metric::column("nsp_accuracy", "next-sentence accuracy after pre-training", "", true));
+                        m.push(Metric::column(
+                            "test_nsp_accuracy",
+                            "test next-sentence accuracy after pre-training",
+                            "",
+                            true,
+                        ));
                         m.push(Metric::curve(
                             "pretrain_val/nsp_accuracy",
-                            "next-sentence held-out accuracy during pre-training",
+                            "validation next-sentence accuracy during pre-training",
                             "",
                             true,
                         ));
@@ -922,6 +992,10 @@ impl Task for Bert {
         (per_token / 3.0 * block as f64, format!("sequence of {block} tokens"))
     }
 
+    fn tokens_per_example(&self, cfg: &Config, _data: &DataCache) -> Result<f64> {
+        Ok(cfg.transformer.block_size as f64)
+    }
+
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let Dataset::Text(text) = DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))? else {
             bail!("kind bert reads text (data.task: text)")
@@ -968,7 +1042,7 @@ fn train_bert(
     let specials = Specials::of(&data.tokenizer)?;
     let vocab = data.tokenizer.vocab_size();
     let block = cfg.transformer.block_size;
-    if data.train.numel() as i64 <= block || data.val.numel() as i64 <= block {
+    if [&data.train, &data.validation, &data.test].iter().any(|split| split.numel() as i64 <= block) {
         bail!("the corpus splits need more than transformer.block_size = {block} tokens");
     }
     tch::manual_seed(t.seed as i64);
@@ -978,12 +1052,23 @@ fn train_bert(
         init_from(&vs, &path)?;
     }
     // Held-out examples, evenly spaced, masked (and paired) once with a fixed seed.
-    let mut pretraining =
-        Pretraining { model: &mlm, data, val: Vec::new(), cfg: b, specials, vocab, batch: t.batch_size, block, device };
-    tch::manual_seed(0x3a5c);
+    let mut pretraining = Pretraining {
+        model: &mlm,
+        data,
+        validation: Vec::new(),
+        test: Vec::new(),
+        cfg: b,
+        specials,
+        vocab,
+        batch: t.batch_size,
+        block,
+        device,
+    };
     let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
-    pretraining.val =
-        pretraining.held_out(&data.val, t.eval_batches * t.global_batch(), t.global_batch(), eval_fraction);
+    let (count, batch) = (t.eval_batches * t.global_batch(), t.global_batch());
+    tch::manual_seed(0x3a5c);
+    pretraining.test = pretraining.held_out(&data.test, count, batch, eval_fraction);
+    pretraining.validation = pretraining.held_out(&data.validation, count, batch, eval_fraction);
     tch::manual_seed(t.seed as i64);
 
     let (mut tokens_seen, mut train_time) = (0i64, 0.0);
@@ -1007,7 +1092,7 @@ fn train_bert(
             tokens_seen += run.steps_done * phase_tokens;
             train_time += run.train_time;
             curves.append(&mut run.curves);
-            pretrained_eval = Some(run.final_eval);
+            pretrained_eval = Some(run.test_eval);
             pretraining_peak_mb = run.peak_memory_mb;
         }
         let examples = TaskExamples { cfg, data, emails, specials };
@@ -1031,15 +1116,21 @@ fn train_bert(
     let model_flops = flops / train_time.max(1e-9);
     let metrics = task.metrics(cfg);
     let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &metrics);
-    // A fine-tuning run's masked-LM columns: its pre-training's last held-out evaluation.
+    // A fine-tuning run's masked-LM columns: its pre-training's test evaluation.
     if let Some(e) = pretrained_eval.filter(|_| b.objective.masks()) {
-        outcome.set("mlm_loss", e.get("val/mlm_loss"));
-        outcome.set("mlm_accuracy", e.get("val/mlm_accuracy"));
+        outcome.set("test_mlm_loss", e.get("val/mlm_loss"));
+        outcome.set("test_mlm_accuracy", e.get("val/mlm_accuracy"));
         if b.objective == PretrainObjective::MaskedNsp {
-            outcome.set("nsp_accuracy", e.get("val/nsp_accuracy"));
+            outcome.set("test_nsp_accuracy", e.get("val/nsp_accuracy"));
         }
     }
     Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })
+}
+
+/// `examples` split into training and validation rows ([`validation_rows`]).
+fn carve_labelled(examples: &Labelled, fraction: f64) -> (Labelled, Labelled) {
+    let (train, validation) = validation_rows(examples.len(), fraction);
+    (examples.rows(&train, Device::Cpu), examples.rows(&validation, Device::Cpu))
 }
 
 /// What a fine-tuning task's examples are made from: the run's config, its corpus and tokenizer, the
@@ -1076,24 +1167,31 @@ fn fine_tune(
         TaskHead::Sequence(classifier) => {
             let emails = emails.context("task spam needs the SpamAssassin emails")?;
             let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
-            let task = Classification { bert, classifier, train: &train, test: &test, batch, device };
+            let (train, validation) = carve_labelled(&train, cfg.data.validation_fraction);
+            let held_out = HeldOutRows { validation: &validation, test: &test };
+            let task = Classification { bert, classifier, train: &train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
         TaskHead::Tokens(tagger) => {
             let (train, test) = task_pieces(cfg)?;
             let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
             let (train, test) = (examples(&train)?, examples(&test)?);
-            let task = Tagging { bert, tagger, train: &train, test: &test, batch, device };
+            let (train, validation) = carve_labelled(&train, cfg.data.validation_fraction);
+            let held_out = HeldOutRows { validation: &validation, test: &test };
+            let task = Tagging { bert, tagger, train: &train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
         TaskHead::Span(span) => {
             let (train, test) = task_pieces(cfg)?;
             let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
             let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
-            if train.start.numel() == 0 || test.start.numel() == 0 {
+            let (train_rows, validation_rows) = validation_rows(train.ids.size()[0], cfg.data.validation_fraction);
+            let (train, validation) = (train.rows(&train_rows, Device::Cpu), train.rows(&validation_rows, Device::Cpu));
+            if [&train, &validation, &test].iter().any(|split| split.start.numel() == 0) {
                 bail!("task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}");
             }
-            let task = Locating { bert, span, train: &train, test: &test, batch, device };
+            let held_out = HeldOutRows { validation: &validation, test: &test };
+            let task = Locating { bert, span, train: &train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
     }

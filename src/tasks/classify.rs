@@ -6,6 +6,7 @@ use tch::{nn, Device, Kind as DType, Tensor};
 
 use super::{Built, DataCache, RunContext, Task, Trained};
 use crate::data::images::ImageTask;
+use crate::data::HeldOut;
 use crate::metrics::{self, Metric};
 use crate::models::cnn::Cnn;
 use crate::models::davit::Davit;
@@ -19,12 +20,18 @@ use crate::train::{optimise, optimise_phase, Evaluation, Objective};
 
 pub struct Classification;
 
-/// Test images per evaluation batch.
+/// Held-out images per evaluation batch.
 const EVAL_BATCH: i64 = 500;
 
-/// The image set a vision run reads.
+/// The image set a vision run reads, with its validation carve-out.
 pub fn images_key(cfg: &Config) -> String {
-    serde_yaml::to_string(&cfg.images()).unwrap_or_default()
+    let images = serde_yaml::to_string(&cfg.images()).unwrap_or_default();
+    format!("{images}validation_fraction: {}", cfg.data.validation_fraction)
+}
+
+/// The image set of a vision run, loaded (`validation_fraction` of its training images set aside).
+pub fn load_images(cfg: &Config) -> Result<ImageTask> {
+    ImageTask::load(&cfg.images(), cfg.data.validation_fraction)
 }
 
 /// The classifier of a vit, swin, davit or cnn run.
@@ -58,7 +65,19 @@ pub fn check_fits(task: &ImageTask, model: &Image) -> Result<()> {
 
 /// The image set a classifier's pre-training reads.
 fn pretrain_key(cfg: &Config) -> String {
-    serde_yaml::to_string(&cfg.vision().pretrain_on).unwrap_or_default()
+    let images = serde_yaml::to_string(&cfg.vision().pretrain_on).unwrap_or_default();
+    format!("{images}validation_fraction: {}", cfg.data.validation_fraction)
+}
+
+/// The side of the token grid a classifier's throughput counts: the first stage's patches (a convolution
+/// reads every pixel).
+fn tokens_side(cfg: &Config) -> i64 {
+    let v = cfg.vision();
+    if cfg.kind == Kind::Cnn {
+        v.image_size
+    } else {
+        v.grid(cfg.kind)
+    }
 }
 
 /// Analytic multiply-accumulates of one forward pass on one image.
@@ -73,6 +92,7 @@ pub fn forward_macs(cfg: &Config) -> f64 {
 struct Classifying<'a> {
     model: &'a dyn ImageClassifier,
     task: &'a ImageTask,
+    validation: Vec<(Tensor, Tensor)>,
     test: Vec<(Tensor, Tensor)>,
     batch: i64,
     device: Device,
@@ -87,8 +107,23 @@ impl Objective for Classifying<'_> {
     }
 
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        let e = self.score(&self.validation)?;
+        Ok(match self.probe_attention {
+            true => super::probe(e, &self.model.classify(&self.validation[0].0, false, true).1),
+            false => e,
+        })
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(&self.test)
+    }
+}
+
+impl Classifying<'_> {
+    /// Mean loss and accuracy over held-out `batches`.
+    fn score(&self, batches: &[(Tensor, Tensor)]) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let [loss, correct, count] = sum_over_share(&self.test, |(x, y)| {
+        let [loss, correct, count] = sum_over_share(batches, |(x, y)| {
             let logits = self.model.classify(x, false, false).0.to_kind(DType::Float);
             let n = y.size()[0] as f64;
             [
@@ -97,11 +132,7 @@ impl Objective for Classifying<'_> {
                 n,
             ]
         })?;
-        let e = Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count);
-        Ok(match self.probe_attention {
-            true => super::probe(e, &self.model.classify(&self.test[0].0, false, true).1),
-            false => e,
-        })
+        Ok(Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count))
     }
 }
 
@@ -120,8 +151,8 @@ impl Built for BuiltClassifier {
 impl Task for Classification {
     fn metrics(&self, cfg: &Config) -> Vec<Metric> {
         let mut m = vec![
-            Metric::both("val_loss", "val/loss", "test loss", "nats/image", false),
-            Metric::both("val_accuracy", "val/accuracy", "test accuracy", "", true),
+            Metric::both("test_loss", "val/loss", "test loss", "nats/image", false),
+            Metric::both("test_accuracy", "val/accuracy", "test accuracy", "", true),
         ];
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
@@ -133,7 +164,7 @@ impl Task for Classification {
                 "",
                 true,
             ));
-            m.push(Metric::curve("pretrain_val/accuracy", "test accuracy during pre-training", "", true));
+            m.push(Metric::curve("pretrain_val/accuracy", "validation accuracy during pre-training", "", true));
         }
         m.extend(metrics::optimisation("nats/image"));
         let tokens = if cfg.kind == Kind::Cnn { "pixels/s" } else { "patch tokens/s" };
@@ -142,12 +173,14 @@ impl Task for Classification {
     }
 
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
-        let images = cfg.images();
-        let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
+        let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || load_images(cfg))?;
         check_fits(task, &cfg.image())?;
         if cfg.vision().pretrain_steps > 0 {
             let on = &cfg.vision().pretrain_on;
-            let source = DataCache::get_or_load(&mut data.images, pretrain_key(cfg), || ImageTask::load(on))?;
+            let validation_fraction = cfg.data.validation_fraction;
+            let source = DataCache::get_or_load(&mut data.images, pretrain_key(cfg), || {
+                ImageTask::load(on, validation_fraction)
+            })?;
             check_fits(source, &cfg.image())?;
         }
         Ok(())
@@ -165,9 +198,14 @@ impl Task for Classification {
         (2.0 * forward_macs(cfg), "image".into())
     }
 
-    /// Evaluation uses the first `eval_batches × 500` test images (all 10,000 at 20 batches). With
-    /// `vision.pretrain_steps`, the model first trains on `vision.pretrain_on` (evaluated on its test
-    /// images), then its head is drawn afresh and the whole model fine-tuned on the run's images.
+    fn tokens_per_example(&self, cfg: &Config, _data: &DataCache) -> Result<f64> {
+        Ok((tokens_side(cfg) * tokens_side(cfg)) as f64)
+    }
+
+    /// Evaluation uses the first `eval_batches × 500` validation images during training and as many test
+    /// images at the end (all 10,000 at 20 batches). With `vision.pretrain_steps`, the model first trains on
+    /// `vision.pretrain_on` (evaluated on its own splits), then its head is drawn afresh and the whole model
+    /// fine-tuned on the run's images.
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let task = DataCache::loaded(&data.images, &images_key(cfg))?;
         let (t, device, v) = (&cfg.train, ctx.device, cfg.vision());
@@ -178,7 +216,8 @@ impl Task for Classification {
         let objective = |task| Classifying {
             model: model.as_ref(),
             task,
-            test: task.test_batches(t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
+            validation: task.held_out_batches(HeldOut::Validation, t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
+            test: task.held_out_batches(HeldOut::Test, t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
             batch: t.batch_size,
             device,
             probe_attention: t.probe_attention,
@@ -197,7 +236,7 @@ impl Task for Classification {
                 let outcome = run.into_outcome(started, 0.0, 0.0, device, t.precision, &self.metrics(cfg));
                 return Ok(Trained { outcome, vs, tokenizer: None });
             }
-            pretrain_accuracy = Some(run.final_eval.get("val/accuracy"));
+            pretrain_accuracy = Some(run.test_eval.get("val/accuracy"));
             (pretrain_time, pretrain_steps, pretrain_peak_mb) = (run.train_time, run.steps_done, run.peak_memory_mb);
             curves.append(&mut run.curves);
             // A new head: the pre-training's classes are not the run's (even when they have the same count).
@@ -209,11 +248,8 @@ impl Task for Classification {
         run.curves = curves;
         let images = ((run.steps_done + pretrain_steps) * t.global_batch()) as f64;
         let images_per_s = images / (run.train_time + pretrain_time).max(1e-9);
-        // A convolution reads every pixel.
-        let grid = if cfg.kind == Kind::Cnn { v.image_size } else { v.grid(cfg.kind) };
         let model_flops = images_per_s * 6.0 * forward_macs(cfg);
-        // Tokens are the first stage's patches.
-        let tokens_per_s = images_per_s * (grid * grid) as f64;
+        let tokens_per_s = images_per_s * (tokens_side(cfg) * tokens_side(cfg)) as f64;
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
         if let Some(accuracy) = pretrain_accuracy {
             outcome.set("pretrain_accuracy", accuracy);

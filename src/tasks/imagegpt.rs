@@ -8,9 +8,10 @@ use std::path::Path;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 
-use super::classify::images_key;
+use super::classify::{images_key, load_images};
 use super::{Built, DataCache, RunContext, Task, Trained};
 use crate::data::images::ImageTask;
+use crate::data::HeldOut;
 use crate::metrics::{self, Metric};
 use crate::models::imagegpt::{downsample, fit_palette, ImageGpt as Model};
 use crate::recipe::{Config, Quantiser};
@@ -38,10 +39,12 @@ pub fn training_pixels(task: &ImageTask, patch: i64) -> Tensor {
     pixels.index_select(0, &sample)
 }
 
-/// Next-pixel prediction on the task's (augmented) training images; evaluation on test images.
+/// Next-pixel prediction on the task's (augmented) training images; evaluation on validation images, and
+/// once on test images.
 struct NextPixel<'a> {
     model: &'a Model,
     task: &'a ImageTask,
+    validation: Vec<Tensor>,
     test: Vec<Tensor>,
     batch: i64,
     device: Device,
@@ -61,8 +64,23 @@ impl Objective for NextPixel<'_> {
     }
 
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        let e = self.score(&self.validation)?;
+        Ok(match self.probe_attention {
+            true => super::probe(e, &self.model.attention_weights(&self.validation[0])),
+            false => e,
+        })
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(&self.test)
+    }
+}
+
+impl NextPixel<'_> {
+    /// Loss, accuracy and bits per dimension over held-out token `batches`.
+    fn score(&self, batches: &[Tensor]) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
-        let [loss, correct, count] = sum_over_share(&self.test, |tokens| {
+        let [loss, correct, count] = sum_over_share(batches, |tokens| {
             let (l, logits) = self.model.loss(tokens, false);
             let pixels = tokens.numel() as f64;
             [
@@ -71,14 +89,10 @@ impl Objective for NextPixel<'_> {
                 pixels,
             ]
         })?;
-        let e = Evaluation::default()
+        Ok(Evaluation::default()
             .with("val/loss", loss / count)
             .with("val/accuracy", correct / count)
-            .with("val/bits_per_dim", loss / count / std::f64::consts::LN_2);
-        Ok(match self.probe_attention {
-            true => super::probe(e, &self.model.attention_weights(&self.test[0])),
-            false => e,
-        })
+            .with("val/bits_per_dim", loss / count / std::f64::consts::LN_2))
     }
 }
 
@@ -202,10 +216,10 @@ impl Built for BuiltImageGpt {
 impl Task for ImageGpt {
     fn metrics(&self, cfg: &Config) -> Vec<Metric> {
         let mut m = vec![
-            Metric::both("val_loss", "val/loss", "test loss", "nats/pixel", false).detail(),
-            Metric::both("val_accuracy", "val/accuracy", "test next-pixel accuracy", "", true),
-            Metric::both("bits_per_dim", "val/bits_per_dim", "test bits per dimension", "bits/pixel", false),
-            Metric::column("probe_accuracy", "linear-probe test accuracy", "", true),
+            Metric::both("test_loss", "val/loss", "test loss", "nats/pixel", false).detail(),
+            Metric::both("test_accuracy", "val/accuracy", "test next-pixel accuracy", "", true),
+            Metric::both("test_bits_per_dim", "val/bits_per_dim", "test bits per dimension", "bits/pixel", false),
+            Metric::column("test_probe_accuracy", "test linear-probe accuracy", "", true),
         ];
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
@@ -216,8 +230,7 @@ impl Task for ImageGpt {
     }
 
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
-        let images = cfg.images();
-        let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || ImageTask::load(&images))?;
+        let task = DataCache::get_or_load(&mut data.images, images_key(cfg), || load_images(cfg))?;
         super::classify::check_fits(task, &cfg.image())
     }
 
@@ -232,6 +245,11 @@ impl Task for ImageGpt {
 
     fn forward_flops(&self, cfg: &Config, _params: i64, _vocab: i64) -> (f64, String) {
         (2.0 * cfg.image_gpt_spec().forward_macs(), "image".into())
+    }
+
+    fn tokens_per_example(&self, cfg: &Config, _data: &DataCache) -> Result<f64> {
+        let grid = cfg.image_gpt_spec().grid();
+        Ok((grid * grid) as f64)
     }
 
     /// Fits the palette, trains next-pixel prediction, fits the linear probe and samples the completion
@@ -249,14 +267,27 @@ impl Task for ImageGpt {
         let mut vs = nn::VarStore::new(device);
         let mut model = Model::new(&vs.root(), &spec);
         model.set_palette(&palette.to_device(device));
-        let test_count = (t.eval_batches * EVAL_BATCH).min(task.test.len());
-        let test_images = task.test.images.narrow(0, 0, test_count);
-        let test: Vec<Tensor> = (0..test_count)
-            .step_by(EVAL_BATCH as usize)
-            .map(|s| model.tokens(&test_images.narrow(0, s, EVAL_BATCH.min(test_count - s)).to_device(device)))
-            .collect();
-        let objective =
-            NextPixel { model: &model, task, test, batch: t.batch_size, device, probe_attention: t.probe_attention };
+        let tokens_of = |split: HeldOut| -> (Tensor, Vec<Tensor>) {
+            let set = task.held_out(split);
+            let count = (t.eval_batches * EVAL_BATCH).min(set.len());
+            let images = set.images.narrow(0, 0, count);
+            let batches = (0..count)
+                .step_by(EVAL_BATCH as usize)
+                .map(|s| model.tokens(&images.narrow(0, s, EVAL_BATCH.min(count - s)).to_device(device)))
+                .collect();
+            (images, batches)
+        };
+        let ((_, validation), (test_images, test)) = (tokens_of(HeldOut::Validation), tokens_of(HeldOut::Test));
+        let test_count = test_images.size()[0];
+        let objective = NextPixel {
+            model: &model,
+            task,
+            validation,
+            test,
+            batch: t.batch_size,
+            device,
+            probe_attention: t.probe_attention,
+        };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
         let images_per_s = (run.steps_done * t.global_batch()) as f64 / run.train_time.max(1e-9);
         let tokens = model.grid * model.grid;
@@ -299,7 +330,7 @@ impl Task for ImageGpt {
         let metrics = self.metrics(cfg);
         let mut outcome =
             run.into_outcome(started, images_per_s * tokens as f64, model_flops, device, t.precision, &metrics);
-        outcome.set("probe_accuracy", probe_accuracy);
+        outcome.set("test_probe_accuracy", probe_accuracy);
         Ok(Trained { outcome, vs, tokenizer: None })
     }
 }

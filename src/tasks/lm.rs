@@ -1,13 +1,14 @@
 //! kind lm: a GPT decoder (UDL §12.7) trained by next-token prediction on a text corpus or on the copy task;
-//! evaluated on fixed held-out batches (and, with `train.eval_lengths`, on longer windows than it trained
-//! on), with attention probes when asked and a sample at the end.
+//! evaluated during training on fixed validation batches, and once at the end on fixed test batches (and,
+//! with `train.eval_lengths`, on longer test windows than it trained on), with attention probes when asked
+//! and a sample at the end.
 use anyhow::Result;
 use std::borrow::Cow;
 use std::time::Instant;
 use tch::{nn, Device, Kind as DType, Tensor};
 
 use super::{Built, DataCache, RunContext, Task, Trained};
-use crate::data::{Dataset, IGNORE};
+use crate::data::{Dataset, HeldOut, IGNORE};
 use crate::metrics::{self, Metric};
 use crate::models::decode::{generate, Decoding, NextToken};
 use crate::models::gpt::Gpt;
@@ -40,33 +41,48 @@ pub fn evaluate(model: &Gpt, batches: &[(Tensor, Tensor)]) -> Result<(f64, f64)>
     Ok((loss / batches.len() as f64, correct / count))
 }
 
-/// Held-out loss per character (nats/char): the nats of every scored target token over the characters those
-/// tokens spell, so that models over different tokenizers (char, BPE, WordPiece) compare on the same text.
-/// Each window's characters are its decoded targets (WordPiece's decoding re-spaces words, so its count
-/// is the text as the tokenizer normalised it).
-pub fn loss_per_char(
+/// Loss per unit of text, independent of the tokenizer, so that models over different tokenizers (char,
+/// BPE, WordPiece) compare on the same text: nats per character, and bits per UTF-8 byte (the unit of
+/// byte-level and compression results).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextLoss {
+    pub nats_per_char: f64,
+    pub bits_per_byte: f64,
+}
+
+/// [`TextLoss`] over `batches`: the nats of every target token over the characters and the UTF-8 bytes
+/// those tokens spell. Each window's text is its decoded targets (WordPiece's decoding re-spaces words, so
+/// its count is the text as the tokenizer normalised it).
+pub fn text_loss(
     model: &Gpt,
     batches: &[(Tensor, Tensor)],
     tokenizer: &crate::data::tokenize::TextTokenizer,
-) -> f64 {
+) -> TextLoss {
     let _guard = tch::no_grad_guard();
-    let (mut nats, mut chars) = (0.0, 0usize);
+    let (mut nats, mut chars, mut bytes) = (0.0, 0usize, 0usize);
     for (x, y) in batches {
         let (_, mean) = model.loss(x, y, false);
         nats += mean.double_value(&[]) * y.numel() as f64;
         for row in 0..y.size()[0] {
             let ids = Vec::<i64>::try_from(y.get(row).to_device(Device::Cpu)).expect("int64 targets");
-            chars += tokenizer.decode(&ids).chars().count();
+            let text = tokenizer.decode(&ids);
+            chars += text.chars().count();
+            bytes += text.len();
         }
     }
-    nats / chars.max(1) as f64
+    TextLoss {
+        nats_per_char: nats / chars.max(1) as f64,
+        bits_per_byte: nats / std::f64::consts::LN_2 / bytes.max(1) as f64,
+    }
 }
 
-/// Next-token prediction: batches from the corpus (or the copy task), evaluation on fixed held-out batches.
+/// Next-token prediction: batches from the corpus (or the copy task), evaluation on fixed validation
+/// batches, and once on fixed test batches.
 struct NextTokenObjective<'a> {
     model: &'a Gpt,
     data: &'a Dataset,
-    val: Vec<(Tensor, Tensor)>,
+    validation: Vec<(Tensor, Tensor)>,
+    test: Vec<(Tensor, Tensor)>,
     batch: i64,
     block: i64,
     device: Device,
@@ -81,13 +97,19 @@ impl Objective for NextTokenObjective<'_> {
     }
 
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
-        let (loss, accuracy) = evaluate(self.model, &self.val)?;
+        let (loss, accuracy) = evaluate(self.model, &self.validation)?;
         let e = Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy);
         if !self.probe_attention {
             return Ok(e);
         }
-        let weights = tch::no_grad(|| self.model.forward_with_weights(&self.val[0].0, Pass::eval().with_weights()).1);
+        let weights =
+            tch::no_grad(|| self.model.forward_with_weights(&self.validation[0].0, Pass::eval().with_weights()).1);
         Ok(super::probe(e, &weights))
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        let (loss, accuracy) = evaluate(self.model, &self.test)?;
+        Ok(Evaluation::default().with("val/loss", loss).with("val/accuracy", accuracy))
     }
 }
 
@@ -135,18 +157,19 @@ impl Task for LanguageModel {
         let copy = cfg.data.task == DataTask::Copy;
         let mut m = vec![
             Metric::both(
-                "val_loss",
+                "test_loss",
                 "val/loss",
-                if copy { "held-out loss on the copy" } else { "held-out loss" },
+                if copy { "test loss on the copy" } else { "test loss" },
                 "nats/token",
                 false,
             ),
-            Metric::column("val_perplexity", "held-out perplexity", "", false).detail().no_charts(),
-            Metric::column("val_loss_per_char", "held-out loss per character", "nats/char", false).detail(),
+            Metric::column("test_perplexity", "test perplexity", "", false).detail().no_charts(),
+            Metric::column("test_loss_per_char", "test loss per character", "nats/char", false).detail(),
+            Metric::column("test_bits_per_byte", "test bits per UTF-8 byte", "bits/byte", false).detail(),
             Metric::both(
-                "val_accuracy",
+                "test_accuracy",
                 "val/accuracy",
-                if copy { "held-out accuracy on the copy" } else { "held-out next-token accuracy" },
+                if copy { "test accuracy on the copy" } else { "test next-token accuracy" },
                 "",
                 true,
             ),
@@ -156,14 +179,14 @@ impl Task for LanguageModel {
             // Drawn together by the length-generalisation chart.
             let base = Metric::column("", "", "", false).detail().no_charts();
             m.push(Metric {
-                column: owned(format!("val_loss_x{k}")),
-                label: "held-out loss at k× the block",
+                column: owned(format!("test_loss_x{k}")),
+                label: "test loss at k× the block",
                 unit: "nats/token",
                 ..base.clone()
             });
             m.push(Metric {
-                column: owned(format!("val_accuracy_x{k}")),
-                label: "held-out accuracy at k× the block",
+                column: owned(format!("test_accuracy_x{k}")),
+                label: "test accuracy at k× the block",
                 higher_is_better: true,
                 ..base
             });
@@ -194,6 +217,10 @@ impl Task for LanguageModel {
         (train_flops_per_token(cfg, params, vocab) / 3.0 * block as f64, format!("sequence of {block} tokens"))
     }
 
+    fn tokens_per_example(&self, cfg: &Config, _data: &DataCache) -> Result<f64> {
+        Ok(cfg.transformer.block_size as f64)
+    }
+
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let data = DataCache::loaded(&data.text, &data_key(cfg))?;
         let (t, device) = (&cfg.train, ctx.device);
@@ -206,7 +233,8 @@ impl Task for LanguageModel {
         let objective = NextTokenObjective {
             model: &model,
             data,
-            val: data.val_batches(t.eval_batches, t.global_batch(), block, device),
+            validation: data.held_out_batches(HeldOut::Validation, t.eval_batches, t.global_batch(), block, device),
+            test: data.held_out_batches(HeldOut::Test, t.eval_batches, t.global_batch(), block, device),
             batch: t.batch_size,
             block,
             device,
@@ -216,7 +244,7 @@ impl Task for LanguageModel {
         let tokens_per_s = (run.steps_done * t.global_batch() * block) as f64 / run.train_time.max(1e-9);
         let model_flops = tokens_per_s * train_flops_per_token(cfg, run.params, vocab);
         let _autocast = precision::autocast(t.precision, device);
-        // Length generalisation: the same number of held-out tokens, in windows k times longer. A learned
+        // Length generalisation: the same number of test tokens, in windows k times longer. A learned
         // position table cannot read them: those cells stay empty.
         let lengths: Vec<(i64, (f64, f64))> = t
             .eval_lengths
@@ -224,7 +252,9 @@ impl Task for LanguageModel {
             .map(|&k| {
                 let (long, batch) = (block * k, (t.global_batch() / k).max(1));
                 let scores = match model.covers(long) {
-                    true => evaluate(&model, &data.val_batches(t.eval_batches, batch, long, device))?,
+                    true => {
+                        evaluate(&model, &data.held_out_batches(HeldOut::Test, t.eval_batches, batch, long, device))?
+                    }
                     false => (f64::NAN, f64::NAN),
                 };
                 Ok((k, scores))
@@ -241,16 +271,17 @@ impl Task for LanguageModel {
             Some(step) => format!("(no sample: training diverged at step {step})"),
         };
         drop(_autocast);
-        let per_char = match data {
-            Dataset::Text(_) if run.diverged_at.is_none() => loss_per_char(&model, &objective.val, data.tokenizer()),
-            _ => f64::NAN,
+        let per_text = match data {
+            Dataset::Text(_) if run.diverged_at.is_none() => Some(text_loss(&model, &objective.test, data.tokenizer())),
+            _ => None,
         };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
-        outcome.set("val_perplexity", outcome.get("val_loss").exp());
-        outcome.set("val_loss_per_char", per_char);
+        outcome.set("test_perplexity", outcome.get("test_loss").exp());
+        outcome.set("test_loss_per_char", per_text.map_or(f64::NAN, |l| l.nats_per_char));
+        outcome.set("test_bits_per_byte", per_text.map_or(f64::NAN, |l| l.bits_per_byte));
         for (k, (loss, accuracy)) in lengths {
-            outcome.set(&format!("val_loss_x{k}"), loss);
-            outcome.set(&format!("val_accuracy_x{k}"), accuracy);
+            outcome.set(&format!("test_loss_x{k}"), loss);
+            outcome.set(&format!("test_accuracy_x{k}"), accuracy);
         }
         outcome.sample = sample;
         Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer().clone()) })

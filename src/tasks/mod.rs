@@ -7,7 +7,7 @@
 //! Adding a kind: a variant of `recipe::Kind` (with its defaults in `Config::defaults`, the keys it reads in
 //! `recipe/reads.rs`), a model file under `models/`, and a file here implementing `Task`, listed in
 //! [`task`]. The knob matrix test (`tests/knobs.rs`) then checks every Transformer knob on it.
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Tensor};
@@ -145,6 +145,48 @@ pub trait Task: Sync {
 
     /// Analytic forward FLOPs of one example, and what an example is ("image", "sequence of 64 tokens").
     fn forward_flops(&self, cfg: &Config, params: i64, vocab: i64) -> (f64, String);
+
+    /// Tokens one training example holds, as its throughput counts them (a text block, patch tokens,
+    /// pixels; a translation pair's mean length), from prepared data: what a tokens budget divides by.
+    fn tokens_per_example(&self, cfg: &Config, data: &DataCache) -> Result<f64>;
+}
+
+/// Steps a seconds budget may take at most: a ceiling it does not reach (the loop stops at the budget).
+pub const SECONDS_BUDGET_CEILING: i64 = 1_000_000_000;
+
+/// The run's config as it trains: a tokens or FLOPs budget (`train.budget`) turned into the steps it buys,
+/// from the run's prepared data (its vocabulary and examples); a seconds budget given a ceiling of steps
+/// it will not reach. Refuses, in one line, a budget that buys no step or no more steps than the warm-up.
+pub fn budgeted(cfg: &Config, data: &DataCache) -> Result<Config> {
+    use crate::recipe::BudgetKind as Budget;
+    let Some(budget) = cfg.train.budget.and_then(|b| b.kind()) else { return Ok(cfg.clone()) };
+    let (t, kind) = (&cfg.train, task(cfg.kind));
+    let mut out = cfg.clone();
+    let (per_step, unit) = match budget {
+        Budget::Seconds(_) => {
+            out.train.steps = SECONDS_BUDGET_CEILING;
+            return Ok(out);
+        }
+        Budget::Tokens(_) => (kind.tokens_per_example(cfg, data)? * t.global_batch() as f64, "tokens"),
+        Budget::Flops(_) => {
+            let vocab = kind.vocab(cfg, data)?;
+            let per_example = kind.forward_flops(cfg, parameter_count(cfg, vocab), vocab).0;
+            (3.0 * per_example * t.global_batch() as f64, "FLOPs")
+        }
+    };
+    let steps = (budget.amount() / per_step).floor();
+    if steps < 1.0 {
+        bail!("train.budget: {:.4e} {unit} buy no step (one step takes {per_step:.4e})", budget.amount());
+    }
+    if steps as i64 <= t.warmup_steps {
+        bail!(
+            "train.budget: {:.4e} {unit} buy {steps} steps, no more than train.warmup_steps = {}",
+            budget.amount(),
+            t.warmup_steps
+        );
+    }
+    out.train.steps = steps as i64;
+    Ok(out)
 }
 
 /// Trainable parameters of a run's model over `vocab` tokens (built on the CPU).

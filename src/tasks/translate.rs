@@ -1,10 +1,12 @@
 //! kind translate: the encoder–decoder (UDL §12.8) trained on sentence pairs: one subword vocabulary for
 //! both languages (trained on the training pairs' two sides), batches padded per batch, label-smoothed
 //! cross-entropy through the shared optimisation loop, and after training corpus BLEU and exact match of
-//! greedy or beam translations of held-out pairs.
+//! greedy or beam translations of the test pairs.
 //!
-//! Split: every 20th pair (in canonical verse order) is held out; pairs with either side longer than
-//! `transformer.block_size` tokens are dropped from both splits (the count is printed).
+//! Splits: every 20th pair (in canonical verse order) is the test split; of the others, `data.validation_fraction`
+//! evenly spread through them are the validation split (evaluated during training), the rest the training
+//! split (which alone trains the vocabulary). Pairs with either side longer than `transformer.block_size`
+//! tokens are dropped from every split (the count is printed).
 use anyhow::{bail, Context, Result};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -23,10 +25,11 @@ pub struct Translation;
 /// A tokenised sentence pair: source ids, target ids.
 pub type Pair = (Vec<i64>, Vec<i64>);
 
-/// Tokenised pairs, split, with the texts of the held-out ones (BLEU compares detokenised text).
+/// Tokenised pairs, split, with the texts of the test ones (BLEU compares detokenised text).
 pub struct TranslationData {
     pub tokenizer: TextTokenizer,
     pub train: Vec<Pair>,
+    pub validation: Vec<Pair>,
     pub test: Vec<Pair>,
     pub test_text: Vec<(String, String)>,
     pub dropped: usize,
@@ -44,7 +47,10 @@ impl TranslationData {
     }
 
     pub fn from_pairs(pairs: &[(String, String)], data: &DataConfig, max_tokens: i64) -> Result<Self> {
-        let (train_pairs, test_pairs): (Vec<_>, Vec<_>) = pairs.iter().enumerate().partition(|(i, _)| i % 20 != 19);
+        let (rest, test_pairs): (Vec<_>, Vec<_>) = pairs.iter().enumerate().partition(|(i, _)| i % 20 != 19);
+        let (train_idx, validation_idx) = crate::data::carve_validation(rest.len(), data.validation_fraction);
+        let pick = |idx: Vec<usize>| -> Vec<(usize, &(String, String))> { idx.into_iter().map(|j| rest[j]).collect() };
+        let (train_pairs, validation_pairs) = (pick(train_idx), pick(validation_idx));
         let train_text: String =
             train_pairs.iter().flat_map(|(_, (a, b))| [a.as_str(), "\n", b.as_str(), "\n"]).collect();
         let tokenizer = build_tokenizer(data, &train_text, &train_text)?;
@@ -60,16 +66,28 @@ impl TranslationData {
         let fits = |((s, t), _): &(Pair, usize)| {
             !s.is_empty() && !t.is_empty() && s.len() as i64 <= max_tokens && t.len() as i64 <= max_tokens
         };
-        let (train_all, test_all) = (encode(&train_pairs)?, encode(&test_pairs)?);
-        let dropped = train_all.iter().chain(&test_all).filter(|p| !fits(p)).count();
-        let train: Vec<Pair> = train_all.into_iter().filter(|p| fits(p)).map(|(p, _)| p).collect();
+        let (train_all, validation_all, test_all) =
+            (encode(&train_pairs)?, encode(&validation_pairs)?, encode(&test_pairs)?);
+        let dropped = train_all.iter().chain(&validation_all).chain(&test_all).filter(|p| !fits(p)).count();
+        let kept =
+            |all: Vec<(Pair, usize)>| -> Vec<Pair> { all.into_iter().filter(|p| fits(p)).map(|(p, _)| p).collect() };
+        let (train, validation) = (kept(train_all), kept(validation_all));
         let test_kept: Vec<_> = test_all.into_iter().filter(|p| fits(p)).collect();
         let test_text = test_kept.iter().map(|(_, i)| pairs[*i].clone()).collect();
         let test = test_kept.into_iter().map(|(p, _)| p).collect();
         if train.is_empty() {
             bail!("no sentence pair fits model.block_size = {max_tokens} tokens");
         }
-        Ok(Self { tokenizer, train, test, test_text, dropped, bos, eos, pad })
+        if validation.is_empty() {
+            bail!("no validation pair fits model.block_size = {max_tokens} tokens (raise data.validation_fraction)");
+        }
+        Ok(Self { tokenizer, train, validation, test, test_text, dropped, bos, eos, pad })
+    }
+
+    /// Mean tokens of a training pair (source, target and its `<eos>`), over the first 1,000.
+    pub fn tokens_per_pair(&self) -> f64 {
+        let tokens: usize = self.train.iter().take(1000).map(|(s, t)| s.len() + t.len() + 1).sum();
+        tokens as f64 / self.train.len().clamp(1, 1000) as f64
     }
 
     /// Pairs as a padded batch: sources (B, S) with their mask, decoder inputs `<bos> t` and outputs `t <eos>`
@@ -100,8 +118,9 @@ impl TranslationData {
 struct Translating<'a> {
     model: &'a Seq2Seq,
     data: &'a TranslationData,
-    /// Fixed held-out batches.
-    val: Vec<PairBatch>,
+    /// Fixed batches of the validation and of the test pairs.
+    validation: Vec<PairBatch>,
+    test: Vec<PairBatch>,
     smoothing: f64,
     batch: i64,
     device: Device,
@@ -118,8 +137,41 @@ impl Objective for Translating<'_> {
     }
 
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
+        self.score(&self.validation)
+    }
+
+    fn test(&self) -> Result<Evaluation> {
+        self.score(&self.test)
+    }
+}
+
+impl Translating<'_> {
+    /// Bits per UTF-8 byte of the target sentences of `batches`: the nats of every target token (the
+    /// closing `<eos>` included) over the bytes of the decoded targets, each counted with one byte for its
+    /// end (a line break), so tokenizers compare on the same text.
+    fn bits_per_byte(&self, batches: &[PairBatch]) -> f64 {
         let _guard = tch::no_grad_guard();
-        let [loss, correct, count] = sum_over_share(&self.val, |b| {
+        let (mut nats, mut bytes) = (0.0, 0usize);
+        for b in batches {
+            let (l, _) = self.model.loss(b, 0.0, self.data.pad, false);
+            let scored = b.tgt_out.ne(self.data.pad);
+            nats += l.double_value(&[]) * scored.to_kind(Kind::Float).sum(Kind::Float).double_value(&[]);
+            for row in 0..b.tgt_out.size()[0] {
+                let ids: Vec<i64> = Vec::<i64>::try_from(b.tgt_out.get(row).to_device(Device::Cpu))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|&id| id != self.data.pad && id != self.data.eos)
+                    .collect();
+                bytes += self.data.tokenizer.decode(&ids).len() + 1;
+            }
+        }
+        nats / std::f64::consts::LN_2 / bytes.max(1) as f64
+    }
+
+    /// Loss and target-token accuracy over held-out `batches`.
+    fn score(&self, batches: &[PairBatch]) -> Result<Evaluation> {
+        let _guard = tch::no_grad_guard();
+        let [loss, correct, count] = sum_over_share(batches, |b| {
             // Held-out loss without smoothing: the model's real cross-entropy.
             let (l, logits) = self.model.loss(b, 0.0, self.data.pad, false);
             let scored = b.tgt_out.ne(self.data.pad);
@@ -148,15 +200,17 @@ pub fn model_spec(cfg: &Config, vocab: i64) -> Seq2SeqSpec {
     }
 }
 
-/// The pairs a run reads: its tokenizer settings, the pair set, and the longest sentence kept.
+/// The pairs a run reads: its tokenizer settings, the pair set, the validation share and the longest
+/// sentence kept.
 fn pairs_key(cfg: &Config) -> String {
     let d = &cfg.data;
     format!(
-        "{:?}{:?}{:?}{:?}{}",
+        "{:?}{:?}{:?}{:?}{}{}",
         d.tokenizer,
         d.vocab_size,
         d.tokenizer_path,
         cfg.translate().pairs,
+        d.validation_fraction,
         cfg.transformer.block_size
     )
 }
@@ -180,13 +234,17 @@ impl Built for BuiltSeq2Seq {
 impl Task for Translation {
     fn metrics(&self, cfg: &Config) -> Vec<Metric> {
         let mut m = vec![
-            Metric::both("val_loss", "val/loss", "held-out loss", "nats/target token", false),
-            Metric::both("val_accuracy", "val/accuracy", "held-out target-token accuracy", "", true),
-            Metric::column("bleu", "BLEU on held-out pairs", "", true).digits(2),
-            Metric::column("exact_match", "exact-match rate on held-out pairs", "", true),
+            Metric::both("test_loss", "val/loss", "test loss", "nats/target token", false),
+            Metric::both("test_accuracy", "val/accuracy", "test target-token accuracy", "", true),
+            Metric::column("test_bits_per_byte", "test bits per UTF-8 byte of the targets", "bits/byte", false)
+                .detail(),
+            Metric::column("test_bleu", "test BLEU", "", true).digits(2),
+            Metric::column("test_exact_match", "test exact-match rate", "", true),
         ];
         if cfg.translate().beam_width > 1 {
-            m.push(Metric::column("bleu_greedy", "BLEU of greedy decoding (same models)", "", true).digits(2));
+            m.push(
+                Metric::column("test_bleu_greedy", "test BLEU of greedy decoding (same models)", "", true).digits(2),
+            );
         }
         m.extend(metrics::optimisation("nats/target token, label-smoothed"));
         m.extend(metrics::cost("tokens/s", cfg.train.world_size));
@@ -200,8 +258,9 @@ impl Task for Translation {
             let pairs = TranslationData::load(&cfg.data, cfg.translate().pairs, block)?;
             if !quiet {
                 eprintln!(
-                    "ablate: {} training and {} held-out pairs, vocabulary {} ({} pairs longer than {block} tokens dropped)",
+                    "ablate: {} training, {} validation and {} test pairs, vocabulary {} ({} pairs longer than {block} tokens dropped)",
                     pairs.train.len(),
+                    pairs.validation.len(),
                     pairs.test.len(),
                     pairs.tokenizer.vocab_size(),
                     pairs.dropped,
@@ -224,6 +283,10 @@ impl Task for Translation {
         (f64::NAN, "(translation: FLOPs depend on sentence lengths)".into())
     }
 
+    fn tokens_per_example(&self, cfg: &Config, data: &DataCache) -> Result<f64> {
+        Ok(DataCache::loaded(&data.pairs, &pairs_key(cfg))?.tokens_per_pair())
+    }
+
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let data = DataCache::loaded(&data.pairs, &pairs_key(cfg))?;
         let (tr, t, device) = (cfg.translate(), &cfg.train, ctx.device);
@@ -233,13 +296,22 @@ impl Task for Translation {
         tch::manual_seed(t.seed as i64);
         let mut vs = nn::VarStore::new(device);
         let model = Seq2Seq::new(&vs.root(), &model_spec(cfg, vocab));
-        let val_pairs: Vec<&Pair> = data.test.iter().take((t.eval_batches * t.global_batch()) as usize).collect();
-        let val = val_pairs.chunks(t.global_batch() as usize).map(|c| data.batch(c, device)).collect();
-        let objective =
-            Translating { model: &model, data, val, smoothing: tr.label_smoothing, batch: t.batch_size, device };
+        let batches = |pairs: &[Pair]| -> Vec<PairBatch> {
+            let picked: Vec<&Pair> = pairs.iter().take((t.eval_batches * t.global_batch()) as usize).collect();
+            picked.chunks(t.global_batch() as usize).map(|c| data.batch(c, device)).collect()
+        };
+        let (validation, test) = (batches(&data.validation), batches(&data.test));
+        let objective = Translating {
+            model: &model,
+            data,
+            validation,
+            test,
+            smoothing: tr.label_smoothing,
+            batch: t.batch_size,
+            device,
+        };
         let run = optimise(t, &objective, &mut vs, device, ctx.progress, ctx.state)?;
-        let tokens: i64 = data.train.iter().take(1000).map(|(s, p)| (s.len() + p.len() + 1) as i64).sum();
-        let tokens_per_pair = tokens as f64 / data.train.len().min(1000) as f64;
+        let tokens_per_pair = data.tokens_per_pair();
         let tokens_per_s = run.steps_done as f64 * t.global_batch() as f64 * tokens_per_pair / run.train_time.max(1e-9);
 
         let (mut bleu_score, mut exact, mut greedy_bleu, mut sample) = (f64::NAN, f64::NAN, f64::NAN, String::new());
@@ -280,11 +352,16 @@ impl Task for Translation {
         let per_token =
             6.0 * (params - lookups) as f64 + generator + 12.0 * (attention_layers * inner) as f64 * mean_length;
         let model_flops = tokens_per_s * per_token;
+        let bits_per_byte = match run.diverged_at {
+            None => objective.bits_per_byte(&objective.test),
+            Some(_) => f64::NAN,
+        };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
-        outcome.set("bleu", bleu_score);
-        outcome.set("exact_match", exact);
+        outcome.set("test_bits_per_byte", bits_per_byte);
+        outcome.set("test_bleu", bleu_score);
+        outcome.set("test_exact_match", exact);
         if tr.beam_width > 1 {
-            outcome.set("bleu_greedy", greedy_bleu);
+            outcome.set("test_bleu_greedy", greedy_bleu);
         }
         outcome.sample = sample;
         Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })

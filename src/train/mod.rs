@@ -1,5 +1,5 @@
 //! The optimisation loop every kind of run shares: AdamW with warm-up and a decaying schedule, gradient
-//! clipping, mixed precision, periodic held-out evaluation, divergence detection, and resumable state
+//! clipping, mixed precision, periodic validation, one test evaluation at the end, divergence detection, and resumable state
 //! checkpoints. A kind of run supplies an [`Objective`]: a loss on a fresh training batch, and an evaluation.
 //!
 //! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
@@ -330,23 +330,30 @@ fn stop_requested() -> bool {
     STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, and an
-/// evaluation on held-out data (with any extra curves, such as attention probes).
+/// What the optimisation loop needs from a task: a loss on a freshly drawn training batch, an evaluation on
+/// the validation split (with any extra curves, such as attention probes), and the same evaluation on the
+/// test split, which the loop calls once, after the last step.
 pub trait Objective {
     /// The loss of one training batch, drawn with libtorch's generator (seeded per step by the loop): in a
     /// data-parallel group, this rank's rows of the global batch (`shard.global(batch)` drawn, then
     /// `shard.take`); in one process the whole batch.
     fn training_loss(&self, shard: &BatchShard) -> Tensor;
-    /// Held-out evaluation at `step` (the loop records it in the curves). In a group every rank calls it
-    /// and gets the same values; a failed collective is an error.
+    /// Evaluation on the validation split at `step` (the loop records it in the curves; tuning and any
+    /// selection read it). In a group every rank calls it and gets the same values; a failed collective is
+    /// an error.
     fn evaluate(&self, step: i64) -> Result<Evaluation>;
+    /// The same measurements on the test split, under the same `val/…` keys: called once per run, at its
+    /// end, for the reported `test_…` columns. Never recorded in the curves.
+    fn test(&self) -> Result<Evaluation>;
 }
 
 /// What the optimisation loop did.
 pub struct Optimised {
     pub params: i64,
     pub last_loss: f64,
+    /// The last validation evaluation, and the one test evaluation (both empty when the run diverged).
     pub final_eval: Evaluation,
+    pub test_eval: Evaluation,
     pub diverged_at: Option<i64>,
     /// Seconds spent in optimisation steps (evaluation excluded), and the steps taken.
     pub train_time: f64,
@@ -363,7 +370,8 @@ pub struct Optimised {
 
 impl Optimised {
     /// The run's measurements: the cost metrics from its throughput (`throughput` items per second, of
-    /// `model_flops` FLOP/s), the final evaluation under the columns `metrics` declare for its curves, and
+    /// `model_flops` FLOP/s), the evaluations under the columns `metrics` declare for their `val/…` curves
+    /// (a `test_…` column from the test evaluation, any other from the last validation evaluation), and
     /// `train_loss`. What only a task knows (a sample, metrics measured after training) it adds itself.
     pub fn into_outcome(
         self,
@@ -378,7 +386,8 @@ impl Optimised {
         for m in metrics {
             if let (Some(column), Some(curve)) = (m.column_name(), m.curve) {
                 if curve.starts_with("val/") {
-                    values.insert(column.to_string(), self.final_eval.get(curve));
+                    let split = if column.starts_with("test_") { &self.test_eval } else { &self.final_eval };
+                    values.insert(column.to_string(), split.get(curve));
                 }
             }
         }
@@ -455,18 +464,26 @@ pub fn optimise(
     let discard_comm = || group.map(|g| g.take_comm_seconds());
     discard_comm();
     let mut diverged_at = None;
+    // The last step taken: `t.steps`, or under a seconds budget the step that reached it.
+    let mut last_step = at.first_step;
+    let out_of_time = |at: &Standing| t.seconds_budget().is_some_and(|s| at.train_time >= s);
     for step in at.first_step..t.steps {
+        if out_of_time(&at) {
+            // A run resumed after its budget was spent: nothing left to train.
+            break;
+        }
         if group.is_none() {
             if let Some(threads) = cores::follow_share() {
                 eprintln!("ablate: a worker of the pool finished: training on with {threads} threads from step {step}");
             }
         }
         let tick = Instant::now();
-        let lr = t.lr_at(step);
+        let lr = t.lr_at_time(step, at.train_time);
         let (loss, report, stop) = train_step(t, objective, &mut opt, &mut at, step, lr)?;
         at.last_loss = loss;
         at.train_time += tick.elapsed().as_secs_f64();
         let done = step + 1;
+        last_step = done;
         if !loss.is_finite() {
             // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
             at.curves.push(CurvePoint::new(done, "train", "loss", loss));
@@ -474,31 +491,39 @@ pub fn optimise(
             progress(t.steps, loss);
             break;
         }
-        if done % t.log_interval == 0 || done == t.steps {
+        let last = done == t.steps || out_of_time(&at);
+        if done % t.log_interval == 0 || last {
             record_step(&mut at, done, report.grad_norm, lr);
+            if let Some(s) = t.seconds_budget() {
+                at.curves.push(CurvePoint::new(done, "train", "budget_fraction", (at.train_time / s).min(1.0)));
+            }
         }
-        if done % t.eval_interval == 0 && done != t.steps {
+        if done % t.eval_interval == 0 && !last {
             objective.evaluate(done)?.record(done, &mut at.curves);
             discard_comm();
         }
-        save_or_stop(t, vs, &opt, &at, state, done, stop)?;
+        save_or_stop(t, vs, &opt, &at, state, (done, last), stop)?;
         progress(done, loss);
-    }
-    let final_eval = match diverged_at {
-        None => {
-            let e = objective.evaluate(t.steps)?;
-            e.record(t.steps, &mut at.curves);
-            e
+        if last {
+            break;
         }
-        Some(_) => Evaluation::default(),
+    }
+    let (final_eval, test_eval) = match diverged_at {
+        None => {
+            let e = objective.evaluate(last_step)?;
+            e.record(last_step, &mut at.curves);
+            (e, objective.test()?)
+        }
+        Some(_) => (Evaluation::default(), Evaluation::default()),
     };
     Ok(Optimised {
         params: opt.num_params(),
         last_loss: at.last_loss,
         final_eval,
+        test_eval,
         diverged_at,
         train_time: at.train_time,
-        steps_done: diverged_at.unwrap_or(t.steps),
+        steps_done: diverged_at.unwrap_or(last_step),
         resumed_from: at.first_step,
         curves: at.curves,
         world_size: group.map_or(1, |g| g.world as i64),
@@ -598,7 +623,7 @@ fn record_step(at: &mut Standing, done: i64, grad_norm: f64, lr: f64) {
     }
 }
 
-/// Saves the state every `checkpoint_every` steps, at the end, and when a signal asks to stop (the final
+/// Saves the state every `checkpoint_every` steps, at the `last` step, and when a signal asks to stop (the final
 /// state lets a run be continued or inspected later); then, if asked, stops with [`Interrupted`].
 fn save_or_stop(
     t: &TrainConfig,
@@ -606,11 +631,11 @@ fn save_or_stop(
     opt: &AdamW,
     at: &Standing,
     state: Option<&StateFile>,
-    done: i64,
+    (done, last): (i64, bool),
     stop: bool,
 ) -> Result<()> {
     if let Some(s) = state {
-        let scheduled = t.checkpoint_every.is_some_and(|every| done % every == 0 || done == t.steps);
+        let scheduled = t.checkpoint_every.is_some_and(|every| done % every == 0 || last);
         if scheduled || stop {
             let progressed = Progressed {
                 config_hash: s.config_hash.clone(),

@@ -491,7 +491,7 @@ pub fn importance_heatmap(path: &Path, values: &[Vec<f64>], title: &str) -> Resu
     write_png(path, (width, height), |root| {
         root.draw(&Text::new(title.to_string(), (10, 8), ("sans-serif", 16)))?;
         root.draw(&Text::new(
-            format!("Δ held-out loss (nats/token): blue = removing the head hurts, red = it helps; shade relative to the largest |Δ| = {largest:.4}"),
+            format!("Δ validation loss (nats/token): blue = removing the head hurts, red = it helps; shade relative to the largest |Δ| = {largest:.4}"),
             (10, 32),
             ("sans-serif", 13),
         ))?;

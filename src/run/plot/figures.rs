@@ -1,5 +1,5 @@
 //! The figures of a results directory: for every named metric of the recipe's kinds, its curves against
-//! step (one line per variant) and its final value against the swept key; held-out loss at longer
+//! step (one line per variant) and its final value against the swept key; test loss at longer
 //! sequences; the interaction matrices of recipes that compare attention patterns. Read from `runs.csv` and
 //! `curves.csv`, so `ablate plot` redraws them from the files alone.
 use anyhow::Result;
@@ -70,8 +70,10 @@ pub(super) fn meanings(recipe: &Recipe) -> Vec<(Metric, Vec<String>, String)> {
         .iter()
         .map(|(m, _)| {
             if shared(m) {
+                // The meaning without the split: the same suffix names the validation curve and the test value.
                 let slug: String = m
                     .label
+                    .trim_start_matches("test ")
                     .chars()
                     .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
                     .collect();
@@ -109,7 +111,13 @@ pub fn chart_file(curve: &str) -> String {
 pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     let runs = read_runs(&dir.join("runs.csv"))?;
     let curves = read_curves(&dir.join("curves.csv"))?;
-    let variants = variants_of(&runs);
+    let mut variants = variants_of(&runs);
+    if let Some(tuning) = &recipe.tuning {
+        // Each arm's legend says what it was tuned to.
+        for (label, ids) in variants.iter_mut() {
+            *label = format!("{label} ({})", crate::run::results::chosen_values(&runs, ids, &tuning.keys));
+        }
+    }
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
     let band = if seeds > SEED_CURVES_UP_TO {
         format!(" (mean, {:.0}% CI over n = {seeds} seeds)", 100.0 * CONFIDENCE)
@@ -126,8 +134,8 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         if series.is_empty() {
             continue;
         }
-        let y_label = m.axis();
-        let title = format!("{name}: {}{band}", m.label);
+        let y_label = m.curve_axis();
+        let title = format!("{name}: {}{band}", m.curve_label());
         let file = chart_file(curve).replace(".png", &format!("{suffix}.png"));
         line_chart(
             &dir.join(file),
@@ -135,7 +143,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
             &Axes { title: &title, x_label: "step", y_label: &y_label, x_categories: None },
         )?;
     }
-    // Data efficiency of pre-training objectives: held-out loss against the tokens read and against the
+    // Data efficiency of pre-training objectives: validation loss against the tokens read and against the
     // tokens that carried loss (the x values differ between variants, so steps cannot stand in).
     let losses = variant_curves(&curves, &variants, "val/loss");
     for (axis, file) in [
@@ -156,8 +164,8 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         if series.is_empty() {
             continue;
         }
-        let y_label = "held-out loss of the objective (nats/predicted token)";
-        let title = format!("{name}: held-out loss against {}{band}", x_metric.label);
+        let y_label = "validation loss of the objective (nats/predicted token)";
+        let title = format!("{name}: validation loss against {}{band}", x_metric.label);
         line_chart(
             &dir.join(file),
             &series,
@@ -281,7 +289,7 @@ pub(super) fn final_metric_series(
         .collect()
 }
 
-/// Held-out loss at the training length and at every `train.eval_lengths` multiple, one line per variant
+/// Test loss at the training length and at every `train.eval_lengths` multiple, one line per variant
 /// (a variant whose position table cannot read a length has no point there).
 pub(super) fn length_generalisation_chart(
     dir: &Path,
@@ -291,11 +299,11 @@ pub(super) fn length_generalisation_chart(
     band: &str,
 ) -> Result<()> {
     let Some(first) = runs.first() else { return Ok(()) };
-    let mut columns = vec![("1".to_string(), "val_loss".to_string())];
+    let mut columns = vec![("1".to_string(), "test_loss".to_string())];
     columns.extend(
         first
             .keys()
-            .filter_map(|k| k.strip_prefix("val_loss_x").map(|m| (m.to_string(), k.clone())))
+            .filter_map(|k| k.strip_prefix("test_loss_x").map(|m| (m.to_string(), k.clone())))
             .collect::<Vec<_>>(),
     );
     if columns.len() == 1 {
@@ -336,14 +344,14 @@ pub(super) fn length_generalisation_chart(
             })
         })
         .collect();
-    let title = format!("{name}: held-out loss at longer sequences than trained on{band}");
+    let title = format!("{name}: test loss at longer sequences than trained on{band}");
     line_chart(
         &dir.join("length_generalisation.png"),
         &series,
         &Axes {
             title: &title,
             x_label: "evaluation length (multiple of the training block)",
-            y_label: "held-out loss",
+            y_label: "test loss",
             x_categories: Some(&categories),
         },
     )

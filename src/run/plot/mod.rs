@@ -30,11 +30,11 @@ mod tests {
             [("a", "0", "2.0"), ("a", "1", "3.0"), ("a", "2", "2.1"), ("b", "0", "1.0")]
                 .iter()
                 .map(|&(v, seed, loss)| {
-                    row(&[("run_id", &format!("{v}{seed}")), ("variant", v), ("seed", seed), ("val_loss", loss)])
+                    row(&[("run_id", &format!("{v}{seed}")), ("variant", v), ("seed", seed), ("test_loss", loss)])
                 })
                 .collect();
         let ids: Vec<String> = runs.iter().map(|r| r["run_id"].clone()).collect();
-        let s = final_metric_series(&runs, &ids, "variant", &[], "val_loss", "all");
+        let s = final_metric_series(&runs, &ids, "variant", &[], "test_loss", "all");
         assert_eq!(s.len(), 1);
         let mut values: Vec<f64> = s[0].runs.iter().map(|p| p.1).collect();
         values.sort_by(f64::total_cmp);

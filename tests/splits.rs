@@ -1,0 +1,140 @@
+//! Validation and test splits: disjoint for every kind's data (checked on the examples themselves), the
+//! validation split read during training and the test split read once, after the last step, for the
+//! reported `test_…` columns.
+mod common;
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::time::Instant;
+
+use ablate::data::images::{write_idx, ImageTask};
+use ablate::data::text::CopyTask;
+use ablate::data::{carve_validation, HeldOut};
+use ablate::metrics::Metric;
+use ablate::recipe::{DataConfig, ImageDataConfig, ImageDataset, Precision, Tokenizer, TrainConfig};
+use ablate::tasks::translate::TranslationData;
+use ablate::train::distributed::BatchShard;
+use ablate::train::{optimise, Evaluation, Objective};
+use tch::{nn, Device, Kind, Tensor};
+
+/// A quadratic bowl whose validation and test evaluations return different constants, counting calls.
+struct Counted<'a> {
+    w: &'a Tensor,
+    evaluations: Cell<usize>,
+    tests: Cell<usize>,
+}
+
+impl Objective for Counted<'_> {
+    fn training_loss(&self, _shard: &BatchShard) -> Tensor {
+        (self.w * self.w).sum(Kind::Float)
+    }
+
+    fn evaluate(&self, _step: i64) -> anyhow::Result<Evaluation> {
+        self.evaluations.set(self.evaluations.get() + 1);
+        Ok(Evaluation::default().with("val/loss", 1.0))
+    }
+
+    fn test(&self) -> anyhow::Result<Evaluation> {
+        self.tests.set(self.tests.get() + 1);
+        Ok(Evaluation::default().with("val/loss", 7.0))
+    }
+}
+
+#[test]
+fn the_loop_reads_the_test_split_once_after_the_last_step_and_reports_it_as_test() {
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let w = vs.root().randn("w", &[4], 0.0, 1.0);
+    let objective = Counted { w: &w, evaluations: Cell::new(0), tests: Cell::new(0) };
+    let t = TrainConfig { steps: 6, eval_interval: 2, log_interval: 1, ..Default::default() };
+    let run = optimise(&t, &objective, &mut vs, Device::Cpu, &mut |_, _| {}, None).unwrap();
+    assert_eq!(objective.tests.get(), 1, "the test split is read once");
+    assert!(objective.evaluations.get() >= 3, "validation at steps 2, 4 and the end");
+    let metrics = [
+        Metric::both("test_loss", "val/loss", "test loss", "", false),
+        Metric::both("val_loss", "val/loss", "validation loss", "", false),
+    ];
+    let outcome = run.into_outcome(Instant::now(), 1.0, 1.0, Device::Cpu, Precision::Fp32, &metrics);
+    assert_eq!(outcome.get("test_loss"), 7.0);
+    assert_eq!(outcome.get("val_loss"), 1.0, "a column not named test_ is the last validation");
+    let recorded: Vec<f64> = outcome.curves.iter().filter(|c| c.split == "val").map(|c| c.value).collect();
+    assert!(!recorded.is_empty() && recorded.iter().all(|&v| v == 1.0), "the curves are validation only");
+}
+
+#[test]
+fn carving_validation_partitions_the_examples_evenly() {
+    let (train, validation) = carve_validation(1000, 0.1);
+    assert_eq!(validation.len(), 100);
+    let all: HashSet<usize> = train.iter().chain(&validation).copied().collect();
+    assert_eq!(all.len(), 1000, "every example in exactly one split");
+    // Evenly spread: one in every ten, across the whole order.
+    assert!(validation.windows(2).all(|w| w[1] - w[0] == 10));
+    assert_eq!((validation[0], validation[99]), (9, 999));
+}
+
+#[test]
+fn the_copy_task_draws_validation_and_test_sequences_apart() {
+    let copy = CopyTask::new(12, 10);
+    let rows = |split| -> HashSet<Vec<i64>> {
+        let batches = copy.held_out_batches(split, 4, 16, Device::Cpu);
+        batches.iter().flat_map(|(x, _)| (0..x.size()[0]).map(|i| Vec::<i64>::try_from(x.get(i)).unwrap())).collect()
+    };
+    let (validation, test) = (rows(HeldOut::Validation), rows(HeldOut::Test));
+    assert_eq!((validation.len(), test.len()), (64, 64));
+    assert!(validation.is_disjoint(&test));
+}
+
+/// An IDX set whose every image is unique (its index written into its first two pixels).
+fn unique_images(dir: &std::path::Path, name: &str, n: u32, offset: u32) {
+    let mut pixels = vec![0u8; (n * 64) as usize];
+    for i in 0..n {
+        let id = i + offset;
+        pixels[(i * 64) as usize] = (id % 256) as u8;
+        pixels[(i * 64 + 1) as usize] = (id / 256) as u8;
+    }
+    let labels: Vec<u8> = (0..n).map(|i| (i % 4) as u8).collect();
+    write_idx(&dir.join(format!("{name}-images-idx3-ubyte")), &[n, 8, 8], &pixels).unwrap();
+    write_idx(&dir.join(format!("{name}-labels-idx1-ubyte")), &[n], &labels).unwrap();
+}
+
+fn image_ids(images: &Tensor) -> HashSet<i64> {
+    let flat = images.view([images.size()[0], -1]).to_kind(Kind::Int64);
+    let ids = flat.select(1, 0) + flat.select(1, 1) * 256;
+    Vec::<i64>::try_from(ids).unwrap().into_iter().collect()
+}
+
+#[test]
+fn image_validation_is_carved_from_the_training_images_and_never_trained_on() {
+    let dir = common::scratch("splits-images");
+    unique_images(&dir, "train", 500, 0);
+    unique_images(&dir, "t10k", 100, 10_000);
+    let cfg = ImageDataConfig {
+        dataset: ImageDataset::Idx,
+        path: Some(dir.display().to_string()),
+        ..ImageDataConfig::default()
+    };
+    let task = ImageTask::load(&cfg, 0.2).unwrap();
+    let (train, validation, test) =
+        (image_ids(&task.train.images), image_ids(&task.validation.images), image_ids(&task.test.images));
+    assert_eq!((train.len(), validation.len(), test.len()), (400, 100, 100));
+    assert!(train.is_disjoint(&validation) && train.is_disjoint(&test) && validation.is_disjoint(&test));
+    assert_eq!(train.union(&validation).count(), 500, "together, the training images");
+    // Training batches draw only from the training part.
+    tch::manual_seed(0);
+    let (x, _) = task.train_batch(256, Device::Cpu);
+    let drawn = image_ids(&((x + 1.0) * 127.5).round());
+    assert!(drawn.is_subset(&train));
+    let held: Vec<_> = task.held_out_batches(HeldOut::Validation, 50, 20, Device::Cpu);
+    assert_eq!(held.iter().map(|(x, _)| x.size()[0]).sum::<i64>(), 50);
+}
+
+#[test]
+fn translation_pairs_fall_in_exactly_one_split() {
+    let pairs: Vec<(String, String)> =
+        (0..400).map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen"))).collect();
+    let cfg = DataConfig { tokenizer: Tokenizer::Bpe, vocab_size: Some(300), ..Default::default() };
+    let data = TranslationData::from_pairs(&pairs, &cfg, 16).unwrap();
+    let set = |v: &[(Vec<i64>, Vec<i64>)]| -> HashSet<Vec<i64>> { v.iter().map(|p| p.0.clone()).collect() };
+    let (train, validation, test) = (set(&data.train), set(&data.validation), set(&data.test));
+    assert_eq!((train.len(), validation.len(), test.len()), (342, 38, 20));
+    assert!(train.is_disjoint(&validation) && train.is_disjoint(&test) && validation.is_disjoint(&test));
+}

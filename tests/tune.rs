@@ -1,0 +1,139 @@
+//! Per-arm tuning (`tune:`): successive halving on the validation split picks each arm's value, the final
+//! seeds train with it, `runs.csv` tells the phases apart, reports read final runs only, and a sweep cut
+//! short in either phase resumes to the same results. Shards tune whole arms.
+mod common;
+
+use ablate::recipe::parse;
+use ablate::run::results::{read_all_runs, read_runs};
+use ablate::run::scale::{merge, Shard};
+use ablate::run::sweep::{run_recipe, SweepOptions};
+use common::scratch;
+use std::path::Path;
+use std::sync::Mutex;
+use tch::Device;
+
+/// Tests that compare two trainings bit for bit run one at a time: libtorch's kernels are deterministic
+/// for one thread count, and tests training side by side in one process contend for the same OpenMP pool.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Every row of `runs.csv` (tuning runs too) without its timing columns.
+fn all_rows_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
+    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
+    read_all_runs(&out.join("runs.csv"))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
+        .collect()
+}
+
+/// Two arms (1 and 2 heads), three learning rates of which one is far too small to learn in 24 steps and
+/// one far too large: the middle one must win for both arms.
+fn recipe_text(dir: &Path, extra: &str) -> String {
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "to be or not to be, that is the question. ".repeat(80)).unwrap();
+    format!(
+        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 24\n  \
+         batch_size: 8\n  warmup_steps: 3\n  eval_interval: 8\n  eval_batches: 2\n  log_interval: 4\nsweep:\n  \
+         transformer.heads: [1, 2]\nseeds: [0, 1]\ntune:\n  keys:\n    train.lr: [1.0e-7, 1.0e-2, 50.0]\n  seeds: [7]\n{extra}",
+        data.display()
+    )
+}
+
+fn opts(out: &Path, shard: Option<Shard>) -> SweepOptions<'_> {
+    SweepOptions { out, device: Device::Cpu, force: false, quiet: true, shard }
+}
+
+#[test]
+fn each_arm_tunes_on_validation_then_trains_its_final_seeds_with_the_choice() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("tune-choice");
+    let recipe = parse(&recipe_text(&dir, ""), "tune.yaml", "tune", false).unwrap();
+    let tuning = recipe.tuning.as_ref().unwrap();
+    assert_eq!((tuning.rungs, tuning.candidates.len(), tuning.arms.len()), (1, 3, 2));
+    assert_eq!(recipe.planned_runs(), 2 * 3 + 2 * 2, "3 tuning runs and 2 final seeds per arm");
+    let out = dir.join("out");
+    run_recipe(&recipe, &opts(&out, None)).unwrap();
+    let all = read_all_runs(&out.join("runs.csv")).unwrap();
+    let tune: Vec<_> = all.iter().filter(|r| r["phase"] == "tune").collect();
+    let finals: Vec<_> = all.iter().filter(|r| r["phase"] == "final").collect();
+    assert_eq!((tune.len(), finals.len()), (6, 4));
+    // Tuning runs use the tuning seed and a third of the steps (warm-up scaled alike); finals the full run.
+    assert!(tune.iter().all(|r| r["seed"] == "7" && r["train.steps"] == "8" && r["train.warmup_steps"] == "1"));
+    assert!(finals.iter().all(|r| r["seed"] != "7" && r["train.steps"] == "24"));
+    assert!(finals.iter().all(|r| r["train.lr"] == "0.01"), "{finals:?}");
+    // The reported rows are the final ones only.
+    let reported = read_runs(&out.join("runs.csv")).unwrap();
+    assert_eq!(reported.len(), 4);
+    assert!(reported.iter().all(|r| r["phase"] == "final"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `runs.csv` and `curves.csv` cut back to their first `keep` runs, as a kill leaves them (a run's row is
+/// its commit point; curves of runs without a row are dropped when the sweep resumes).
+fn cut_to(out: &Path, keep: usize) {
+    let runs = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    let kept: Vec<&str> = runs.lines().take(keep + 1).collect();
+    std::fs::write(out.join("runs.csv"), kept.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn a_tuned_sweep_cut_short_in_either_phase_resumes_to_the_same_results() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("tune-resume");
+    let recipe = parse(&recipe_text(&dir, ""), "tune.yaml", "tune", false).unwrap();
+    let reference = dir.join("reference");
+    run_recipe(&recipe, &opts(&reference, None)).unwrap();
+    // After 4 rows the sweep is inside the tuning rung; after 8 inside the final runs.
+    for keep in [4, 8] {
+        let out = dir.join(format!("cut{keep}"));
+        std::fs::create_dir_all(&out).unwrap();
+        for f in ["runs.csv", "curves.csv"] {
+            std::fs::copy(reference.join(f), out.join(f)).unwrap();
+        }
+        cut_to(&out, keep);
+        run_recipe(&recipe, &opts(&out, None)).unwrap();
+        assert_eq!(all_rows_without_timings(&out), all_rows_without_timings(&reference), "cut after {keep} runs");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shards_tune_whole_arms_and_merge_to_a_single_run() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("tune-shards");
+    let recipe = parse(&recipe_text(&dir, ""), "tune.yaml", "tune", false).unwrap();
+    let single = dir.join("single");
+    run_recipe(&recipe, &opts(&single, None)).unwrap();
+    let sharded = dir.join("sharded");
+    for index in [1, 0] {
+        run_recipe(&recipe, &opts(&sharded, Some(Shard { index, count: 2 }))).unwrap();
+    }
+    assert_eq!(merge(&recipe, &sharded, true).unwrap(), (10, 0));
+    let sorted = |out: &Path| {
+        let mut rows = all_rows_without_timings(out);
+        rows.sort();
+        rows
+    };
+    assert_eq!(sorted(&sharded), sorted(&single));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tuned_recipe_is_refused_before_training_when_its_plan_cannot_work() {
+    let dir = scratch("tune-refusals");
+    let base = recipe_text(&dir, "");
+    let refuse = |text: &str, expected: &str| {
+        let err = parse(text, "tune.yaml", "tune", false).unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    };
+    refuse(&base.replace("seeds: [7]", "seeds: [1]"), "tune.seeds: 1 is also a final seed");
+    refuse(&base.replace("train.lr: [1.0e-7, 1.0e-2, 50.0]", "train.lr: []"), "the candidate list is empty");
+    refuse(
+        &base.replace("train.lr: [1.0e-7, 1.0e-2, 50.0]", "transformer.heads: [1, 4]"),
+        "transformer.heads is also swept",
+    );
+    refuse(&base.replace("train.lr: [1.0e-7, 1.0e-2, 50.0]", "train.lr: [fast]"), "train.lr");
+    refuse(&format!("{base}  eta: 1\n"), "tune.eta: must be at least 2");
+    let _ = std::fs::remove_dir_all(&dir);
+}
