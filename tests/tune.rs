@@ -61,6 +61,8 @@ fn each_arm_tunes_on_validation_then_trains_its_final_seeds_with_the_choice() {
     assert!(tune.iter().all(|r| r["seed"] == "7" && r["train.steps"] == "8" && r["train.warmup_steps"] == "1"));
     assert!(finals.iter().all(|r| r["seed"] != "7" && r["train.steps"] == "24"));
     assert!(finals.iter().all(|r| r["train.lr"] == "0.01"), "{finals:?}");
+    // Tuning never reads the test split; every final run does.
+    assert!(tune.iter().all(|r| r["test_loss"].is_empty()) && finals.iter().all(|r| !r["test_loss"].is_empty()));
     // The reported rows are the final ones only.
     let reported = read_runs(&out.join("runs.csv")).unwrap();
     assert_eq!(reported.len(), 4);

@@ -896,6 +896,11 @@ pub struct TrainConfig {
     /// different cost compare at equal tokens, FLOPs or time. The schedule follows the budget: cosine decay
     /// to its end. `runs.csv` records the budget and, as `steps`, the steps reached. `null`: `steps`.
     pub budget: Option<Budget>,
+    /// A tuning run's: no test evaluation at the end (tuning reads validation only). Set by `tune:`, never
+    /// written in a recipe nor recorded.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub skip_test: bool,
 }
 
 /// What ends a run under `train.budget`: exactly one of its keys.
@@ -978,6 +983,7 @@ impl Default for TrainConfig {
             schedule: Schedule::Cosine,
             world_size: 1,
             budget: None,
+            skip_test: false,
         }
     }
 }

@@ -273,6 +273,8 @@ fn variant_of(
         .map_err(|e| src.at(&at, format!("{at}: {}", super::explain_serde_error(&e.to_string()))))?;
     config.validate().map_err(|inv| src.at(&at, format!("{at}: {}: {}", inv.key, inv.message)))?;
     config.resolve();
+    // Tuning reads the validation split only: a tuning run never evaluates on test.
+    config.train.skip_test = steps.is_some();
     let config_hash = config_hash(&config);
     Ok(RunSpec { id, label: run.label.clone(), swept: run.swept.clone(), seed, config, config_hash, tune: Some(role) })
 }
