@@ -139,3 +139,43 @@ fn a_tuned_recipe_is_refused_before_training_when_its_plan_cannot_work() {
     refuse(&format!("{base}  eta: 1\n"), "tune.eta: must be at least 2");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_scale_check_reruns_the_tuned_comparison_at_a_second_width_and_the_summary_sets_the_effects_side_by_side() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("tune-scale-check");
+    let text = recipe_text(&dir, "scale_check:\n  transformer.d_model: 32\n")
+        .replace("seeds: [0, 1]\ntune", "seeds: [0, 1, 2]\ntune");
+    let recipe = parse(&text, "tune.yaml", "tune", false).unwrap();
+    let (check, settings) = recipe.scale_check.as_ref().unwrap();
+    assert_eq!(settings, &vec!["transformer.d_model=32".to_string()]);
+    assert!(check.runs.iter().all(|r| r.config.transformer.d_model == 32));
+    assert!(check.tuning.is_some(), "each arm is tuned again at the second scale");
+    let out = dir.join("out");
+    run_recipe(&recipe, &opts(&out, None)).unwrap();
+    let second = read_runs(&out.join("scale_check/runs.csv")).unwrap();
+    assert_eq!(second.len(), 6);
+    assert!(second.iter().all(|r| r["transformer.d_model"] == "32" && r["phase"] == "final"));
+    let table = ablate::run::summary::summary_table(&out, &recipe, Some("heads=1")).unwrap();
+    assert!(table.contains("At the second scale (transformer.d_model=32)"), "{table}");
+    assert!(table.contains("Effects at both scales"), "{table}");
+    let row =
+        table.lines().find(|l| l.starts_with("| heads=2 | test loss") && l.contains("(p ")).expect("an effects row");
+    let verdicts = ["holds", "same sign; ", "reverses", "sign differs"];
+    assert!(verdicts.iter().any(|v| row.contains(v)), "{row}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_scale_check_that_cannot_work_is_refused_in_one_line() {
+    let dir = scratch("tune-scale-refusals");
+    for (extra, expected) in [
+        ("scale_check:\n  transformer.heads: 4\n", "scale_check.transformer.heads: transformer.heads is swept"),
+        ("scale_check:\n  transformer.d_model: 31\n", "scale_check: "),
+        ("scale_check:\n  transformer.widht: 30\n", "widht"),
+    ] {
+        let e = parse(&recipe_text(&dir, extra), "tune.yaml", "tune", false).unwrap_err().to_string();
+        assert!(e.contains(expected) && e.lines().count() == 1, "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

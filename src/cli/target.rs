@@ -41,6 +41,8 @@ impl Sweep {
 }
 
 /// A recipe file as the subcommands that take either kind read it.
+// One Target per command, built once: its size does not matter, boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     Sweep(Sweep),
     /// A complexity benchmark (`complexity:` at the top): timed points, no training runs, no overrides.

@@ -83,9 +83,19 @@ pub fn reference() -> Vec<KeyDoc> {
 }
 
 /// The value at a dotted key of a serialised config, as JSON text (`missing` where the kind's config has
-/// no such section).
+/// no such section; `null` inside an optional setting that is unset, such as `train.budget`).
 fn default_text(config: &Value, key: &str) -> String {
-    key.split('.').try_fold(config, |v, part| v.get(part)).map_or("missing".to_string(), Value::to_string)
+    let mut value = config;
+    for part in key.split('.') {
+        if value.is_null() {
+            return "null".into();
+        }
+        match value.get(part) {
+            Some(inner) => value = inner,
+            None => return "missing".into(),
+        }
+    }
+    value.to_string()
 }
 
 /// Walks an object schema: a leaf per scalar, enum or list key; nested objects (sections, optional

@@ -86,6 +86,10 @@ struct RecipeFile {
     smoke: Mapping,
     /// Per-arm tuning of some keys by successive halving on the validation split.
     tune: Option<tune::TuneFile>,
+    /// Dotted config key -> value: the second scale (a width, a depth) the whole comparison is re-run at,
+    /// into `<out>/scale_check/`.
+    #[serde(default)]
+    scale_check: Mapping,
 }
 
 /// The sections as their structs, read straight from the text only to report a mistake in them at its
@@ -109,6 +113,7 @@ struct TypedSections {
     seeds: Option<Value>,
     smoke: Option<Value>,
     tune: Option<Value>,
+    scale_check: Option<Value>,
 }
 
 /// The config sections of a recipe file, in schema order.
@@ -147,6 +152,9 @@ pub struct Recipe {
     /// The command line's changes to the file.
     pub overrides: Overrides,
     pub tuning: Option<Tuning>,
+    /// With `scale_check:`, the same recipe at the second scale (its settings applied to every run as
+    /// overrides are), and those settings as `key=value` text.
+    pub scale_check: Option<(Box<Recipe>, Vec<String>)>,
 }
 
 impl Recipe {
@@ -263,6 +271,44 @@ pub fn parse_with(
     smoke: bool,
     overrides: &Overrides,
 ) -> Result<Recipe, RecipeError> {
+    let mut recipe = parse_one_scale(text, file, stem, smoke, overrides)?;
+    let (parsed, _, lines, last_line) = read_recipe_file(text, file)?;
+    if parsed.scale_check.is_empty() {
+        return Ok(recipe);
+    }
+    let src = Source { file, last_line, lines, template: schema_template() };
+    // The second scale is the recipe with its settings laid over every run, after the command line's.
+    let mut scaled = overrides.clone();
+    let mut settings = Vec::new();
+    for (k, v) in &parsed.scale_check {
+        let key = k.as_str().unwrap_or_default().to_string();
+        let at = format!("scale_check.{key}");
+        src.setting(&key, v, &at)?;
+        if recipe.sweep_keys.contains(&key) {
+            return Err(src.at(&at, format!("{at}: {key} is swept; a second scale changes what every arm shares")));
+        }
+        let text = format!("{key}={}", value_text(v));
+        scaled.set.push((key, v.clone(), text.clone()));
+        settings.push(text);
+    }
+    let check = parse_one_scale(text, file, stem, smoke, &scaled).map_err(|e| RecipeError {
+        message: format!("scale_check: {}", e.message),
+        line: src.lines.line("scale_check"),
+        argument: None,
+        ..e
+    })?;
+    recipe.scale_check = Some((Box::new(check), settings));
+    Ok(recipe)
+}
+
+/// [`parse_with`] at one scale: the recipe as written (and overridden), without its `scale_check:`.
+fn parse_one_scale(
+    text: &str,
+    file: &str,
+    stem: &str,
+    smoke: bool,
+    overrides: &Overrides,
+) -> Result<Recipe, RecipeError> {
     let (mut parsed, typed, mut lines, last_line) = read_recipe_file(text, file)?;
     apply_overrides(&mut parsed, &mut lines, overrides, file)?;
     let src = Source { file, last_line, lines, template: schema_template() };
@@ -323,6 +369,7 @@ pub fn parse_with(
         smoke,
         overrides: overrides.clone(),
         tuning,
+        scale_check: None,
     })
 }
 

@@ -297,8 +297,16 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     write_atomically(&out.join("samples.txt"), samples.as_bytes())?;
     write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
     write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
+    let mut missing = recipe.planned_runs().saturating_sub(ids.len());
+    // The second scale first, so that this scale's report can show the effects at both.
+    if let Some((check, _)) = &recipe.scale_check {
+        let dir = out.join("scale_check");
+        missing += match dir.join("shards").is_dir() || dir.join("runs.csv").is_file() {
+            true => merge(check, &dir, quiet)?.1,
+            false => check.planned_runs(),
+        };
+    }
     super::finish(out, recipe)?;
-    let missing = recipe.planned_runs().saturating_sub(ids.len());
     if !quiet {
         eprintln!(
             "ablate: merged {} runs from {} shard(s) into {}{}",

@@ -110,7 +110,97 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
     if let Some(base) = baseline {
         tables.push(paired_table(&runs, &variants, base, &metrics));
     }
+    if let Some((check, settings)) = &recipe.scale_check {
+        let check_dir = dir.join("scale_check");
+        if check_dir.join("runs.csv").is_file() {
+            let mut at_check = summary_tables(&check_dir, check, None)?;
+            if let Some(first) = at_check.first_mut() {
+                first.note = format!("At the second scale ({}): {}", settings.join(" "), first.note);
+            }
+            tables.extend(at_check);
+            if let Some(base) = baseline {
+                let check_runs = read_runs(&check_dir.join("runs.csv"))?;
+                let scales = [
+                    (&runs, base),
+                    (&check_runs, find_baseline(&check_runs, &variants_of(&check_runs), &variants[base].0)?),
+                ];
+                tables.push(effects_at_both_scales(scales, &metrics, &settings.join(" ")));
+            }
+        }
+    }
     Ok(tables)
+}
+
+/// Per variant and headline metric, the paired effect against the baseline at the recipe's scale and at
+/// its second scale (each Holm-adjusted over its own scale's family), and whether it holds: the same sign
+/// at both and significant (adjusted p < `ALPHA`) at both.
+fn effects_at_both_scales(scales: [(&Vec<Row>, usize); 2], metrics: &[Metric], settings: &str) -> Table {
+    let confidence = 100.0 * CONFIDENCE;
+    let note = format!(
+        "Effects at both scales, paired against `{}` by seed: mean difference [{confidence:.0}% CI] and the \
+         Holm-adjusted p over that scale's comparisons of the metric; \"holds\" where the sign is the same and \
+         the adjusted p is below {ALPHA} at both. Second scale: {settings}.",
+        variants_of(scales[0].0)[scales[0].1].0
+    );
+    let header = ["variant", "metric", "this scale", "second scale", "verdict"].iter().map(|s| s.to_string()).collect();
+    // (variant label, metric) -> (difference, adjusted p) at each scale.
+    let effects: Vec<BTreeMap<(String, String), (Estimate, f64)>> = scales
+        .iter()
+        .map(|(runs, base)| {
+            let variants = variants_of(runs);
+            let mut out = BTreeMap::new();
+            for m in metrics {
+                let column = m.column_name().expect("filtered to columns");
+                let family = against_baseline(runs, &variants, *base, column);
+                let adjusted =
+                    holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>());
+                let labels = variants.iter().enumerate().filter(|(i, _)| i != base).map(|(_, (l, _))| l);
+                for ((label, (_, p)), adj) in labels.zip(family).zip(adjusted) {
+                    if let Some(p) = p {
+                        out.insert((label.clone(), column.to_string()), (p.difference, adj));
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let cell = |e: &Estimate, p: f64, m: &Metric| format!("{} (p {})", format_difference(e, m.digits), format_p(p));
+    let mut rows = Vec::new();
+    // In the recipe's variant order, each variant's metrics in the summary's order.
+    let labels: Vec<String> = variants_of(scales[0].0).into_iter().map(|(l, _)| l).collect();
+    for label in &labels {
+        for m in metrics {
+            let column = m.column_name().expect("filtered to columns").to_string();
+            let Some((here, p_here)) = effects[0].get(&(label.clone(), column.clone())) else { continue };
+            let Some((there, p_there)) = effects[1].get(&(label.clone(), column.clone())) else { continue };
+            let verdict = scale_verdict((here.mean, *p_here), (there.mean, *p_there));
+            rows.push(vec![label.clone(), m.axis(), cell(here, *p_here, m), cell(there, *p_there, m), verdict.into()]);
+        }
+    }
+    Table { note, header, rows }
+}
+
+/// Whether an effect (mean difference, adjusted p) at one scale holds at another: the same sign, and
+/// significant at both.
+pub fn scale_verdict(here: (f64, f64), there: (f64, f64)) -> &'static str {
+    let same_sign = (here.0 > 0.0) == (there.0 > 0.0);
+    let (significant_here, significant_there) = (here.1 < ALPHA, there.1 < ALPHA);
+    match (same_sign, significant_here, significant_there) {
+        (true, true, true) => "holds",
+        (true, true, false) => "same sign; significant here only",
+        (true, false, true) => "same sign; significant at the second scale only",
+        (true, false, false) => "same sign; significant at neither",
+        (false, true, true) => "reverses (significant at both)",
+        (false, _, _) => "sign differs",
+    }
+}
+
+/// A paired difference with its interval: `+0.0123 [+0.0050, +0.0196]`.
+fn format_difference(e: &Estimate, digits: usize) -> String {
+    match e.half_width {
+        Some(h) => format!("{:+.digits$} [{:+.digits$}, {:+.digits$}]", e.mean, e.mean - h, e.mean + h),
+        None => format!("{:+.digits$}", e.mean),
+    }
 }
 
 /// What tuning cost, from every row of `runs.csv`: optimisation steps and wall time of the tuning runs
@@ -398,6 +488,18 @@ fn find_baseline(runs: &[Row], variants: &[(String, Vec<String>)], spec: &str) -
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_effect_holds_only_with_one_sign_and_significance_at_both_scales() {
+        assert_eq!(scale_verdict((-0.03, 0.01), (-0.02, 0.04)), "holds");
+        assert_eq!(scale_verdict((-0.03, 0.01), (-0.02, 0.2)), "same sign; significant here only");
+        assert_eq!(scale_verdict((-0.03, 0.3), (-0.02, 0.01)), "same sign; significant at the second scale only");
+        assert_eq!(scale_verdict((0.03, 0.3), (0.02, 0.2)), "same sign; significant at neither");
+        assert_eq!(scale_verdict((-0.03, 0.01), (0.02, 0.01)), "reverses (significant at both)");
+        assert_eq!(scale_verdict((-0.03, 0.01), (0.02, 0.5)), "sign differs");
+        // A missing p (fewer than two pairs) is never significant.
+        assert_eq!(scale_verdict((-0.03, f64::NAN), (-0.02, 0.01)), "same sign; significant at the second scale only");
+    }
     use super::*;
 
     /// Three variants against a baseline, three seeds each, one metric: the adjusted column is Holm over the

@@ -273,7 +273,8 @@ fn train_and_record(
 /// Other ranks of a data-parallel launch follow rank 0.
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
-        return follow_rank0(recipe, opts, group);
+        follow_rank0(recipe, opts, group)?;
+        return run_second_scale(recipe, opts);
     }
     let trained = match &recipe.tuning {
         Some(tuning) => super::tune::run_tuned(recipe, tuning, opts),
@@ -285,6 +286,8 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     };
     trained?;
     tell_followers(&Pass::Done)?;
+    // Before this scale's report, so that it can show the effects at both.
+    run_second_scale(recipe, opts)?;
     let dir = match opts.shard {
         Some(shard) => shard.dir(opts.out),
         None => opts.out.to_path_buf(),
@@ -304,6 +307,17 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         eprintln!("ablate: wrote {}", dir.display());
     }
     Ok(())
+}
+
+/// With `scale_check:`, the whole recipe again at its second scale, into `<out>/scale_check/` (this shard's
+/// part of it, when sharded).
+fn run_second_scale(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
+    let Some((check, settings)) = &recipe.scale_check else { return Ok(()) };
+    let out = opts.out.join("scale_check");
+    if !opts.quiet {
+        eprintln!("ablate: {} at its second scale ({}) -> {}", recipe.name, settings.join(" "), out.display());
+    }
+    run_recipe(check, &SweepOptions { out: &out, ..*opts })
 }
 
 /// One pass over `mine` (runs of this shard; `what` names the pass in the opening line): plans, then trains
