@@ -1,6 +1,6 @@
 //! The optimisation loop every kind of run shares: AdamW with warm-up and a decaying schedule, gradient
-//! clipping, mixed precision, periodic validation, one test evaluation at the end, divergence detection, and resumable state
-//! checkpoints. A kind of run supplies an [`Objective`]: a loss on a fresh training batch, and an evaluation.
+//! clipping, mixed precision, periodic validation, one test evaluation at the end, divergence detection,
+//! resumable state checkpoints, and a stop at a seconds budget. A kind of run supplies an [`Objective`]: a loss on a fresh training batch, and an evaluation.
 //!
 //! Randomness is a function of (seed, step): the generator is re-seeded before every step's batch and
 //! dropout. A run restarted from a checkpoint at step k therefore draws exactly what the uninterrupted run
