@@ -4,13 +4,14 @@
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tch::Device;
 
 use super::results::{write_resolved, ResultsDir};
 use super::scale::Shard;
+use super::tune::Halving;
 use crate::metrics::Metric;
-use crate::recipe::{Config, Recipe, RunSpec};
+use crate::recipe::{Config, Recipe, RunSpec, Tuning};
 use crate::tasks::checkpoint::{self, file_stem};
 use crate::tasks::{budgeted, task, DataCache, RunContext};
 use crate::train::{RunOutcome, StateFile};
@@ -30,14 +31,14 @@ pub struct SweepOptions<'a> {
 /// makes one pass per rung and one for its final runs): the runs to train, in order, or that it is done
 /// (or stopped with an error).
 #[derive(serde::Serialize, serde::Deserialize)]
-pub(super) enum Pass {
+enum Pass {
     Train(Vec<String>),
     Done,
     Stopped(String),
 }
 
 /// Rank 0's side of [`Pass`], when this process is rank 0 of a data-parallel group.
-pub(super) fn tell_followers(pass: &Pass) -> Result<()> {
+fn tell_followers(pass: &Pass) -> Result<()> {
     if let Some(group) = crate::train::distributed::current() {
         group.share_from_rank0(&serde_json::to_vec(pass)?)?;
         if matches!(pass, Pass::Done) {
@@ -46,6 +47,16 @@ pub(super) fn tell_followers(pass: &Pass) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl SweepOptions<'_> {
+    /// Where this process writes: `<out>`, or its shard's directory under it.
+    pub fn results_dir(&self) -> PathBuf {
+        match self.shard {
+            Some(shard) => shard.dir(self.out),
+            None => self.out.to_path_buf(),
+        }
+    }
 }
 
 /// A data-parallel rank other than 0: trains, in step with rank 0, the runs rank 0 found unfinished, pass
@@ -179,10 +190,7 @@ struct Plan<'r> {
 /// Everything that can fail on input fails here, before the first step: the output directory (before any
 /// download), runs left by another recipe, memory, then the data.
 fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions, mine: Vec<&'r RunSpec>) -> Result<Plan<'r>> {
-    let results = ResultsDir::create(&match opts.shard {
-        Some(shard) => shard.dir(opts.out),
-        None => opts.out.to_path_buf(),
-    })?;
+    let results = ResultsDir::create(&opts.results_dir())?;
     if opts.force {
         results.clear()?;
     }
@@ -277,7 +285,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         return run_second_scale(recipe, opts);
     }
     let trained = match &recipe.tuning {
-        Some(tuning) => super::tune::run_tuned(recipe, tuning, opts),
+        Some(tuning) => run_tuned(recipe, tuning, opts),
         None => {
             let mine =
                 recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r);
@@ -288,10 +296,7 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     tell_followers(&Pass::Done)?;
     // Before this scale's report, so that it can show the effects at both.
     run_second_scale(recipe, opts)?;
-    let dir = match opts.shard {
-        Some(shard) => shard.dir(opts.out),
-        None => opts.out.to_path_buf(),
-    };
+    let dir = opts.results_dir();
     if let Some(shard) = opts.shard {
         if !opts.quiet {
             eprintln!(
@@ -309,6 +314,28 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     Ok(())
 }
 
+/// Followers of a data-parallel launch wait for the next pass between passes: tell them there is none.
+fn stop_followers(e: &anyhow::Error) {
+    let _ = tell_followers(&Pass::Stopped(format!("{e:#}")));
+}
+
+/// A tuned recipe's passes in this process (this shard's arms): each rung of successive halving
+/// ([`Halving`]), then the final runs of each arm's choice.
+fn run_tuned(recipe: &Recipe, tuning: &Tuning, opts: &SweepOptions) -> Result<()> {
+    let owns = |arm: usize| opts.shard.is_none_or(|s| s.owns(arm));
+    let mut halving = Halving::start(recipe, tuning, owns).inspect_err(stop_followers)?;
+    for rung in 0..tuning.rungs {
+        train_pass(recipe, opts, halving.rung_runs(rung), &halving.rung_title(rung))?;
+        halving.score_rung(&opts.results_dir(), rung).inspect_err(stop_followers)?;
+    }
+    if !opts.quiet {
+        for (label, choice) in halving.choices() {
+            eprintln!("ablate: {label}: chose {choice}");
+        }
+    }
+    train_pass(recipe, opts, halving.final_runs(), " final runs")
+}
+
 /// With `scale_check:`, the whole recipe again at its second scale, into `<out>/scale_check/` (this shard's
 /// part of it, when sharded).
 fn run_second_scale(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
@@ -322,7 +349,7 @@ fn run_second_scale(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
 
 /// One pass over `mine` (runs of this shard; `what` names the pass in the opening line): plans, then trains
 /// the unfinished ones in order, each committed to `runs.csv` as it ends.
-pub(super) fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &str) -> Result<()> {
+fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &str) -> Result<()> {
     let planned = plan(recipe, opts, mine);
     if crate::train::distributed::current().is_some() {
         // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.

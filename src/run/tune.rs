@@ -1,7 +1,7 @@
-//! Running a tuned recipe (`tune:`, planned in `recipe::tune`): successive halving per arm, one pass over
-//! the runs per rung, then the final runs of each arm's chosen candidate. Each pass is an ordinary sweep
-//! pass (resumable, skipping finished runs), so a killed sweep re-run continues where it stopped: the
-//! rungs already trained are scored again from `runs.csv` and `curves.csv` and lead to the same choices.
+//! Deciding a tuned recipe's passes (`tune:`, planned in `recipe::tune`): successive halving per arm, one
+//! pass over the runs per rung, then the final runs of each arm's chosen candidate. The sweep trains each
+//! pass as an ordinary resumable pass, so a killed sweep re-run continues where it stopped: the rungs
+//! already trained are scored again from `runs.csv` and `curves.csv` and lead to the same choices.
 //! A shard owns whole arms (arm `a` is shard `a mod n`'s), so shards, the worker pool and Slurm arrays tune
 //! independently.
 //!
@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::results::{read_all_runs, read_curves};
-use super::sweep::{tell_followers, train_pass, Pass, SweepOptions};
 use crate::recipe::{Recipe, RunSpec, Tuning};
 use crate::tasks::recipe_metrics;
 
@@ -70,55 +69,75 @@ fn keep_best(alive: &[usize], scores: &BTreeMap<(usize, usize), f64>, arm: usize
     ranked
 }
 
-/// Followers of a data-parallel launch wait for the next pass between passes: tell them there is none.
-fn stop_followers(e: &anyhow::Error) {
-    let _ = tell_followers(&Pass::Stopped(format!("{e:#}")));
+/// Successive halving as one process runs it: which candidates of each arm it owns are still in.
+pub struct Halving<'r> {
+    recipe: &'r Recipe,
+    tuning: &'r Tuning,
+    higher_is_better: bool,
+    /// Per arm: whether this process (its shard) tunes it.
+    owned: Vec<bool>,
+    /// Per arm: the candidates still in, in listed order.
+    alive: Vec<Vec<usize>>,
 }
 
-/// Trains a tuned recipe's passes in this process (this shard's arms): each rung, then the final runs.
-pub fn run_tuned(recipe: &Recipe, tuning: &Tuning, opts: &SweepOptions) -> Result<()> {
-    let higher = higher_is_better(recipe, tuning).inspect_err(stop_followers)?;
-    let dir = match opts.shard {
-        Some(shard) => shard.dir(opts.out),
-        None => opts.out.to_path_buf(),
-    };
-    let owned = |arm: usize| opts.shard.is_none_or(|s| s.owns(arm));
-    let n = tuning.candidates.len();
-    let mut alive: Vec<Vec<usize>> = vec![(0..n).collect(); tuning.arms.len()];
-    for rung in 0..tuning.rungs {
-        let mine: Vec<&RunSpec> = recipe
-            .runs
-            .iter()
-            .filter(|r| {
-                r.tune.is_some_and(|t| t.rung == Some(rung) && owned(t.arm) && alive[t.arm].contains(&t.candidate))
-            })
-            .collect();
-        let what = format!(
+impl<'r> Halving<'r> {
+    /// Every candidate of every arm `owns` says is this process's.
+    pub fn start(recipe: &'r Recipe, tuning: &'r Tuning, owns: impl Fn(usize) -> bool) -> Result<Self> {
+        let n = tuning.candidates.len();
+        Ok(Self {
+            recipe,
+            tuning,
+            higher_is_better: higher_is_better(recipe, tuning)?,
+            owned: (0..tuning.arms.len()).map(owns).collect(),
+            alive: vec![(0..n).collect(); tuning.arms.len()],
+        })
+    }
+
+    /// The runs of `rung` still to be trained: its candidates still in, on the owned arms.
+    pub fn rung_runs(&self, rung: usize) -> Vec<&'r RunSpec> {
+        self.runs(|t| t.rung == Some(rung) && self.alive[t.arm].contains(&t.candidate))
+    }
+
+    /// The final runs: each owned arm's chosen candidate.
+    pub fn final_runs(&self) -> Vec<&'r RunSpec> {
+        self.runs(|t| t.rung.is_none() && self.alive[t.arm][0] == t.candidate)
+    }
+
+    fn runs(&self, wanted: impl Fn(&crate::recipe::TuneRole) -> bool) -> Vec<&'r RunSpec> {
+        self.recipe.runs.iter().filter(|r| r.tune.is_some_and(|t| self.owned[t.arm] && wanted(&t))).collect()
+    }
+
+    /// What `rung`'s pass is, for its opening line.
+    pub fn rung_title(&self, rung: usize) -> String {
+        let t = self.tuning;
+        format!(
             " tuning rung {}/{} ({} of {} candidates per arm at {:.0}% of the steps)",
             rung + 1,
-            tuning.rungs,
-            tuning.survivors_at(rung),
-            n,
-            100.0 * tuning.fraction(rung)
-        );
-        train_pass(recipe, opts, mine, &what)?;
-        let scores = rung_scores(&dir, recipe, tuning, rung, higher).inspect_err(stop_followers)?;
-        let keep = tuning.survivors_at(rung + 1);
-        for (arm, candidates) in alive.iter_mut().enumerate().filter(|(a, _)| owned(*a)) {
+            t.rungs,
+            t.survivors_at(rung),
+            t.candidates.len(),
+            100.0 * t.fraction(rung)
+        )
+    }
+
+    /// After `rung` trained into `dir`: each owned arm keeps its best ⌈n / eta⌉ candidates.
+    pub fn score_rung(&mut self, dir: &Path, rung: usize) -> Result<()> {
+        let scores = rung_scores(dir, self.recipe, self.tuning, rung, self.higher_is_better)?;
+        let keep = self.tuning.survivors_at(rung + 1);
+        for (arm, candidates) in self.alive.iter_mut().enumerate().filter(|(a, _)| self.owned[*a]) {
             *candidates = keep_best(candidates, &scores, arm, keep);
         }
+        Ok(())
     }
-    if !opts.quiet {
-        for (arm, label) in tuning.arms.iter().enumerate().filter(|(a, _)| owned(*a)) {
-            eprintln!("ablate: {label}: chose {}", tuning.candidates[alive[arm][0]]);
-        }
+
+    /// Each owned arm's label and the candidate it is on (after the last rung: its choice).
+    pub fn choices(&self) -> Vec<(&'r str, &'r str)> {
+        let t = self.tuning;
+        (0..t.arms.len())
+            .filter(|&a| self.owned[a])
+            .map(|a| (t.arms[a].as_str(), t.candidates[self.alive[a][0]].as_str()))
+            .collect()
     }
-    let finals: Vec<&RunSpec> = recipe
-        .runs
-        .iter()
-        .filter(|r| r.tune.is_some_and(|t| t.rung.is_none() && owned(t.arm) && alive[t.arm][0] == t.candidate))
-        .collect();
-    train_pass(recipe, opts, finals, " final runs")
 }
 
 #[cfg(test)]
