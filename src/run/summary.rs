@@ -152,8 +152,7 @@ fn effects_at_both_scales(scales: [(&Vec<Row>, usize); 2], metrics: &[Metric], s
             for m in metrics {
                 let column = m.column_name().expect("filtered to columns");
                 let family = against_baseline(runs, &variants, *base, column);
-                let adjusted =
-                    holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>());
+                let adjusted = holm_adjusted(&family);
                 let labels = variants.iter().enumerate().filter(|(i, _)| i != base).map(|(_, (l, _))| l);
                 for ((label, (_, p)), adj) in labels.zip(family).zip(adjusted) {
                     if let Some(p) = p {
@@ -270,10 +269,7 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
         .iter()
         .map(|m| against_baseline(runs, variants, base, m.column_name().expect("filtered to columns")))
         .collect();
-    let adjusted: Vec<Vec<f64>> = compared
-        .iter()
-        .map(|family| holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>()))
-        .collect();
+    let adjusted: Vec<Vec<f64>> = compared.iter().map(|family| holm_adjusted(family)).collect();
     let mut rows = Vec::new();
     for (k, label) in variants.iter().enumerate().filter(|&(i, _)| i != base).map(|(_, (l, _))| l).enumerate() {
         for (j, m) in metrics.iter().enumerate() {
@@ -287,6 +283,11 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
         }
     }
     Table { note, header, rows }
+}
+
+/// Holm-adjusted p-values of a family of comparisons ([`against_baseline`]'s), NaN where one had no test.
+fn holm_adjusted(family: &[(usize, Option<Paired>)]) -> Vec<f64> {
+    holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>())
 }
 
 /// Each other variant's comparison with variant `base` in `column`, in variant order: the seeds they share,
@@ -312,7 +313,6 @@ fn against_baseline(
 /// Holm-adjusted p-value is below `ALPHA`, both p-values, and the per-seed differences.
 fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String> {
     let digits = m.digits;
-    let h = p.difference.half_width.expect("two or more pairs");
     let better = if adjusted.is_nan() || adjusted >= ALPHA {
         ""
     } else if (p.difference.mean > 0.0) == m.higher_is_better {
@@ -326,12 +326,7 @@ fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String>
         label.to_string(),
         m.axis(),
         p.seeds.len().to_string(),
-        format!(
-            "{:+.digits$} [{:+.digits$}, {:+.digits$}]{better}",
-            p.difference.mean,
-            p.difference.mean - h,
-            p.difference.mean + h
-        ),
+        format!("{}{better}", format_difference(&p.difference, digits)),
         format_p(p.p),
         format_p(adjusted),
         diffs.join(", "),
