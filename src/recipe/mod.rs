@@ -271,44 +271,58 @@ pub fn parse_with(
     smoke: bool,
     overrides: &Overrides,
 ) -> Result<Recipe, RecipeError> {
-    let mut recipe = parse_one_scale(text, file, stem, smoke, overrides)?;
-    let (parsed, _, lines, last_line) = read_recipe_file(text, file)?;
-    if parsed.scale_check.is_empty() {
-        return Ok(recipe);
-    }
-    let src = Source { file, last_line, lines, template: schema_template() };
+    let (mut recipe, second) = parse_one_scale(text, file, stem, smoke, overrides)?;
+    let Some(SecondScale { settings, line }) = second else { return Ok(recipe) };
     // The second scale is the recipe with its settings laid over every run, after the command line's.
     let mut scaled = overrides.clone();
+    for (key, value) in &settings {
+        scaled.set.push((key.clone(), value.clone(), format!("{key}={}", value_text(value))));
+    }
+    let (check, _) = parse_one_scale(text, file, stem, smoke, &scaled).map_err(|e| RecipeError {
+        message: format!("scale_check: {}", e.message),
+        line,
+        argument: None,
+        ..e
+    })?;
+    let named = scaled.set[overrides.set.len()..].iter().map(|(_, _, text)| text.clone()).collect();
+    recipe.scale_check = Some((Box::new(check), named));
+    Ok(recipe)
+}
+
+/// A recipe's `scale_check:` settings, each checked, and the line of the section.
+struct SecondScale {
+    settings: Vec<(String, Value)>,
+    line: usize,
+}
+
+/// `scale_check:`'s settings checked against the schema and the sweep (a swept key would change what every
+/// arm shares); `None` when the recipe has none.
+fn second_scale(src: &Source, parsed: &RecipeFile, sweep_keys: &[String]) -> Result<Option<SecondScale>, RecipeError> {
+    if parsed.scale_check.is_empty() {
+        return Ok(None);
+    }
     let mut settings = Vec::new();
     for (k, v) in &parsed.scale_check {
         let key = k.as_str().unwrap_or_default().to_string();
         let at = format!("scale_check.{key}");
         src.setting(&key, v, &at)?;
-        if recipe.sweep_keys.contains(&key) {
+        if sweep_keys.contains(&key) {
             return Err(src.at(&at, format!("{at}: {key} is swept; a second scale changes what every arm shares")));
         }
-        let text = format!("{key}={}", value_text(v));
-        scaled.set.push((key, v.clone(), text.clone()));
-        settings.push(text);
+        settings.push((key, v.clone()));
     }
-    let check = parse_one_scale(text, file, stem, smoke, &scaled).map_err(|e| RecipeError {
-        message: format!("scale_check: {}", e.message),
-        line: src.lines.line("scale_check"),
-        argument: None,
-        ..e
-    })?;
-    recipe.scale_check = Some((Box::new(check), settings));
-    Ok(recipe)
+    Ok(Some(SecondScale { settings, line: src.lines.line("scale_check") }))
 }
 
-/// [`parse_with`] at one scale: the recipe as written (and overridden), without its `scale_check:`.
+/// [`parse_with`] at one scale: the recipe as written (and overridden), without its second scale, and that
+/// scale's settings.
 fn parse_one_scale(
     text: &str,
     file: &str,
     stem: &str,
     smoke: bool,
     overrides: &Overrides,
-) -> Result<Recipe, RecipeError> {
+) -> Result<(Recipe, Option<SecondScale>), RecipeError> {
     let (mut parsed, typed, mut lines, last_line) = read_recipe_file(text, file)?;
     apply_overrides(&mut parsed, &mut lines, overrides, file)?;
     let src = Source { file, last_line, lines, template: schema_template() };
@@ -359,7 +373,8 @@ fn parse_one_scale(
         }
         None => (None, runs),
     };
-    Ok(Recipe {
+    let second = second_scale(&src, &parsed, &sweep_keys)?;
+    let recipe = Recipe {
         file: file.into(),
         name: parsed.name.unwrap_or_else(|| stem.to_string()),
         description: parsed.description,
@@ -370,7 +385,8 @@ fn parse_one_scale(
         overrides: overrides.clone(),
         tuning,
         scale_check: None,
-    })
+    };
+    Ok((recipe, second))
 }
 
 /// What every step after the overrides reads: the file's name, its line map (with the arguments that
