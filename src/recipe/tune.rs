@@ -116,8 +116,16 @@ pub(super) fn expand(
     sweep_keys: &[String],
     final_seeds: &[u64],
 ) -> Result<(Tuning, Vec<RunSpec>), RecipeError> {
-    let mut keys = Vec::new();
-    let mut values: Vec<Vec<Value>> = Vec::new();
+    plan(src, file, base, final_seeds, tuned_keys(src, file, sweep_keys)?)
+}
+
+/// The tuned keys with their candidate lists, each value checked, in the order written.
+fn tuned_keys(
+    src: &Source,
+    file: &TuneFile,
+    sweep_keys: &[String],
+) -> Result<(Vec<String>, Vec<Vec<Value>>), RecipeError> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
     for (k, v) in &file.keys {
         let key = k.as_str().unwrap_or_default().to_string();
         let at = format!("tune.keys.{key}");
@@ -141,6 +149,17 @@ pub(super) fn expand(
     if keys.is_empty() {
         return Err(src.at("tune", "tune.keys: name at least one key with its candidate values".into()));
     }
+    Ok((keys, values))
+}
+
+/// Refuses what cannot be tuned and expands the plan (see [`expand`]).
+fn plan(
+    src: &Source,
+    file: &TuneFile,
+    base: Vec<RunSpec>,
+    final_seeds: &[u64],
+    (keys, values): (Vec<String>, Vec<Vec<Value>>),
+) -> Result<(Tuning, Vec<RunSpec>), RecipeError> {
     if file.seeds.is_empty() {
         return Err(src.at("tune.seeds", "tune.seeds: give at least one tuning seed".into()));
     }
