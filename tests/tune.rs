@@ -7,7 +7,7 @@ use ablate::recipe::parse;
 use ablate::run::results::{read_all_runs, read_runs};
 use ablate::run::scale::{merge, Shard};
 use ablate::run::sweep::{run_recipe, SweepOptions};
-use common::scratch;
+use common::{all_runs_without_timings, scratch};
 use std::path::Path;
 use std::sync::Mutex;
 use tch::Device;
@@ -15,16 +15,6 @@ use tch::Device;
 /// Tests that compare two trainings bit for bit run one at a time: libtorch's kernels are deterministic
 /// for one thread count, and tests training side by side in one process contend for the same OpenMP pool.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// Every row of `runs.csv` (tuning runs too) without its timing columns.
-fn all_rows_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
-    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
-    read_all_runs(&out.join("runs.csv"))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
-        .collect()
-}
 
 /// Two arms (1 and 2 heads), three learning rates of which one is far too small to learn in 24 steps and
 /// one far too large: the middle one must win for both arms.
@@ -94,7 +84,7 @@ fn a_tuned_sweep_cut_short_in_either_phase_resumes_to_the_same_results() {
         }
         cut_to(&out, keep);
         run_recipe(&recipe, &opts(&out, None)).unwrap();
-        assert_eq!(all_rows_without_timings(&out), all_rows_without_timings(&reference), "cut after {keep} runs");
+        assert_eq!(all_runs_without_timings(&out), all_runs_without_timings(&reference), "cut after {keep} runs");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -112,7 +102,7 @@ fn shards_tune_whole_arms_and_merge_to_a_single_run() {
     }
     assert_eq!(merge(&recipe, &sharded, true).unwrap(), (10, 0));
     let sorted = |out: &Path| {
-        let mut rows = all_rows_without_timings(out);
+        let mut rows = all_runs_without_timings(out);
         rows.sort();
         rows
     };

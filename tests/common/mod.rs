@@ -11,14 +11,20 @@ pub fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// Every `runs.csv` row of `out` without its timing columns: what two runs of the same config must agree on.
+/// Every reported `runs.csv` row of `out` (tuning runs aside) without its timing columns: what two runs of
+/// the same config must agree on.
 pub fn runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
+    without_timings(ablate::run::results::read_runs(&out.join("runs.csv")).unwrap())
+}
+
+/// Every `runs.csv` row of `out`, tuning runs included, without its timing columns.
+pub fn all_runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
+    without_timings(ablate::run::results::read_all_runs(&out.join("runs.csv")).unwrap())
+}
+
+fn without_timings(rows: Vec<std::collections::BTreeMap<String, String>>) -> Vec<Vec<(String, String)>> {
     let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
-    ablate::run::results::read_runs(&out.join("runs.csv"))
-        .unwrap()
-        .into_iter()
-        .map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect())
-        .collect()
+    rows.into_iter().map(|r| r.into_iter().filter(|(k, _)| !timing.contains(&k.as_str())).collect()).collect()
 }
 
 /// The first run of a recipe given as text.
