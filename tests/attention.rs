@@ -1,7 +1,7 @@
 //! Properties of the attention core and the Transformer layer (UDL §12.2–12.4), not snapshots.
 use ablate::models::gpt::Gpt;
-use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention};
-use ablate::transformer::layers::{LayerInit, TransformerLayer};
+use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention, ScoreMap};
+use ablate::transformer::layers::{LayerInit, Placement, TransformerLayer};
 use ablate::transformer::spec::{
     Activation, AttentionSpec, Implementation, PositionEncoding, PositionSpec, Scale, TransformerSpec,
 };
@@ -108,7 +108,7 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
         ];
         for (name, q, mask) in cases {
             let bias = mask.additive_bias(q.size()[2], n_k, Device::Cpu, Kind::Float);
-            let (explicit, _) = explicit_attention(q, &k, &v, bias.as_ref(), scale, 0.0, false);
+            let (explicit, _) = explicit_attention(q, &k, &v, bias.as_ref(), ScoreMap::scaled(scale), 0.0, false);
             let fused = fused_attention(q, &k, &v, bias.as_ref(), false, scale, 0.0);
             let diff = max_abs_diff(&explicit, &fused);
             assert!(diff < 1e-5, "{name}, scale {scale}: max difference {diff}");
@@ -160,7 +160,7 @@ fn scaling_by_sqrt_dq_matches_the_closed_form() {
     let v = Tensor::from_slice(&[10.0f32, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0]).view([1, 1, 2, 4]);
     let expected_w0 = 1.0 / (1.0 + (-2.0f64).exp()); // softmax([2, 0])[0]
     for (scale, w0) in [(0.5, expected_w0), (1.0, 1.0 / (1.0 + (-4.0f64).exp()))] {
-        let (out, w) = explicit_attention(&q, &k, &v, None, scale, 0.0, false);
+        let (out, w) = explicit_attention(&q, &k, &v, None, ScoreMap::scaled(scale), 0.0, false);
         assert!((w.double_value(&[0, 0, 0, 0]) - w0).abs() < 1e-6);
         assert!((out.double_value(&[0, 0, 0, 0]) - 10.0 * w0).abs() < 1e-5);
         assert!((out.double_value(&[0, 0, 0, 1]) - 10.0 * (1.0 - w0)).abs() < 1e-5);
@@ -261,18 +261,25 @@ fn post_ln_and_pre_ln_layers_normalise_where_udl_says() {
         spec.activation = Activation::Relu;
         spec.pre_ln = pre_ln;
         spec.position = PositionSpec::of(PositionEncoding::None);
-        let l = TransformerLayer::new(vs.root(), &spec, false, LayerInit::default(), None);
+        let l = TransformerLayer::new(
+            vs.root(),
+            &spec,
+            false,
+            LayerInit::default(),
+            None,
+            Placement { index: 0, count: 1 },
+        );
         (vs, l)
     };
     let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)) * 3.0 + 1.0;
     let (_vs, post) = layer_for(false);
-    let y = post.forward(&x, &Mask::default(), None, None, false, false).output;
+    let y = post.forward(&x, &Mask::default(), None, None, None, false, false).output;
     let mean = y.mean_dim(-1, false, Kind::Float);
     let var = y.var_dim(-1, false, false);
     assert!(mean.abs().max().double_value(&[]) < 1e-5);
     assert!((var - 1.0).abs().max().double_value(&[]) < 1e-3);
     // Pre-LN keeps the residual stream un-normalised: the input's scale and offset survive.
     let (_vs2, pre) = layer_for(true);
-    let y = pre.forward(&x, &Mask::default(), None, None, false, false).output;
+    let y = pre.forward(&x, &Mask::default(), None, None, None, false, false).output;
     assert!(y.mean(Kind::Float).double_value(&[]) > 0.5);
 }

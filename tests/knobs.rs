@@ -78,7 +78,23 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.block_size", Some("24"), ""),
     ("transformer.tie_embeddings", None, ""),
     ("transformer.scale_embeddings", Some("true"), ""),
+    ("transformer.activation", Some("relu2"), ""),
+    ("transformer.activation", Some("swiglu"), ""),
+    ("transformer.activation", Some("geglu"), ""),
+    ("transformer.attention.qk_norm", Some("rms_norm"), ""),
+    ("transformer.attention.qk_norm", Some("layer_norm"), ""),
+    // A small cap, so that the test's random weights reach it.
+    ("transformer.attention.softcap", Some("0.5"), ""),
+    ("transformer.logit_softcap", Some("0.5"), ""),
+    ("transformer.output_init", Some("zero"), ""),
+    ("transformer.parallel", Some("true"), "transformer.pre_ln: true"),
+    ("transformer.value_residual", Some("true"), ""),
+    ("transformer.unet_skips", Some("true"), ""),
 ];
+
+/// Knobs that act on the initial weights only: the matrix compares the models as they initialise
+/// themselves, not with every weight redrawn.
+const INITIALISATION: &[&str] = &["transformer.output_init"];
 
 /// The refusals: (kind, key, value or "" for any): where a knob cannot act, argued in the README.
 const REFUSED: &[(Kind, &str, &str)] = &[
@@ -131,6 +147,15 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Translate, "transformer.position.concat_dim", ""),
     (Kind::Swin, "transformer.position.concat_dim", ""),
     (Kind::Davit, "transformer.position.concat_dim", ""),
+    // Parallel blocks join self-attention and the FFN; the encoder–decoder's decoder cross-attends between.
+    (Kind::Translate, "transformer.parallel", ""),
+    // Hierarchical models change width between stages and act between a block's branches.
+    (Kind::Swin, "transformer.parallel", ""),
+    (Kind::Davit, "transformer.parallel", ""),
+    (Kind::Swin, "transformer.value_residual", ""),
+    (Kind::Davit, "transformer.value_residual", ""),
+    (Kind::Swin, "transformer.unet_skips", ""),
+    (Kind::Davit, "transformer.unet_skips", ""),
 ];
 
 fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
@@ -161,11 +186,19 @@ fn context(extra: &str) -> Vec<(String, String)> {
 }
 
 /// Builds the run's model with every parameter drawn at random (so that zero-initialised biases and unit
-/// norms count), after copying what `from` has under the same name and shape.
-fn build(cfg: &ablate::recipe::Config, from: Option<&nn::VarStore>) -> (nn::VarStore, Box<dyn Built>) {
+/// norms count), after copying what `from` has under the same name and shape; with `as_initialised`, as the
+/// model initialises itself instead (for the knobs that shape the initialisation).
+fn build(
+    cfg: &ablate::recipe::Config,
+    from: Option<&nn::VarStore>,
+    as_initialised: bool,
+) -> (nn::VarStore, Box<dyn Built>) {
     tch::manual_seed(7);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = task(cfg.kind).build(cfg, &vs.root(), 50);
+    if as_initialised {
+        return (vs, model);
+    }
     tch::no_grad(|| {
         let theirs = from.map(|f| f.variables()).unwrap_or_default();
         let mut names: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
@@ -248,8 +281,10 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
                         matrix.push_str(&format!("{what}: the default\n"));
                         continue;
                     }
-                    let (vs_a, model_a) = build(&a, None);
-                    let (_vs_b, model_b) = build(&b, Some(&vs_a));
+                    // An initialisation knob acts on the weights the model draws itself.
+                    let as_initialised = INITIALISATION.contains(&key);
+                    let (vs_a, model_a) = build(&a, None, as_initialised);
+                    let (_vs_b, model_b) = build(&b, Some(&vs_a), as_initialised);
                     let train = key.ends_with("dropout");
                     let out_a = output(model_a.as_ref(), train);
                     let before = path_counts();

@@ -2,7 +2,7 @@
 //! every encoding makes the model order-sensitive where no encoding cannot be.
 use ablate::transformer::attention::relative::{alibi_slopes, t5_bucket, Relative};
 use ablate::transformer::attention::{Mask, MultiHeadAttention};
-use ablate::transformer::layers::{LayerInit, Pass, TransformerLayer};
+use ablate::transformer::layers::{LayerInit, Pass, Placement, TransformerLayer};
 use ablate::transformer::positions::AbsolutePositions;
 use ablate::transformer::spec::{
     AbsoluteAt, AttentionSpec, Implementation, PositionEncoding, PositionSpec, TransformerSpec,
@@ -137,7 +137,14 @@ impl Encoder {
         spec.position = PositionSpec { at, ..PositionSpec::of(pe) };
         let embedding = nn::embedding(vs.root() / "emb", 10, 16, Default::default());
         let positions = AbsolutePositions::new(vs.root() / "pos", pe, 8, 16);
-        let layer = TransformerLayer::new(vs.root() / "layer", &spec, false, LayerInit::default(), None);
+        let layer = TransformerLayer::new(
+            vs.root() / "layer",
+            &spec,
+            false,
+            LayerInit::default(),
+            None,
+            Placement { index: 0, count: 1 },
+        );
         randomise(&vs, 0.5);
         Self { _vs: vs, embedding, positions, at, layer }
     }
@@ -152,7 +159,7 @@ impl Encoder {
             (_, Some(t)) => x = &x + t,
             _ => {}
         }
-        self.layer.forward(&x, &Mask::default(), qk, None, false, false).output.mean_dim(1, false, Kind::Float)
+        self.layer.forward(&x, &Mask::default(), qk, None, None, false, false).output.mean_dim(1, false, Kind::Float)
     }
 }
 

@@ -63,8 +63,7 @@ impl BertSpec {
             position: PositionSpec::of(PositionEncoding::Learned),
             block_size: max_positions,
             tie_embeddings: true,
-            scale_embeddings: false,
-            layer_patterns: Vec::new(),
+            ..TransformerSpec::small(hidden, layers, heads, max_positions)
         }
     }
 

@@ -90,6 +90,8 @@ pub struct Davit {
     norm: Option<layers::NormLayer>,
     head: nn::Linear,
     dropout: f64,
+    /// `transformer.logit_softcap`.
+    logit_softcap: Option<f64>,
 }
 
 impl Davit {
@@ -133,6 +135,7 @@ impl Davit {
             norm: layers::final_norm(vs / "norm", last, t, 1e-5),
             head: nn::linear(vs / "head", last, im.classes, Default::default()),
             dropout: t.dropout,
+            logit_softcap: t.logit_softcap,
         }
     }
 
@@ -172,7 +175,7 @@ impl Davit {
 impl ImageClassifier for Davit {
     fn classify(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
         let (x, weights) = self.features(images, train, want_weights);
-        (self.head.forward(&x.mean_dim(1, false, Kind::Float)), weights)
+        (layers::softcap(self.head.forward(&x.mean_dim(1, false, Kind::Float)), self.logit_softcap), weights)
     }
 
     fn head(&self) -> &nn::Linear {

@@ -17,6 +17,8 @@ pub struct Gpt {
     pub block_size: i64,
     pub vocab_size: i64,
     device: tch::Device,
+    /// `transformer.logit_softcap`.
+    logit_softcap: Option<f64>,
 }
 
 impl Gpt {
@@ -30,7 +32,7 @@ impl Gpt {
         let d = spec.d_model;
         let emb_cfg = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
         // GPT-2: projections that write into the residual stream start smaller, by 1/sqrt(2·layers).
-        let init = LayerInit { residual_std: 0.02 / ((2 * spec.layers) as f64).sqrt(), norm_eps: 1e-5 };
+        let init = LayerInit { residual_std: 0.02 / ((2 * spec.layers.max(1)) as f64).sqrt(), norm_eps: 1e-5 };
         let layers = layers::layers(&(vs / "layers"), spec, spec.layers, |_| false, init, grid);
         let lm_head = (!spec.tie_embeddings).then(|| {
             let c =
@@ -44,7 +46,8 @@ impl Gpt {
         let global_tokens = GlobalTokens::new(vs, spec.attention.pattern.global_tokens, d);
         let stack =
             Stack::new(spec, positions, global_tokens, layers, layers::final_norm(vs / "final_norm", d, spec, 1e-5));
-        Self { token_embedding, stack, lm_head, block_size: spec.block_size, vocab_size, device: vs.device() }
+        let (block_size, device, logit_softcap) = (spec.block_size, vs.device(), spec.logit_softcap);
+        Self { token_embedding, stack, lm_head, block_size, vocab_size, device, logit_softcap }
     }
 
     /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
@@ -56,10 +59,11 @@ impl Gpt {
 
     /// The LM head applied to final hidden states.
     pub fn head(&self, x: &Tensor) -> Tensor {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(x),
             None => x.matmul(&self.token_embedding.ws.tr()),
-        }
+        };
+        layers::softcap(logits, self.logit_softcap)
     }
 
     /// The final hidden states (B, N, D) (after the final norm, if any): the features a probe reads.

@@ -101,10 +101,16 @@ impl Seq2Seq {
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
         let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::new(train));
-        match &self.generator {
-            Some(g) => g.forward(&x),
+        self.generate(&x, table)
+    }
+
+    /// The generator's logits of decoder states `x`, soft-capped as `transformer.logit_softcap` says.
+    fn generate(&self, x: &Tensor, table: &nn::Embedding) -> Tensor {
+        let logits = match &self.generator {
+            Some(g) => g.forward(x),
             None => x.matmul(&table.ws.tr()),
-        }
+        };
+        layers::softcap(logits, self.spec.transformer.logit_softcap)
     }
 
     /// [`Seq2Seq::decode`] for the new target tokens `tgt` (B, N_new) after the positions `cache` holds (its
@@ -114,10 +120,7 @@ impl Seq2Seq {
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
         let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::cached(cache));
-        match &self.generator {
-            Some(g) => g.forward(&x),
-            None => x.matmul(&table.ws.tr()),
-        }
+        self.generate(&x, table)
     }
 
     /// Cross-entropy of predicting a batch's `tgt_out` from its `tgt_in`, ignoring `ignore` targets, with

@@ -148,6 +148,8 @@ pub struct Swin {
     norm: Option<layers::NormLayer>,
     head: nn::Linear,
     dropout: f64,
+    /// `transformer.logit_softcap`.
+    logit_softcap: Option<f64>,
 }
 
 impl Swin {
@@ -178,6 +180,7 @@ impl Swin {
             norm: layers::final_norm(vs / "norm", last, t, 1e-5),
             head: nn::linear(vs / "head", last, im.classes, Default::default()),
             dropout: t.dropout,
+            logit_softcap: t.logit_softcap,
         }
     }
 
@@ -212,7 +215,7 @@ impl Swin {
 impl ImageClassifier for Swin {
     fn classify(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
         let (x, weights) = self.features(images, train, want_weights);
-        (self.head.forward(&x.mean_dim(1, false, Kind::Float)), weights)
+        (layers::softcap(self.head.forward(&x.mean_dim(1, false, Kind::Float)), self.logit_softcap), weights)
     }
 
     fn head(&self) -> &nn::Linear {

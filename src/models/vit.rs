@@ -19,6 +19,8 @@ pub struct Vit {
     stack: Stack,
     head: nn::Linear,
     pool: Pool,
+    /// `transformer.logit_softcap`.
+    logit_softcap: Option<f64>,
 }
 
 impl Vit {
@@ -50,6 +52,7 @@ impl Vit {
             stack,
             head: nn::linear(vs / "head", d, spec.image.classes, Default::default()),
             pool: spec.pool,
+            logit_softcap: t.logit_softcap,
         }
     }
 
@@ -72,7 +75,7 @@ impl ImageClassifier for Vit {
             Pool::Cls => x.select(1, 0),
             Pool::Mean => x.mean_dim(1, false, Kind::Float),
         };
-        (self.head.forward(&pooled), weights)
+        (layers::softcap(self.head.forward(&pooled), self.logit_softcap), weights)
     }
 
     fn head(&self) -> &nn::Linear {

@@ -61,12 +61,19 @@ impl Config {
                 dropout: a.dropout,
                 bias: a.bias,
                 pattern: a.pattern.spec(),
+                qk_norm: a.qk_norm,
+                softcap: a.softcap,
             },
             position: t.position.spec(t.pe),
             block_size: t.block_size,
             tie_embeddings: t.tie_embeddings,
             layer_patterns: a.layer_patterns.iter().map(|l| l.spec(a.pattern.global_tokens)).collect(),
             scale_embeddings: t.scale_embeddings,
+            logit_softcap: t.logit_softcap,
+            output_init: t.output_init,
+            parallel: t.parallel,
+            value_residual: t.value_residual,
+            unet_skips: t.unet_skips,
         }
     }
 }

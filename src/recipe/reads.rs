@@ -97,6 +97,13 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
+        "transformer.attention.qk_norm" => t.attention.qk_norm == crate::recipe::QkNorm::None,
+        "transformer.attention.softcap" => t.attention.softcap.is_none(),
+        "transformer.logit_softcap" => t.logit_softcap.is_none(),
+        "transformer.output_init" => t.output_init == crate::recipe::OutputInit::Model,
+        "transformer.parallel" => !t.parallel,
+        "transformer.value_residual" => !t.value_residual,
+        "transformer.unet_skips" => !t.unet_skips,
         _ => false,
     }
 }
@@ -118,6 +125,12 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         }
         "scale_embeddings" if kind.is_hierarchical() => Some(format!(
             "kind {kind} normalises its patch embedding (LayerNorm) before anything else, which cancels a scale"
+        )),
+        "parallel" if kind == Kind::Translate => Some(
+            "parallel blocks join self-attention and the FFN; kind translate's decoder cross-attends between them".into(),
+        ),
+        "parallel" | "value_residual" | "unet_skips" if kind.is_hierarchical() => Some(format!(
+            "acts across the layers of one stack of one width; kind {kind}'s stages change width and token count, and its blocks let the model act between the branches"
         )),
         "layers" if kind == Kind::Translate => Some(
             "kind translate has two stacks: set translate.encoder_layers and translate.decoder_layers".into(),

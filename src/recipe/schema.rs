@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
 pub use crate::transformer::spec::{
-    AbsoluteAt, Activation, Combine, Implementation, Norm, PositionEncoding, Scale, Scoring,
+    AbsoluteAt, Activation, Combine, Implementation, Norm, OutputInit, PositionEncoding, QkNorm, Scale, Scoring,
 };
 
 /// What a run trains: the recipe's `kind:`.
@@ -236,7 +236,9 @@ pub struct TransformerConfig {
     pub head_dim: Option<i64>,
     /// Hidden size of the per-token FFN (`null`: 4·D; doubles with the width in hierarchical models).
     pub ffn_hidden: Option<i64>,
-    /// The nonlinearity between the two layers of every FFN.
+    /// The FFN's nonlinearity: `relu`, `gelu`, `relu2` (squared ReLU, Primer's), or a gated unit
+    /// `W2 (act(W1 x) ⊙ W3 x)`: `swiglu` (SiLU, LLaMA's) or `geglu` (GELU). A gated FFN has a third matrix, so
+    /// its default hidden size is round(8·D/3) instead of 4·D: the same parameter count (2/3 of 4·D, as LLaMA).
     pub activation: Activation,
     /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
     pub pre_ln: bool,
@@ -265,6 +267,24 @@ pub struct TransformerConfig {
     /// Multiply the embedded tokens by √d_model before positions are added (the Annotated Transformer's
     /// embedding layer); false: add them as they are.
     pub scale_embeddings: bool,
+    /// Cap the output logits smoothly at ±cap, `cap · tanh(z / cap)` (Gemma 2 uses 30; `null`: no cap).
+    /// Every model's output layer: the vocabulary (lm, image_gpt, translate, BERT's MLM) and the heads of
+    /// classifiers and BERT's fine-tuning tasks.
+    pub logit_softcap: Option<f64>,
+    /// How the projections that write into the residual stream (attention's output, the FFN's second layer)
+    /// start: `model` (GPT-2's N(0, 0.02/√(2·layers)) in the decoders lm and image_gpt, N(0, 0.02)
+    /// elsewhere), `normal` (N(0, 0.02)), `scaled` (GPT-2's everywhere), `zero` (modded-nanogpt's: every
+    /// block starts as the identity).
+    pub output_init: OutputInit,
+    /// Parallel blocks (GPT-J, PaLM): `x + attn(norm x) + ffn(norm x)`, one norm and one residual addition
+    /// per layer instead of two in sequence. Needs pre-LN.
+    pub parallel: bool,
+    /// Value residual learning (Zhou et al. 2024, "ResFormer"): the self-attention values of every layer after
+    /// the first become `λ₁·v + λ₂·v₁`, v₁ the first layer's values, (λ₁, λ₂) learned per layer from (½, ½).
+    pub value_residual: bool,
+    /// U-net skips (modded-nanogpt): the output of layer i < L/2 is added, times a learned scalar starting at
+    /// 1, to the input of layer L−1−i (the middle layer of an odd stack gets none).
+    pub unet_skips: bool,
 }
 
 impl Default for TransformerConfig {
@@ -287,13 +307,23 @@ impl Default for TransformerConfig {
             block_size: 64,
             tie_embeddings: false,
             scale_embeddings: false,
+            logit_softcap: None,
+            output_init: OutputInit::Model,
+            parallel: false,
+            value_residual: false,
+            unet_skips: false,
         }
     }
 }
 
 impl TransformerConfig {
+    /// As set, else 4·D, or round(8·D/3) for a gated unit (the parameters of a 4·D two-matrix FFN).
     pub fn ffn_hidden(&self) -> i64 {
-        self.ffn_hidden.unwrap_or(4 * self.d_model)
+        self.ffn_hidden.unwrap_or(if self.activation.is_gated() {
+            (8 * self.d_model + 1) / 3
+        } else {
+            4 * self.d_model
+        })
     }
 
     pub fn head_dim(&self) -> i64 {
@@ -376,6 +406,13 @@ pub struct AttentionConfig {
     /// Which keys each query may see over a 1-D sequence (dense by default).
     #[serde(default)]
     pub pattern: PatternConfig,
+    /// QK-norm: each head's queries and keys normalised over their qk_dim features before the scores
+    /// (`rms_norm` or `layer_norm`, one learned gain (and bias) for queries and one for keys, shared by the
+    /// heads; Dehghani et al. 2023, OLMo 2). It comes before RoPE's rotation, which preserves the norm.
+    pub qk_norm: QkNorm,
+    /// Cap the scores smoothly at ±cap, `cap · tanh(s / cap)`, after the scale and before masks and position
+    /// biases (Gemma 2 uses 50; `null`: no cap). Written out: `implementation` must be `auto` or `explicit`.
+    pub softcap: Option<f64>,
     /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
     /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
     /// depth, `[{window: 4}, {window: 4, dilation: 5}]`. Global tokens stay the stack's (`pattern.global_tokens`).
@@ -412,6 +449,8 @@ impl Default for AttentionConfig {
             bias: true,
             pattern: PatternConfig::default(),
             layer_patterns: Vec::new(),
+            qk_norm: QkNorm::None,
+            softcap: None,
         }
     }
 }

@@ -247,6 +247,30 @@ impl Config {
                 return Err(invalid("transformer.attention.qk_dim", format!("must be at most {MAX_D_MODEL}, got {q}")));
             }
         }
+        for (key, cap) in
+            [("transformer.attention.softcap", t.attention.softcap), ("transformer.logit_softcap", t.logit_softcap)]
+        {
+            if let Some(c) = cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+                return Err(invalid(key, format!("a soft cap must be a positive number (or null for none), got {c}")));
+            }
+        }
+        if t.attention.softcap.is_some()
+            && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
+        {
+            return Err(invalid(
+                "transformer.attention.softcap",
+                format!(
+                    "capped scores are written out (the fused and sparse kernels compute plain scaled scores); transformer.attention.implementation is {}: use auto or explicit",
+                    if t.attention.implementation == Implementation::Fused { "fused" } else { "sparse" }
+                ),
+            ));
+        }
+        if t.parallel && !t.pre_ln && t.norm != Norm::None {
+            return Err(invalid(
+                "transformer.parallel",
+                "parallel blocks normalise once before both branches (x + attn(norm x) + ffn(norm x)): set transformer.pre_ln: true",
+            ));
+        }
         if t.attention.scoring == Scoring::Additive
             && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
         {

@@ -14,6 +14,7 @@
 //! Metrics: accuracy and F1 of the positive class. Token classification: a linear layer on every hidden
 //! state, cross-entropy over the scored tokens; token accuracy and F1 over the punctuation marks. Span
 //! prediction: start and end logits over the passage; exact match and F1 (the tasks: `corpus_tasks`).
+use crate::transformer::layers::softcap;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::time::Instant;
@@ -73,6 +74,8 @@ struct MlmHead {
     /// `None` when tied to the word embeddings.
     decoder: Option<Tensor>,
     bias: Tensor,
+    /// `transformer.logit_softcap`.
+    softcap: Option<f64>,
 }
 
 impl MlmHead {
@@ -88,12 +91,14 @@ impl MlmHead {
             decoder: (!spec.transformer.tie_embeddings)
                 .then(|| vs.var("decoder", &[spec.vocab_size, d], nn::Init::Randn { mean: 0.0, stdev: 0.02 })),
             bias: vs.zeros("bias", &[spec.vocab_size]),
+            softcap: spec.transformer.logit_softcap,
         }
     }
 
     fn logits(&self, hidden: &Tensor, words: &Tensor) -> Tensor {
         let out = self.decoder.as_ref().unwrap_or(words);
-        self.norm.forward(&self.dense.forward(hidden).gelu("none")).matmul(&out.tr()) + &self.bias
+        let logits = self.norm.forward(&self.dense.forward(hidden).gelu("none")).matmul(&out.tr()) + &self.bias;
+        softcap(logits, self.softcap)
     }
 }
 
@@ -165,7 +170,7 @@ impl MaskedLm {
         let nsp_head = self.nsp.as_ref().expect("pair_loss needs the next-sentence head");
         let hidden = self.bert.forward(inputs, BertInputs { segments: Some(segments), ..Default::default() }, train);
         let (mlm, mlm_logits, mlm_targets) = self.predicted_loss(&hidden, targets);
-        let nsp_logits = nsp_head.forward(&self.bert.pooled(&hidden)).to_kind(Kind::Float);
+        let nsp_logits = capped(&self.bert, nsp_head.forward(&self.bert.pooled(&hidden))).to_kind(Kind::Float);
         let nsp = nsp_logits.cross_entropy_for_logits(follows);
         PairLoss { mlm, mlm_logits, mlm_targets, nsp, nsp_logits }
     }
@@ -399,6 +404,11 @@ impl Pretraining<'_> {
     }
 }
 
+/// A head's logits soft-capped as `transformer.logit_softcap` says.
+fn capped(bert: &Encoder, logits: Tensor) -> Tensor {
+    softcap(logits, bert.spec.transformer.logit_softcap)
+}
+
 /// A sequence classifier: BERT's pooled `<cls>` state, dropout, a linear layer (one logit for two classes).
 pub struct SequenceClassifier {
     head: nn::Linear,
@@ -415,7 +425,8 @@ impl SequenceClassifier {
     /// Logits: (B) for two classes, (B, C) otherwise.
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
         let hidden = bert.forward(ids, BertInputs::padded(padding), train);
-        let logits = self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train)).to_kind(Kind::Float);
+        let logits =
+            capped(bert, self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train))).to_kind(Kind::Float);
         if self.classes == 2 {
             logits.squeeze_dim(-1)
         } else {
@@ -460,7 +471,7 @@ impl TokenClassifier {
     /// Logits (B, N, C).
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
         let hidden = bert.forward(ids, BertInputs::padded(padding), train);
-        self.head.forward(&hidden.dropout(self.dropout, train)).to_kind(Kind::Float)
+        capped(bert, self.head.forward(&hidden.dropout(self.dropout, train))).to_kind(Kind::Float)
     }
 
     /// Mean cross-entropy over the scored tokens (labels not `IGNORE`).
@@ -489,7 +500,7 @@ impl SpanPredictor {
             BertInputs { segments: Some(&x.segments), padding: Some(&x.padding), causal: false },
             train,
         );
-        let both = self.head.forward(&hidden).to_kind(Kind::Float);
+        let both = capped(bert, self.head.forward(&hidden)).to_kind(Kind::Float);
         let outside = x.context.logical_not();
         let pick = |i: i64| both.select(2, i).masked_fill(&outside, f64::NEG_INFINITY);
         (pick(0), pick(1))

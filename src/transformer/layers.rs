@@ -89,6 +89,13 @@ impl Residual {
         }
     }
 
+    /// A parallel block's one branch: `x + f(norm x)`, `f` the sum of attention and FFN on the same normalised
+    /// input (pre-LN only, which the recipe layer checks), dropout on the sum.
+    pub fn forward_parallel(&self, x: &Tensor, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
+        debug_assert!(self.pre_ln || self.norm.is_none(), "parallel blocks normalise before the branches");
+        self.forward(x, train, f)
+    }
+
     pub fn forward(&self, x: &Tensor, train: bool, f: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
         let drop = |y: Tensor| if self.dropout > 0.0 { y.dropout(self.dropout, train) } else { y };
         let norm = |y: Tensor| match &self.norm {
@@ -104,9 +111,12 @@ impl Residual {
     }
 }
 
+/// The per-token FFN: `down(act(up x))`, or for a gated unit `down(act(up x) ⊙ gate x)`.
 #[derive(Debug)]
 pub struct FeedForward {
     up: nn::Linear,
+    /// The gated units' third matrix (W3 in `W2 (act(W1 x) ⊙ W3 x)`).
+    gate: Option<nn::Linear>,
     down: nn::Linear,
     activation: Activation,
 }
@@ -114,12 +124,13 @@ pub struct FeedForward {
 impl FeedForward {
     pub fn new(vs: nn::Path, d_model: i64, hidden: i64, activation: Activation, down_init_std: f64) -> Self {
         let lin = |std: f64| nn::LinearConfig {
-            ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+            ws_init: if std > 0.0 { nn::Init::Randn { mean: 0.0, stdev: std } } else { nn::Init::Const(0.0) },
             bs_init: Some(nn::Init::Const(0.0)),
             bias: true,
         };
         Self {
             up: nn::linear(&vs / "up", d_model, hidden, lin(0.02)),
+            gate: activation.is_gated().then(|| nn::linear(&vs / "gate", d_model, hidden, lin(0.02))),
             down: nn::linear(&vs / "down", hidden, d_model, lin(down_init_std)),
             activation,
         }
@@ -131,9 +142,24 @@ impl Module for FeedForward {
         let h = self.up.forward(x);
         let h = match self.activation {
             Activation::Relu => h.relu(),
-            Activation::Gelu => h.gelu("none"),
+            Activation::Gelu | Activation::Geglu => h.gelu("none"),
+            Activation::Relu2 => h.relu().square(),
+            Activation::Swiglu => h.silu(),
+        };
+        let h = match &self.gate {
+            Some(gate) => h * gate.forward(x),
+            None => h,
         };
         self.down.forward(&h)
+    }
+}
+
+/// `cap · tanh(x / cap)`: x unchanged near 0, smoothly bounded by ±cap (Gemma 2's soft-capping); `x` itself
+/// without a cap.
+pub fn softcap(x: Tensor, cap: Option<f64>) -> Tensor {
+    match cap {
+        Some(c) => (x / c).tanh() * c,
+        None => x,
     }
 }
 
@@ -151,12 +177,13 @@ impl AttentionBlock {
     /// timm's names: `norm1`, `attn`, `norm2`, `mlp`; `grid` places the tokens of a 2-D position scheme.
     pub fn new(vs: &nn::Path, spec: &TransformerSpec, grid: Option<Grid>) -> Self {
         let (d, init) = (spec.d_model, LayerInit::default());
+        let out_std = spec.output_std(init.residual_std);
         let attention_branch = Residual::new(vs / "norm1", d, spec, init.norm_eps);
         Self {
             attention_branch,
-            attn: MultiHeadAttention::new(vs / "attn", d, &spec.attention, &spec.position, grid, init.residual_std),
+            attn: MultiHeadAttention::new(vs / "attn", d, &spec.attention, &spec.position, grid, out_std),
             ffn_branch: Residual::new(vs / "norm2", d, spec, init.norm_eps),
-            mlp: FeedForward::new(vs / "mlp", d, spec.ffn_hidden, spec.activation, init.residual_std),
+            mlp: FeedForward::new(vs / "mlp", d, spec.ffn_hidden, spec.activation, out_std),
         }
     }
 
@@ -176,13 +203,32 @@ pub struct TransformerLayer {
     norm_attention: Residual,
     cross: Option<(MultiHeadAttention, Residual)>,
     ffn: FeedForward,
-    norm_ffn: Residual,
+    /// The FFN's own branch; `None` in a parallel block, whose FFN shares the attention branch.
+    norm_ffn: Option<Residual>,
+    /// U-net skips: the learned weight of the skip this layer of the second half receives from its mirror.
+    skip_weight: Option<Tensor>,
 }
 
-/// What a layer hands back besides its output when asked: the self-attention weights (B, H, N, N).
+/// Where a layer sits in its stack (value residual and U-net skips depend on it).
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
+    pub index: i64,
+    pub count: i64,
+}
+
+impl Placement {
+    /// For U-net skips: the first-half layer whose output this layer of the second half receives.
+    pub fn mirror(self) -> Option<i64> {
+        (self.index >= self.count - self.count / 2).then(|| self.count - 1 - self.index).filter(|&m| m < self.count / 2)
+    }
+}
+
+/// What a layer hands back besides its output: the self-attention weights (B, H, N, N) when asked, and the
+/// values its self-attention used (value residual reads the first layer's).
 pub struct LayerOutput {
     pub output: Tensor,
     pub self_weights: Option<Tensor>,
+    pub values: Tensor,
 }
 
 impl TransformerLayer {
@@ -194,22 +240,35 @@ impl TransformerLayer {
         cross_attention: bool,
         init: LayerInit,
         grid: Option<Grid>,
+        at: Placement,
     ) -> Self {
         let d = spec.d_model;
-        let self_attention =
-            MultiHeadAttention::new(&vs / "attn", d, &spec.attention, &spec.position, grid, init.residual_std);
+        let out_std = spec.output_std(init.residual_std);
+        let mut self_attention =
+            MultiHeadAttention::new(&vs / "attn", d, &spec.attention, &spec.position, grid, out_std);
+        if spec.value_residual && at.index > 0 {
+            self_attention = self_attention.with_value_mix(&(&vs / "attn"));
+        }
         let norm_attention = Residual::new(&vs / "norm_attn", d, spec, init.norm_eps);
         let cross = cross_attention.then(|| {
-            let mha = MultiHeadAttention::plain(&vs / "cross", d, &spec.attention, init.residual_std);
+            let mha = MultiHeadAttention::plain(&vs / "cross", d, &spec.attention, out_std);
             (mha, Residual::new(&vs / "norm_cross", d, spec, init.norm_eps))
         });
+        let skip_weight =
+            (spec.unet_skips && at.mirror().is_some()).then(|| vs.var("skip_weight", &[1], nn::Init::Const(1.0)));
         Self {
             self_attention,
             norm_attention,
             cross,
-            ffn: FeedForward::new(&vs / "ffn", d, spec.ffn_hidden, spec.activation, init.residual_std),
-            norm_ffn: Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps),
+            ffn: FeedForward::new(&vs / "ffn", d, spec.ffn_hidden, spec.activation, out_std),
+            norm_ffn: (!spec.parallel).then(|| Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps)),
+            skip_weight,
         }
+    }
+
+    /// The learned weight of the U-net skip this layer receives, if it receives one.
+    pub fn skip_weight(&self) -> Option<&Tensor> {
+        self.skip_weight.as_ref()
     }
 
     /// Its self-attention unit (to inspect it, or to mask its heads).
@@ -224,29 +283,39 @@ impl TransformerLayer {
 
     /// `qk_add` (N, D) is an absolute position encoding for the query/key inputs only. `memory` and its mask
     /// are the encoder output and its padding, for layers built with cross-attention (others ignore it).
+    /// `first_values` are the first layer's self-attention values (value residual; `None` in the first layer).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         x: &Tensor,
         mask: &Mask,
         qk_add: Option<&Tensor>,
         memory: Option<(&Tensor, &Mask)>,
+        first_values: Option<&Tensor>,
         train: bool,
         want_weights: bool,
     ) -> LayerOutput {
         let mut self_weights = None;
-        let x = self.norm_attention.forward(x, train, |h| {
-            let a = self.self_attention.self_attend(h, mask, qk_add, train, want_weights);
-            self_weights = a.weights;
+        let mut values = None;
+        let mut attend = |h: &Tensor| {
+            let (a, v) = self.self_attention.self_attend_mixed(h, mask, qk_add, first_values, train, want_weights);
+            (self_weights, values) = (a.weights, Some(v));
             a.output
-        });
+        };
+        let Some(norm_ffn) = &self.norm_ffn else {
+            // A parallel block: attention and FFN read the same normalised input (no cross-attention here).
+            let output = self.norm_attention.forward_parallel(x, train, |h| attend(h) + self.ffn.forward(h));
+            return LayerOutput { output, self_weights, values: values.expect("attention ran") };
+        };
+        let x = self.norm_attention.forward(x, train, attend);
         let x = match (&self.cross, memory) {
             (Some((cross, residual)), Some((mem, mem_mask))) => {
                 residual.forward(&x, train, |h| cross.cross_attend(h, mem, mem_mask, train, false).output)
             }
             _ => x,
         };
-        let output = self.norm_ffn.forward(&x, train, |h| self.ffn.forward(h));
-        LayerOutput { output, self_weights }
+        let output = norm_ffn.forward(&x, train, |h| self.ffn.forward(h));
+        LayerOutput { output, self_weights, values: values.expect("attention ran") }
     }
 }
 
@@ -261,24 +330,35 @@ pub struct LayerCache {
 impl TransformerLayer {
     /// [`TransformerLayer::forward`] for new tokens `x` (B, N_new, D) after the positions `cache` holds, in
     /// evaluation mode (no dropout, no weights).
+    /// Returns the output and the new tokens' self-attention values (as [`TransformerLayer::forward`]).
     pub fn forward_cached(
         &self,
         x: &Tensor,
         mask: &Mask,
         qk_add: Option<&Tensor>,
         memory: Option<(&Tensor, &Mask)>,
+        first_values: Option<&Tensor>,
         cache: &mut LayerCache,
-    ) -> Tensor {
-        let x = self
-            .norm_attention
-            .forward(x, false, |h| self.self_attention.self_attend_cached(h, mask, qk_add, &mut cache.self_attention));
+    ) -> (Tensor, Tensor) {
+        let mut values = None;
+        let self_cache = &mut cache.self_attention;
+        let mut attend = |h: &Tensor| {
+            let (out, v) = self.self_attention.self_attend_cached_mixed(h, mask, qk_add, first_values, self_cache);
+            values = Some(v);
+            out
+        };
+        let Some(norm_ffn) = &self.norm_ffn else {
+            let output = self.norm_attention.forward_parallel(x, false, |h| attend(h) + self.ffn.forward(h));
+            return (output, values.expect("attention ran"));
+        };
+        let x = self.norm_attention.forward(x, false, attend);
         let x = match (&self.cross, memory) {
             (Some((cross, residual)), Some((mem, mem_mask))) => {
                 residual.forward(&x, false, |h| cross.cross_attend_cached(h, mem, mem_mask, &mut cache.cross_attention))
             }
             _ => x,
         };
-        self.norm_ffn.forward(&x, false, |h| self.ffn.forward(h))
+        (norm_ffn.forward(&x, false, |h| self.ffn.forward(h)), values.expect("attention ran"))
     }
 }
 
@@ -361,7 +441,9 @@ pub fn layers(
     init: LayerInit,
     grid: Option<Grid>,
 ) -> Vec<TransformerLayer> {
-    (0..count).map(|i| TransformerLayer::new(vs / i, &spec.for_layer(i), cross(i), init, grid)).collect()
+    (0..count)
+        .map(|i| TransformerLayer::new(vs / i, &spec.for_layer(i), cross(i), init, grid, Placement { index: i, count }))
+        .collect()
 }
 
 /// The stack's final norm of width `d` when `spec.final_norm`, of the spec's kind (none when the spec
@@ -505,18 +587,36 @@ impl Stack {
             x = x.dropout(self.dropout, train);
         }
         let mut weights = Vec::new();
+        // Value residual: the first layer's values; U-net skips: the first half's outputs.
+        let mut first_values: Option<Tensor> = None;
+        let mut skips: Vec<Tensor> = Vec::new();
+        let count = self.layers.len() as i64;
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some((convs, grid)) = &self.conv_positions {
                 x = convs[i].forward(&x, grid.side, grid.lead + g);
             }
+            if let Some(w) = layer.skip_weight() {
+                let mirror = Placement { index: i as i64, count }.mirror().expect("a skip weight has a mirror");
+                x = &x + &skips[mirror as usize] * w;
+            }
             let qk_add = self.layer_positions(&mut x, table.as_ref());
-            match cache.as_deref_mut() {
-                Some(c) => x = layer.forward_cached(&x, &mask, qk_add, memory, &mut c.layers[i]),
+            let values = match cache.as_deref_mut() {
+                Some(c) => {
+                    let (out, v) =
+                        layer.forward_cached(&x, &mask, qk_add, memory, first_values.as_ref(), &mut c.layers[i]);
+                    x = out;
+                    v
+                }
                 None => {
-                    let out = layer.forward(&x, &mask, qk_add, memory, train, want_weights);
+                    let out = layer.forward(&x, &mask, qk_add, memory, first_values.as_ref(), train, want_weights);
                     x = out.output;
                     weights.extend(out.self_weights);
+                    out.values
                 }
+            };
+            first_values.get_or_insert(values);
+            if (i as i64) < count / 2 && self.layers.iter().any(|l| l.skip_weight().is_some()) {
+                skips.push(x.shallow_clone());
             }
         }
         if let Some(c) = cache {

@@ -9,6 +9,48 @@ use serde::{Deserialize, Serialize};
 pub enum Activation {
     Relu,
     Gelu,
+    /// ReLU², max(0, x)² (So et al. 2021, "Primer"; modded-nanogpt's FFN).
+    Relu2,
+    /// A gated unit W2 (SiLU(W1 x) ⊙ W3 x) (Shazeer 2020; LLaMA's FFN).
+    Swiglu,
+    /// A gated unit W2 (GELU(W1 x) ⊙ W3 x) (Shazeer 2020).
+    Geglu,
+}
+
+impl Activation {
+    /// Gated units have a third matrix (the gate) beside the two of every FFN.
+    pub fn is_gated(self) -> bool {
+        matches!(self, Activation::Swiglu | Activation::Geglu)
+    }
+}
+
+/// A normalisation of each head's queries and keys before their dot product (QK-norm: Dehghani et al.
+/// 2023, OLMo 2, Gemma 3), so that the scores' scale cannot grow with the weights.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNorm {
+    None,
+    /// RMSNorm over each head's qk_dim features, one learned gain for queries and one for keys.
+    RmsNorm,
+    /// LayerNorm over each head's qk_dim features, learned gain and bias for queries and for keys.
+    LayerNorm,
+}
+
+/// How the projections that write into the residual stream (attention's output projection, the FFN's second
+/// layer) start.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputInit {
+    /// Each model's own convention: GPT-2's scaled init in the decoders (lm, image_gpt), N(0, 0.02) elsewhere.
+    Model,
+    /// N(0, 0.02) everywhere.
+    Normal,
+    /// GPT-2's N(0, 0.02 / √(2·layers)) everywhere: the residual stream's variance then grows by about 1
+    /// over the whole stack instead of by 1 per layer.
+    Scaled,
+    /// Zeros (modded-nanogpt's): every block starts as the identity, and the residual stream is the
+    /// embeddings until training moves them.
+    Zero,
 }
 
 /// What normalises each residual branch (UDL §12.4 uses LayerNorm; the Annotated Transformer's notes ask
@@ -282,6 +324,10 @@ pub struct AttentionSpec {
     /// Biases β_q, β_k, β_v and on the output projection.
     pub bias: bool,
     pub pattern: Pattern,
+    /// A normalisation of each head's queries and keys (before RoPE rotates them).
+    pub qk_norm: QkNorm,
+    /// Scores capped smoothly at ±cap, `cap · tanh(s / cap)` (Gemma 2), after the scale and before any bias.
+    pub softcap: Option<f64>,
 }
 
 impl AttentionSpec {
@@ -298,6 +344,8 @@ impl AttentionSpec {
             dropout: 0.0,
             bias: true,
             pattern: Pattern::dense(),
+            qk_norm: QkNorm::None,
+            softcap: None,
         }
     }
 
@@ -351,6 +399,18 @@ pub struct TransformerSpec {
     /// A self-attention pattern per layer (layer i takes entry i mod the length); empty: every layer takes
     /// `attention.pattern`.
     pub layer_patterns: Vec<Pattern>,
+    /// The output logits capped smoothly at ±cap, `cap · tanh(z / cap)` (Gemma 2).
+    pub logit_softcap: Option<f64>,
+    /// How the residual-writing projections start.
+    pub output_init: OutputInit,
+    /// Parallel blocks: `x + attn(norm x) + ffn(norm x)` with one norm (GPT-J, PaLM); needs pre-LN.
+    pub parallel: bool,
+    /// Value residual learning (Zhou et al. 2024): every layer after the first mixes its values with the first
+    /// layer's, `λ₁·v + λ₂·v₁`, two learned scalars per layer starting at ½ each.
+    pub value_residual: bool,
+    /// U-net skips (modded-nanogpt): the output of layer i of the first half is added, times a learned scalar
+    /// starting at 1, to the input of its mirror L−1−i in the second half.
+    pub unet_skips: bool,
 }
 
 impl TransformerSpec {
@@ -382,6 +442,17 @@ impl TransformerSpec {
         s
     }
 
+    /// The standard deviation the residual-writing projections start with, given the model's own
+    /// convention `model_std`.
+    pub fn output_std(&self, model_std: f64) -> f64 {
+        match self.output_init {
+            OutputInit::Model => model_std,
+            OutputInit::Normal => 0.02,
+            OutputInit::Scaled => 0.02 / ((2 * self.layers.max(1)) as f64).sqrt(),
+            OutputInit::Zero => 0.0,
+        }
+    }
+
     /// What the embedded tokens are multiplied by.
     pub fn embedding_factor(&self) -> f64 {
         if self.scale_embeddings {
@@ -409,6 +480,11 @@ impl TransformerSpec {
             tie_embeddings: false,
             scale_embeddings: false,
             layer_patterns: Vec::new(),
+            logit_softcap: None,
+            output_init: OutputInit::Model,
+            parallel: false,
+            value_residual: false,
+            unet_skips: false,
         }
     }
 

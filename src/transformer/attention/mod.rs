@@ -19,7 +19,8 @@ use std::cell::Cell;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use super::spec::{AttentionSpec, Implementation, Pattern, PositionEncoding, PositionSpec, Scoring};
+use super::layers::{softcap, NormLayer};
+use super::spec::{AttentionSpec, Implementation, Norm, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring};
 
 pub mod pattern;
 pub mod relative;
@@ -112,11 +113,15 @@ pub struct MultiHeadAttention {
     widths: [i64; 3],
     /// Bahdanau's w per head (H, qk_dim), when scores are additive.
     additive: Option<Tensor>,
-    scale: f64,
+    /// QK-norm's normalisations of each head's queries and of its keys.
+    qk_norm: Option<(NormLayer, NormLayer)>,
+    scores: ScoreMap,
     implementation: Implementation,
     dropout: f64,
     pattern: Pattern,
     relative: Relative,
+    /// Value residual learning's (λ₁, λ₂) of a layer after the first: its values become `λ₁·v + λ₂·v₁`.
+    value_mix: Option<Tensor>,
     /// Per-head factors (H) on the heads' outputs before they are mixed: 0 removes a head (head importance
     /// and pruning, Michel et al. 2019). Set between evaluations, never while training.
     head_mask: std::sync::Mutex<Option<Tensor>>,
@@ -231,9 +236,17 @@ impl MultiHeadAttention {
         assert!(spec.heads > 0 && spec.head_dim > 0 && spec.qk_dim > 0, "heads and their widths must be positive");
         assert!(spec.kv_heads > 0 && spec.heads % spec.kv_heads == 0, "key/value heads must divide the heads");
         let lin = |std: f64| nn::LinearConfig {
-            ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+            ws_init: if std > 0.0 { nn::Init::Randn { mean: 0.0, stdev: std } } else { nn::Init::Const(0.0) },
             bs_init: Some(nn::Init::Const(0.0)),
             bias: spec.bias,
+        };
+        let qk_norm = match spec.qk_norm {
+            QkNorm::None => None,
+            kind => {
+                let norm = if kind == QkNorm::RmsNorm { Norm::RmsNorm } else { Norm::LayerNorm };
+                let make = |name: &str| NormLayer::new(&vs / name, spec.qk_dim, norm, 1e-5).expect("a norm");
+                Some((make("q_norm"), make("k_norm")))
+            }
         };
         let additive = (spec.scoring == Scoring::Additive).then(|| {
             let stdev = 1.0 / (spec.qk_dim as f64).sqrt();
@@ -248,13 +261,21 @@ impl MultiHeadAttention {
             qk_dim: spec.qk_dim,
             head_dim: spec.head_dim,
             additive,
-            scale: spec.scale.factor(spec.qk_dim),
+            qk_norm,
+            scores: ScoreMap { scale: spec.scale.factor(spec.qk_dim), softcap: spec.softcap },
             implementation: spec.implementation,
             dropout: spec.dropout,
             pattern: spec.pattern.clone(),
             relative: Relative::new(&vs, position, spec.heads, spec.qk_dim, grid),
             head_mask: std::sync::Mutex::new(None),
+            value_mix: None,
         }
+    }
+
+    /// With value residual learning's two scalars (λ₁, λ₂) under `vs`, both starting at ½: this unit's values
+    /// are mixed with the first layer's (`self_attend_mixed`).
+    pub fn with_value_mix(self, vs: &nn::Path) -> Self {
+        Self { value_mix: Some(vs.var("value_mix", &[2], nn::Init::Const(0.5))), ..self }
     }
 
     /// Attention between two sequences (cross-attention), or a plain unit: no positions, dense pattern.
@@ -286,8 +307,34 @@ impl MultiHeadAttention {
         train: bool,
         want_weights: bool,
     ) -> Attended {
+        self.self_attend_mixed(x, mask, qk_add, None, train, want_weights).0
+    }
+
+    /// [`self_attend`](Self::self_attend), its values mixed with `first_values` (B, N, H_kv·head_dim: the first
+    /// layer's) when this unit has value residual's scalars; also returns the values it used.
+    pub fn self_attend_mixed(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        qk_add: Option<&Tensor>,
+        first_values: Option<&Tensor>,
+        train: bool,
+        want_weights: bool,
+    ) -> (Attended, Tensor) {
         let (q, k, v) = self.project_self(x, qk_add);
-        self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights })
+        let v = self.mix_values(v, first_values);
+        (self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights }), v)
+    }
+
+    /// `λ₁·v + λ₂·v₁` when this unit mixes its values and is given the first layer's; `v` otherwise.
+    fn mix_values(&self, v: Tensor, first_values: Option<&Tensor>) -> Tensor {
+        match (&self.value_mix, first_values) {
+            (Some(l), Some(first)) => {
+                let l = l.to_kind(v.kind());
+                v * l.get(0) + first * l.get(1)
+            }
+            _ => v,
+        }
     }
 
     /// Self-attention of new tokens `x` (B, N_new, D) over themselves and the positions `cache` holds, which
@@ -295,12 +342,27 @@ impl MultiHeadAttention {
     /// `mask.offset + cache.len()` onwards (RoPE rotates them there; the cached keys were rotated at theirs),
     /// and each new query sees what a query at its position sees in the uncached call over the whole sequence.
     pub fn self_attend_cached(&self, x: &Tensor, mask: &Mask, qk_add: Option<&Tensor>, cache: &mut KvCache) -> Tensor {
+        self.self_attend_cached_mixed(x, mask, qk_add, None, cache).0
+    }
+
+    /// [`self_attend_cached`](Self::self_attend_cached) with value residual's mixing of the new tokens' values
+    /// (as [`self_attend_mixed`](Self::self_attend_mixed)); also returns the new tokens' values.
+    pub fn self_attend_cached_mixed(
+        &self,
+        x: &Tensor,
+        mask: &Mask,
+        qk_add: Option<&Tensor>,
+        first_values: Option<&Tensor>,
+        cache: &mut KvCache,
+    ) -> (Tensor, Tensor) {
         let (q, k, v) = self.project_self(x, qk_add);
+        let v = self.mix_values(v, first_values);
+        let values = v.shallow_clone();
         let start = mask.offset + cache.len();
         let (q, k, v) = self.split_qkv(&q, &k, &v);
         let (q, k) = (self.relative.rotate(&q, start), self.relative.rotate(&k, start));
         let (k, v) = cache.append(k, v);
-        self.attend_heads(&q, &k, &v, mask, Call::decoding(true)).output
+        (self.attend_heads(&q, &k, &v, mask, Call::decoding(true)).output, values)
     }
 
     /// The queries, keys and values of self-attention, (B, N, ·) each.
@@ -326,8 +388,27 @@ impl MultiHeadAttention {
     }
 
     /// Per-head views: queries (B, H, N, qk_dim), keys (B, H_kv, N, qk_dim), values (B, H_kv, N, head_dim).
+    /// With QK-norm, each head's queries and keys normalised over their qk_dim features.
     fn split_qkv(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> (Tensor, Tensor, Tensor) {
-        (split_heads(q, self.heads), split_heads(k, self.kv_heads), split_heads(v, self.kv_heads))
+        (self.split_queries(q), self.split_keys(k), split_heads(v, self.kv_heads))
+    }
+
+    /// Per-head queries (B, H, N, qk_dim), normalised under QK-norm.
+    fn split_queries(&self, q: &Tensor) -> Tensor {
+        let q = split_heads(q, self.heads);
+        match &self.qk_norm {
+            Some((norm, _)) => norm.forward(&q, false),
+            None => q,
+        }
+    }
+
+    /// Per-head keys (B, H_kv, N, qk_dim), normalised under QK-norm.
+    fn split_keys(&self, k: &Tensor) -> Tensor {
+        let k = split_heads(k, self.kv_heads);
+        match &self.qk_norm {
+            Some((_, norm)) => norm.forward(&k, false),
+            None => k,
+        }
     }
 
     /// `x` through rows `start..start+rows` of the stacked Q/K/V projection.
@@ -349,10 +430,10 @@ impl MultiHeadAttention {
             Some(kv) => kv,
             None => {
                 let (k, v) = self.project_memory(memory);
-                cache.append(split_heads(&k, self.kv_heads), split_heads(&v, self.kv_heads))
+                cache.append(self.split_keys(&k), split_heads(&v, self.kv_heads))
             }
         };
-        let q = split_heads(&self.project(x, 0, self.widths[0]), self.heads);
+        let q = self.split_queries(&self.project(x, 0, self.widths[0]));
         self.attend_heads(&q, &k, &v, mask, Call::decoding(false)).output
     }
 
@@ -371,7 +452,7 @@ impl MultiHeadAttention {
         let (q, k, v) = self.split_qkv(&parts[0], &parts[1], &parts[2]);
         let t = |x: &Tensor| x.transpose(-2, -1);
         count(1);
-        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scale, self.dropout, train);
+        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scores, self.dropout, train);
         // (B, H, C_g, N) -> (B, N, H·C_g)
         let merged = out.permute([0, 3, 1, 2]).contiguous().view([b, n, self.heads * self.head_dim]);
         Attended { output: self.out.forward(&merged), weights: want_weights.then_some(weights) }
@@ -411,12 +492,13 @@ impl MultiHeadAttention {
             && mask.key_padding.is_none()
             && mask.bias.is_none()
             && self.additive.is_none()
+            && self.scores.softcap.is_none()
             && n_q == n_k;
         let (heads_out, weights) = if sparse_kernel {
             count(2);
             let rules = pattern::ScoreRules {
                 causal: mask.causal,
-                scale: self.scale,
+                scale: self.scores.scale,
                 relative: &self.relative,
                 dropout,
                 train,
@@ -424,7 +506,11 @@ impl MultiHeadAttention {
             let out = pattern::sliding_window_attention(q, k, v, &self.pattern, &rules);
             (out, None)
         } else {
-            let explicit = want_weights || self.implementation == Implementation::Explicit || self.additive.is_some();
+            // The fused kernel computes plain scaled dot products: a soft cap is written out.
+            let explicit = want_weights
+                || self.implementation == Implementation::Explicit
+                || self.additive.is_some()
+                || self.scores.softcap.is_some();
             let bias = self.score_bias(q, n_k, mask, is_self);
             // A plain causal mask over square scores is the fused kernel's own fast path; a single query at
             // the last position (a decoding step) may see every key, so it needs no mask at all.
@@ -436,15 +522,15 @@ impl MultiHeadAttention {
             };
             if let Some(w) = &self.additive {
                 count(1);
-                let (o, w) = additive_attention(q, k, v, w, bias.as_ref(), self.scale, dropout, train);
+                let (o, w) = additive_attention(q, k, v, w, bias.as_ref(), self.scores, dropout, train);
                 (o, Some(w))
             } else if explicit {
                 count(1);
-                let (o, w) = explicit_attention(q, k, v, bias.as_ref(), self.scale, dropout, train);
+                let (o, w) = explicit_attention(q, k, v, bias.as_ref(), self.scores, dropout, train);
                 (o, Some(w))
             } else {
                 count(0);
-                (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scale, dropout), None)
+                (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scores.scale, dropout), None)
             }
         };
         let heads_out = match self.head_mask.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
@@ -473,7 +559,9 @@ impl MultiHeadAttention {
         let relative = if is_self && !self.relative.is_none() {
             let i = Tensor::arange_start(n_k - n_q, n_k, (Kind::Int64, device)).view([n_q, 1]);
             let j = Tensor::arange(n_k, (Kind::Int64, device)).view([1, n_k]);
-            self.relative.score_bias(q, &(i - j), mask.causal, self.scale).or_else(|| self.relative.grid_bias(n_q, n_k))
+            self.relative
+                .score_bias(q, &(i - j), mask.causal, self.scores.scale)
+                .or_else(|| self.relative.grid_bias(n_q, n_k))
         } else {
             None
         };
@@ -506,18 +594,37 @@ impl MultiHeadAttention {
     }
 }
 
-/// softmax(q kᵀ · scale + bias) v, written out. q: (B, H, N_q, d), k and v: (B, H, N_k, d).
-/// Returns the output (B, H, N_q, d) and the weights (B, H, N_q, N_k) (before dropout).
+/// What the raw scores go through before the bias is added: the scale, then an optional soft cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreMap {
+    pub scale: f64,
+    /// `cap · tanh(s / cap)` after the scale (Gemma 2).
+    pub softcap: Option<f64>,
+}
+
+impl ScoreMap {
+    /// Scaled scores, no cap.
+    pub fn scaled(scale: f64) -> Self {
+        Self { scale, softcap: None }
+    }
+
+    fn apply(self, raw: Tensor) -> Tensor {
+        softcap(raw * self.scale, self.softcap)
+    }
+}
+
+/// softmax(map(q kᵀ) + bias) v, written out, `map` the scale and any soft cap. q: (B, H, N_q, d), k and v:
+/// (B, H, N_k, d). Returns the output (B, H, N_q, d) and the weights (B, H, N_q, N_k) (before dropout).
 pub fn explicit_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
-    scale: f64,
+    map: ScoreMap,
     dropout: f64,
     train: bool,
 ) -> (Tensor, Tensor) {
-    let mut scores = q.matmul(&k.transpose(-2, -1)) * scale;
+    let mut scores = map.apply(q.matmul(&k.transpose(-2, -1)));
     if let Some(bias) = bias {
         scores += bias;
     }
@@ -537,13 +644,13 @@ pub fn additive_attention(
     v: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
-    scale: f64,
+    map: ScoreMap,
     dropout: f64,
     train: bool,
 ) -> (Tensor, Tensor) {
     let (heads, d) = (w.size()[0], w.size()[1]);
     let hidden = (q.unsqueeze(3) + k.unsqueeze(2)).tanh(); // (B, H, N_q, N_k, d)
-    let mut scores = hidden.matmul(&w.to_kind(q.kind()).view([1, heads, 1, d, 1])).squeeze_dim(-1) * scale;
+    let mut scores = map.apply(hidden.matmul(&w.to_kind(q.kind()).view([1, heads, 1, d, 1])).squeeze_dim(-1));
     if let Some(bias) = bias {
         scores += bias;
     }
