@@ -59,6 +59,11 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "eval_lengths" => (kind != Kind::Lm).then(|| {
                 format!("length generalisation evaluates a decoder on longer text windows (kind lm); this run is kind {kind}")
             }),
+            "muon_momentum" => (cfg.train.optimizer != crate::recipe::Optimizer::Muon)
+                .then(|| "is Muon's momentum, and train.optimizer is adamw".into()),
+            "optimizer" if kind == Kind::Cnn => Some(
+                "Muon updates the attention and FFN matrices of a Transformer's blocks; kind cnn has none".into(),
+            ),
             "world_size" => (cfg.train.world_size == 1).then(|| {
                 "is set by a data-parallel launch (torchrun, srun) to its number of processes; 1 (one process) is the default and recorded nowhere".into()
             }),
@@ -97,6 +102,8 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
+        "train.optimizer" => cfg.train.optimizer == crate::recipe::Optimizer::Adamw,
+        "train.muon_momentum" => cfg.train.muon_momentum == 0.95,
         "transformer.attention.qk_norm" => t.attention.qk_norm == crate::recipe::QkNorm::None,
         "transformer.attention.softcap" => t.attention.softcap.is_none(),
         "transformer.logit_softcap" => t.logit_softcap.is_none(),

@@ -901,6 +901,12 @@ pub struct TrainConfig {
     pub beta1: f64,
     /// AdamW's β₂ (decay of the squared gradient's running mean).
     pub beta2: f64,
+    /// `adamw`, or `muon`: the attention and FFN matrices of every block take Muon's orthogonalised momentum
+    /// (`torch.optim.Muon`'s update, its step scaled by 0.2·√max(rows, cols) to AdamW's RMS so that `lr`
+    /// serves both; decoupled decay `weight_decay`), everything else AdamW. See docs/internals.md.
+    pub optimizer: Optimizer,
+    /// Muon's momentum μ (Nesterov); read with `optimizer: muon`.
+    pub muon_momentum: f64,
     /// Clip the global gradient norm to this value (`null`: no clipping).
     pub grad_clip: Option<f64>,
     /// Evaluate on the validation split every this many steps (and at the end; the test split is read once,
@@ -998,6 +1004,18 @@ pub enum Schedule {
     Noam,
 }
 
+/// Which update the hidden layers' matrices take.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// AdamW for every parameter.
+    #[default]
+    Adamw,
+    /// Muon (Newton–Schulz-orthogonalised Nesterov momentum, as `torch.optim.Muon`) for the attention and FFN
+    /// matrices of every block, AdamW for the rest (embeddings, heads, norms, biases, scalars).
+    Muon,
+}
+
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
@@ -1010,6 +1028,8 @@ impl Default for TrainConfig {
             beta1: 0.9,
             beta2: 0.99,
             grad_clip: Some(1.0),
+            optimizer: Optimizer::Adamw,
+            muon_momentum: 0.95,
             eval_interval: 250,
             eval_batches: 20,
             log_interval: 10,

@@ -372,6 +372,9 @@ impl Config {
         ] {
             at_least(key, value, 1)?;
         }
+        if !(0.0..1.0).contains(&t.muon_momentum) {
+            return Err(invalid("train.muon_momentum", format!("must be in [0, 1), got {}", t.muon_momentum)));
+        }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(invalid("train.lr", format!("must be a positive number, got {}", t.lr)));
         }

@@ -444,6 +444,25 @@ struct Standing {
     curves: Vec<CurvePoint>,
 }
 
+/// The optimiser of `t` over `vs`: AdamW, with Muon for the hidden layers' matrices under `optimizer: muon`.
+pub fn optimiser(t: &TrainConfig, vs: &nn::VarStore) -> AdamW {
+    let params = vs.trainable_variables();
+    let orthogonalised: Vec<bool> = match t.optimizer {
+        crate::recipe::Optimizer::Adamw => vec![false; params.len()],
+        crate::recipe::Optimizer::Muon => {
+            // The trainable tensors come without names: match them to the store's named ones by storage.
+            let names: std::collections::HashMap<usize, String> =
+                vs.variables().into_iter().map(|(name, t)| (t.data_ptr() as usize, name)).collect();
+            params
+                .iter()
+                .map(|p| names.get(&(p.data_ptr() as usize)).is_some_and(|n| optim::is_hidden_matrix(n, &p.size())))
+                .collect()
+        }
+    };
+    let muon = optim::Muon { momentum: t.muon_momentum, ..Default::default() };
+    AdamW::with_muon(params, &orthogonalised, muon, t.beta1, t.beta2, t.weight_decay)
+}
+
 /// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed
 /// precision, per-step seeding, evaluation every `eval_interval` steps, divergence detection, and with
 /// `state` resumable checkpoints every `checkpoint_every` steps and at the end.
@@ -456,7 +475,7 @@ pub fn optimise(
     state: Option<&StateFile>,
 ) -> Result<Optimised> {
     let peak = memory::PeakMemory::start(device);
-    let mut opt = AdamW::new(vs.trainable_variables(), t.beta1, t.beta2, t.weight_decay);
+    let mut opt = optimiser(t, vs);
     let _autocast = precision::autocast(t.precision, device);
     let group = distributed::current();
     let mut at = resume_or_start(t, objective, vs, &mut opt, state, progress)?;

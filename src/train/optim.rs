@@ -7,9 +7,69 @@
 //! list (`torch.optim.AdamW(fused=True)`; tch does not bind it, `csrc/fused.cpp` does); the same maths
 //! written with tensor ops (`Update::Explicit`) stays as the readable reference, and the tests check both
 //! against AdamW's update written out by hand.
+//!
+//! With `train.optimizer: muon` the hidden layers' matrices (the self- and cross-attention projections and
+//! the FFN's matrices of every block) take Muon's update instead (Jordan et al. 2024, as `torch.optim.Muon` in
+//! torch 2.11 computes it): Nesterov momentum orthogonalised by five Newton–Schulz iterations, the step scaled
+//! by 0.2·√max(rows, cols) so that its RMS matches AdamW's and one learning rate serves both (Moonshot's
+//! `match_rms_adamw`), decoupled weight decay lr·λ. Everything else (embeddings, position tables, output
+//! heads, norms, biases, the scalars of value residuals and U-net skips) stays with AdamW. Muon's momentum
+//! lives in the first-moment slots of its matrices, so state and checkpoints keep their three flat tensors.
 use tch::{Kind, Tensor};
 
 use super::native;
+
+/// Muon's settings for the matrices it updates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Muon {
+    pub momentum: f64,
+    pub nesterov: bool,
+    /// The quintic's coefficients (a, b, c): X ← a·X + (b·XXᵀ + c·(XXᵀ)²)·X.
+    pub coefficients: (f64, f64, f64),
+    pub ns_steps: i64,
+    pub eps: f64,
+}
+
+impl Default for Muon {
+    /// `torch.optim.Muon`'s defaults.
+    fn default() -> Self {
+        Self { momentum: 0.95, nesterov: true, coefficients: (3.4445, -4.7750, 2.0315), ns_steps: 5, eps: 1e-7 }
+    }
+}
+
+/// Whether the parameter named `name` (a var-store path such as `layers.0.attn.qkv.weight`) of shape `size`
+/// is a hidden layer's matrix, which Muon updates: a 2-D weight of an attention unit or an FFN.
+pub fn is_hidden_matrix(name: &str, size: &[i64]) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    size.len() == 2
+        && parts.last() == Some(&"weight")
+        && parts.iter().any(|p| matches!(*p, "attn" | "cross" | "ffn" | "mlp"))
+        && !parts.iter().any(|p| p.ends_with("norm"))
+}
+
+/// Newton–Schulz orthogonalisation of `g` as `torch.optim.Muon` computes it: in bfloat16, on the wide
+/// orientation, normalised by its Frobenius norm, `steps` quintic iterations; the result has g's shape and
+/// singular values near 1 (in the band the coefficients map (0, 1] to after `steps` iterations).
+pub fn newton_schulz(g: &Tensor, muon: &Muon) -> Tensor {
+    let tall = g.size()[0] > g.size()[1];
+    let mut x = g.to_kind(Kind::BFloat16);
+    if tall {
+        x = x.tr();
+    }
+    x = &x / x.norm().clamp_min(muon.eps);
+    let (a, b, c) = muon.coefficients;
+    // baddbmm on one-matrix batches: addmm's beta and alpha, which tch's addmm does not take (bit-identical).
+    let batch = |t: &Tensor| t.unsqueeze(0);
+    for _ in 0..muon.ns_steps {
+        let gram = x.matmul(&x.tr());
+        let update = batch(&gram).baddbmm(&batch(&gram), &batch(&gram), b, c).squeeze_dim(0);
+        x = batch(&x).baddbmm(&batch(&update), &batch(&x), a, 1.0).squeeze_dim(0);
+    }
+    if tall {
+        x = x.tr();
+    }
+    x.to_kind(g.kind())
+}
 
 /// Which implementation performs the AdamW update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,9 +90,14 @@ pub struct AdamW {
     v: Tensor,
     m_parts: Vec<Tensor>,
     v_parts: Vec<Tensor>,
-    /// How many leading tensors of `params` (and elements of `flat`) get weight decay.
+    /// How many leading tensors of `params` (and elements of `flat`) get weight decay: Muon's matrices
+    /// first, then AdamW's matrices and embeddings.
     decayed_tensors: usize,
     decayed: i64,
+    /// How many leading tensors of `params` (and elements of `flat`) Muon updates, and how.
+    muon_tensors: usize,
+    muon_elements: i64,
+    muon: Muon,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -55,10 +120,32 @@ pub struct StepReport {
 impl AdamW {
     /// Takes over `params`: their storage moves into the flat buffer (values unchanged).
     pub fn new(params: Vec<Tensor>, beta1: f64, beta2: f64, weight_decay: f64) -> Self {
+        let none = vec![false; params.len()];
+        Self::with_muon(params, &none, Muon::default(), beta1, beta2, weight_decay)
+    }
+
+    /// As [`AdamW::new`], with Muon updating the parameters `orthogonalised` marks (2-D each).
+    pub fn with_muon(
+        params: Vec<Tensor>,
+        orthogonalised: &[bool],
+        muon: Muon,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+    ) -> Self {
         assert!(!params.is_empty(), "no parameters to optimise");
+        assert_eq!(params.len(), orthogonalised.len(), "one flag per parameter");
         let _guard = tch::no_grad_guard();
-        // Decayed tensors first, so decay is one multiply over a prefix of the buffer.
-        let (mut params, rest): (Vec<Tensor>, Vec<Tensor>) = params.into_iter().partition(|p| p.dim() >= 2);
+        // Muon's matrices, then AdamW's decayed tensors, then the rest: decay is one multiply over a prefix.
+        let (muon_params, adam): (Vec<(Tensor, bool)>, Vec<(Tensor, bool)>) =
+            params.into_iter().zip(orthogonalised.iter().copied()).partition(|(_, o)| *o);
+        let mut params: Vec<Tensor> = muon_params.into_iter().map(|(p, _)| p).collect();
+        assert!(params.iter().all(|p| p.dim() == 2), "Muon orthogonalises matrices only");
+        let muon_tensors = params.len();
+        let muon_elements = params.iter().map(|p| p.numel() as i64).sum();
+        let (decayed_adam, rest): (Vec<Tensor>, Vec<Tensor>) =
+            adam.into_iter().map(|(p, _)| p).partition(|p| p.dim() >= 2);
+        params.extend(decayed_adam);
         let decayed_tensors = params.len();
         let decayed = params.iter().map(|p| p.numel() as i64).sum();
         params.extend(rest);
@@ -84,6 +171,9 @@ impl AdamW {
             v_parts,
             decayed_tensors,
             decayed,
+            muon_tensors,
+            muon_elements,
+            muon,
             beta1,
             beta2,
             eps: 1e-8,
@@ -181,6 +271,7 @@ impl AdamW {
             }
         }
         self.step += 1;
+        self.muon_update(&grads, lr);
         match self.update {
             Update::Fused => self.fused_update(&grads, lr),
             Update::Explicit => self.explicit_update(&grads, lr),
@@ -188,11 +279,26 @@ impl AdamW {
         StepReport { grad_norm: norm, applied: true }
     }
 
+    /// Muon's step on its matrices (`torch.optim.Muon`'s single-tensor loop, `match_rms_adamw` scaling).
+    fn muon_update(&mut self, grads: &[Tensor], lr: f64) {
+        let muon = self.muon;
+        for i in 0..self.muon_tensors {
+            let (param, grad, buf) = (&mut self.params[i], &grads[i], &mut self.m_parts[i]);
+            let _ = buf.lerp_(grad, 1.0 - muon.momentum);
+            let update = if muon.nesterov { grad.lerp(buf, muon.momentum) } else { buf.shallow_clone() };
+            let orthogonal = newton_schulz(&update, &muon);
+            let (rows, cols) = (param.size()[0], param.size()[1]);
+            let adjusted = lr * 0.2 * (rows.max(cols) as f64).sqrt();
+            let _ = param.g_mul_scalar_(1.0 - lr * self.weight_decay);
+            let _ = param.g_add_(&(orthogonal * -adjusted));
+        }
+    }
+
     fn fused_update(&mut self, grads: &[Tensor], lr: f64) {
         let _ = self.step_tensor.fill_(self.step as f64);
-        // Two calls: the decayed tensors, then the rest without decay.
-        let k = self.decayed_tensors;
-        for (range, wd) in [(0..k, self.weight_decay), (k..self.params.len(), 0.0)] {
+        // Two calls: the decayed tensors, then the rest without decay (after Muon's matrices).
+        let (m, k) = (self.muon_tensors, self.decayed_tensors);
+        for (range, wd) in [(m..k, self.weight_decay), (k..self.params.len(), 0.0)] {
             if range.is_empty() {
                 continue;
             }
@@ -211,22 +317,27 @@ impl AdamW {
     }
 
     fn explicit_update(&mut self, grads: &[Tensor], lr: f64) {
-        let g = Tensor::cat(&grads.iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0);
+        // AdamW's part of the buffers: everything after Muon's matrices.
+        let skip = self.muon_elements;
+        let part = |t: &Tensor| t.narrow(0, skip, t.size()[0] - skip);
+        let (mut flat, mut m, mut v) = (part(&self.flat), part(&self.m), part(&self.v));
+        let g = Tensor::cat(&grads[self.muon_tensors..].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0);
         let t = self.step as f64;
         // m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²  (as lerps: one pass each)
-        let _ = self.m.lerp_(&g, 1.0 - self.beta1);
-        let _ = self.v.lerp_(&g.square(), 1.0 - self.beta2);
-        if self.weight_decay > 0.0 && self.decayed > 0 {
-            let _ = self.flat.narrow(0, 0, self.decayed).g_mul_scalar_(1.0 - lr * self.weight_decay);
+        let _ = m.lerp_(&g, 1.0 - self.beta1);
+        let _ = v.lerp_(&g.square(), 1.0 - self.beta2);
+        let decayed = self.decayed - skip;
+        if self.weight_decay > 0.0 && decayed > 0 {
+            let _ = flat.narrow(0, 0, decayed).g_mul_scalar_(1.0 - lr * self.weight_decay);
         }
         // p −= step·m / (sqrt(v)/sqrt(bias2) + eps), written as one addcdiv_ with a negated, pre-scaled
         // denominator (tch's addcdiv_ has no `value` argument).
         let step = lr / (1.0 - self.beta1.powf(t));
         let bias2_sqrt = (1.0 - self.beta2.powf(t)).sqrt();
-        let mut denom = self.v.sqrt();
+        let mut denom = v.sqrt();
         let _ = denom.g_mul_scalar_(-1.0 / (bias2_sqrt * step));
         let _ = denom.g_add_scalar_(-self.eps / step);
-        let _ = self.flat.addcdiv_(&self.m, &denom);
+        let _ = flat.addcdiv_(&m, &denom);
     }
 }
 
