@@ -367,3 +367,53 @@ fn cached_decoding_equals_the_whole_forward_with_every_new_mechanism_on() {
     let stepped = Tensor::cat(&parts, 1);
     assert!(max_diff(&stepped, &whole) < 1e-4, "{}", max_diff(&stepped, &whole));
 }
+
+fn vit_config(extra: &str) -> Result<ablate::recipe::Config, String> {
+    let text = format!(
+        "kind: vit\ntransformer: {{d_model: 16, layers: 2, heads: 2, pe: none}}\nvision: {{patch_size: 7{extra}}}\n"
+    );
+    ablate::recipe::parse(&text, "v.yaml", "v", false).map(|r| r.runs[0].config.clone()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn registers_are_learned_tokens_that_every_patch_sees_and_the_output_drops() {
+    use ablate::models::vit::Vit;
+    use ablate::models::ImageClassifier;
+    let plain = vit_config("").unwrap();
+    let with = vit_config(", registers: 3").unwrap();
+    let spec = with.vit_spec();
+    assert_eq!((spec.registers, spec.transformer.attention.pattern.global_tokens), (3, 3));
+    let (vs_a, vs_b) = (nn::VarStore::new(Device::Cpu), nn::VarStore::new(Device::Cpu));
+    let (a, b) = (Vit::new(&vs_a.root(), &plain.vit_spec()), Vit::new(&vs_b.root(), &spec));
+    randomise(&vs_a, 51);
+    copy_shared(&vs_a, &vs_b);
+    let count = |vs: &nn::VarStore| vs.trainable_variables().iter().map(|t| t.numel()).sum::<usize>();
+    assert_eq!(count(&vs_b) - count(&vs_a), 3 * 16, "three learned tokens of width 16");
+    let images = Tensor::randn([2, 1, 28, 28], CPU);
+    let ((za, wa), (zb, wb)) = tch::no_grad(|| (a.classify(&images, false, true), b.classify(&images, false, true)));
+    // The output keeps the <cls> token and the 16 patches; attention runs over the registers too.
+    assert_eq!(a.features(&images, false, false).0.size(), b.features(&images, false, false).0.size());
+    assert_eq!((wa[0].size()[3], wb[0].size()[3]), (17, 20));
+    assert!(max_diff(&za, &zb) > 1e-4, "the registers change what the <cls> token reads");
+    // Registers are ViT's: the windowed models refuse them.
+    let swin = "kind: swin\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [1, 1], window: 7, registers: 2}\n";
+    let e = ablate::recipe::parse(swin, "s.yaml", "s", false).err().unwrap().to_string();
+    assert!(e.contains("vision.registers") && e.lines().count() == 1, "{e}");
+}
+
+#[test]
+fn the_token_norm_ratio_is_one_when_every_patch_is_alike_and_grows_with_an_outlier() {
+    use ablate::models::vit::Vit;
+    let cfg = vit_config("").unwrap();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let vit = Vit::new(&vs.root(), &cfg.vit_spec());
+    randomise(&vs, 61);
+    // No position encoding and a constant image: every patch token is the same, so is every output.
+    let flat = Tensor::ones([2, 1, 28, 28], CPU) * 0.5;
+    let ratio = vit.token_norm_ratio(&flat);
+    assert!((ratio - 1.0).abs() < 1e-4, "{ratio}");
+    // One patch far brighter than the rest stands out in the last layer.
+    let spot = flat.copy();
+    let _ = spot.narrow(2, 0, 7).narrow(3, 0, 7).fill_(30.0);
+    assert!(vit.token_norm_ratio(&spot) > 1.5, "{}", vit.token_norm_ratio(&spot));
+}

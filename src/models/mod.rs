@@ -29,6 +29,12 @@ pub trait ImageClassifier {
 
     /// The classification head, for a new head after pre-training on other images (transfer).
     fn head(&self) -> &tch::nn::Linear;
+
+    /// The largest patch token's norm over the median's in the last layer (ViT's register artefact), for
+    /// the models that measure it.
+    fn token_norm_ratio(&self, _images: &tch::Tensor) -> Option<f64> {
+        None
+    }
 }
 
 /// Draws `linear`'s weights and bias afresh, as `nn::linear` first draws them (uniform in ±1/√fan_in):

@@ -38,6 +38,8 @@ pub struct VitSpec {
     pub image: Image,
     pub pool: Pool,
     pub transformer: TransformerSpec,
+    /// Register tokens (Darcet et al. 2024), already counted in the transformer's global tokens.
+    pub registers: i64,
 }
 
 /// The convolutional baseline: stages of k×k convolutions, 2×2 max-pooling between them.

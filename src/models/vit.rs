@@ -56,6 +56,24 @@ impl Vit {
         }
     }
 
+    /// The high-norm artefact registers remove (Darcet et al. 2024): per image, the largest norm of a patch
+    /// token in the last layer's output (before the final norm, which would equalise them) over the median
+    /// patch token's; the mean over `images`. About 1–2 without outliers, far above with them.
+    pub fn token_norm_ratio(&self, images: &Tensor) -> f64 {
+        let _guard = tch::no_grad_guard();
+        let patches = self.patch_embed.forward(images).flatten(2, -1).transpose(1, 2);
+        let (b, n) = (patches.size()[0], patches.size()[1]);
+        let x = match &self.cls {
+            Some(cls) => Tensor::cat(&[cls.expand([b, -1, -1], false), patches], 1),
+            None => patches,
+        };
+        let (out, _) = self.stack.forward(&x, &Mask::default(), None, Pass::eval().before_final_norm());
+        let lead = out.size()[1] - n;
+        let norms = out.narrow(1, lead, n).to_kind(Kind::Float).square().sum_dim_intlist(-1, false, Kind::Float).sqrt();
+        let (median, _) = norms.median_dim(1, false);
+        (norms.amax(1, false) / median).mean(Kind::Float).double_value(&[])
+    }
+
     /// Final token states (B, N, D) and, when asked, every layer's attention weights (B, H, N, N).
     pub fn features(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
         let patches = self.patch_embed.forward(images).flatten(2, -1).transpose(1, 2);
@@ -80,5 +98,9 @@ impl ImageClassifier for Vit {
 
     fn head(&self) -> &nn::Linear {
         &self.head
+    }
+
+    fn token_norm_ratio(&self, images: &Tensor) -> Option<f64> {
+        Some(Vit::token_norm_ratio(self, images))
     }
 }

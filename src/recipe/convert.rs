@@ -94,8 +94,15 @@ impl Config {
         t
     }
 
+    /// A ViT run's model: its registers join the global tokens of every layer's pattern.
     pub fn vit_spec(&self) -> VitSpec {
-        VitSpec { image: self.image(), pool: self.vision().pool, transformer: self.vision_transformer() }
+        let registers = self.vision().registers;
+        let mut transformer = self.vision_transformer();
+        transformer.attention.pattern.global_tokens += registers;
+        for p in &mut transformer.layer_patterns {
+            p.global_tokens += registers;
+        }
+        VitSpec { image: self.image(), pool: self.vision().pool, transformer, registers }
     }
 
     /// The convolutional baseline's structure.

@@ -31,6 +31,7 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             only(&vision, "the vision section").or_else(|| match rest {
                 "patch_size" => only(&[Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt], "vision.patch_size"),
                 "pool" => only(&[Kind::Vit], "vision.pool (a <cls> token or mean pooling)"),
+                "registers" => only(&[Kind::Vit], "vision.registers (learned tokens beside ViT's patches)"),
                 "depths" => only(&[Kind::Swin, Kind::Davit], "vision.depths (blocks per stage)"),
                 "window" => only(&[Kind::Swin, Kind::Davit], "vision.window (2-D attention windows)"),
                 "shift" => only(&[Kind::Swin], "vision.shift (shifted windows)"),
@@ -102,6 +103,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
+        "vision.registers" => cfg.vision.as_ref().is_none_or(|v| v.registers == 0),
         "train.optimizer" => cfg.train.optimizer == crate::recipe::Optimizer::Adamw,
         "train.muon_momentum" => cfg.train.muon_momentum == 0.95,
         "transformer.attention.qk_norm" => t.attention.qk_norm == crate::recipe::QkNorm::None,

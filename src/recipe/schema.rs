@@ -655,6 +655,11 @@ pub struct VisionConfig {
     pub pretrain_on: ImageDataConfig,
     /// Peak learning rate of that pre-training (`null`: `train.lr`).
     pub pretrain_lr: Option<f64>,
+    /// vit: register tokens ("Vision Transformers Need Registers", Darcet et al. 2024): N learned tokens
+    /// beside the patches that attend to all and are attended by all, carry no position, and are dropped at
+    /// the output (the same path as `transformer.attention.pattern.global_tokens`, added to them). Every
+    /// ViT run records `test_token_norm_ratio`, the high-norm artefact they remove.
+    pub registers: i64,
 }
 
 impl Default for VisionConfig {
@@ -672,6 +677,7 @@ impl Default for VisionConfig {
             pretrain_steps: 0,
             pretrain_on: ImageDataConfig::default(),
             pretrain_lr: None,
+            registers: 0,
         }
     }
 }

@@ -107,7 +107,7 @@ impl Objective for Classifying<'_> {
     }
 
     fn evaluate(&self, _step: i64) -> Result<Evaluation> {
-        let e = self.score(&self.validation)?;
+        let e = self.with_norms(self.score(&self.validation)?, &self.validation);
         Ok(match self.probe_attention {
             true => super::probe(e, &self.model.classify(&self.validation[0].0, false, true).1),
             false => e,
@@ -115,11 +115,19 @@ impl Objective for Classifying<'_> {
     }
 
     fn test(&self) -> Result<Evaluation> {
-        self.score(&self.test)
+        Ok(self.with_norms(self.score(&self.test)?, &self.test))
     }
 }
 
 impl Classifying<'_> {
+    /// `e` with the token norm ratio of the first of `batches` (ViT; unchanged for the others).
+    fn with_norms(&self, e: Evaluation, batches: &[(Tensor, Tensor)]) -> Evaluation {
+        match batches.first().and_then(|(x, _)| self.model.token_norm_ratio(x)) {
+            Some(ratio) => e.with("val/token_norm_ratio", ratio),
+            None => e,
+        }
+    }
+
     /// Mean loss and accuracy over held-out `batches`.
     fn score(&self, batches: &[(Tensor, Tensor)]) -> Result<Evaluation> {
         let _guard = tch::no_grad_guard();
@@ -156,6 +164,15 @@ impl Task for Classification {
         ];
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
+        }
+        if cfg.kind == Kind::Vit {
+            m.push(Metric::both(
+                "test_token_norm_ratio",
+                "val/token_norm_ratio",
+                "largest patch-token norm / median, last layer",
+                "",
+                false,
+            ));
         }
         if cfg.vision().pretrain_steps > 0 {
             m.push(Metric::column(

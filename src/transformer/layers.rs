@@ -562,7 +562,7 @@ impl Stack {
     ) -> (Tensor, Vec<Tensor>) {
         let (b, n, _) = x.size3().unwrap();
         let g = self.global_tokens.count();
-        let Pass { train, weights: want_weights, mut cache } = pass;
+        let Pass { train, weights: want_weights, mut cache, before_final_norm } = pass;
         // Absolute positions of the new tokens, counted after the global tokens; which come first once.
         let (start, lead) = match &cache {
             None => (0, g),
@@ -625,7 +625,7 @@ impl Stack {
         if lead > 0 {
             x = x.narrow(1, lead, n);
         }
-        if let Some(norm) = &self.final_norm {
+        if let (Some(norm), false) = (&self.final_norm, before_final_norm) {
             x = norm.forward(&x, train);
         }
         (x, weights)
@@ -639,27 +639,34 @@ pub struct Pass<'c> {
     pub train: bool,
     pub weights: bool,
     pub cache: Option<&'c mut StackCache>,
+    /// Return the last layer's output before the final norm (to measure its token norms).
+    pub before_final_norm: bool,
 }
 
 impl Pass<'_> {
     /// A training pass.
     pub fn train() -> Self {
-        Self { train: true, weights: false, cache: None }
+        Self { train: true, weights: false, cache: None, before_final_norm: false }
     }
 
     /// An evaluation pass.
     pub fn eval() -> Self {
-        Self { train: false, weights: false, cache: None }
+        Self { train: false, weights: false, cache: None, before_final_norm: false }
     }
 
     /// A training pass when `train`, else an evaluation pass.
     pub fn new(train: bool) -> Self {
-        Self { train, weights: false, cache: None }
+        Self { train, weights: false, cache: None, before_final_norm: false }
     }
 
     /// The same pass, also returning every layer's attention weights.
     pub fn with_weights(self) -> Self {
         Self { weights: true, ..self }
+    }
+
+    /// The same pass, its output taken before the stack's final norm.
+    pub fn before_final_norm(self) -> Self {
+        Self { before_final_norm: true, ..self }
     }
 
     /// The same pass, returning the attention weights when `want`.
@@ -671,6 +678,6 @@ impl Pass<'_> {
 impl<'c> Pass<'c> {
     /// An evaluation pass in a decoding loop, after (and into) `cache`.
     pub fn cached(cache: &'c mut StackCache) -> Self {
-        Self { train: false, weights: false, cache: Some(cache) }
+        Self { train: false, weights: false, cache: Some(cache), before_final_norm: false }
     }
 }
