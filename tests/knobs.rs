@@ -90,6 +90,7 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.parallel", Some("true"), "transformer.pre_ln: true"),
     ("transformer.value_residual", Some("true"), ""),
     ("transformer.unet_skips", Some("true"), ""),
+    ("transformer.attention.pattern.window_schedule", Some("[[4, 1]]"), "transformer.attention.pattern.window: 2"),
 ];
 
 /// Knobs that act on the initial weights only: the matrix compares the models as they initialise
@@ -156,6 +157,8 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.value_residual", ""),
     (Kind::Swin, "transformer.unet_skips", ""),
     (Kind::Davit, "transformer.unet_skips", ""),
+    (Kind::Swin, "transformer.attention.pattern.window_schedule", ""),
+    (Kind::Davit, "transformer.attention.pattern.window_schedule", ""),
 ];
 
 fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
@@ -286,10 +289,14 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
                     let (vs_a, model_a) = build(&a, None, as_initialised);
                     let (_vs_b, model_b) = build(&b, Some(&vs_a), as_initialised);
                     let train = key.ends_with("dropout");
+                    // A window warm-up acts while training: compare the models at training step 0.
+                    let warming = key.ends_with("window_schedule");
+                    ablate::transformer::attention::set_training_step(warming.then_some(0));
                     let out_a = output(model_a.as_ref(), train);
                     let before = path_counts();
                     let out_b = output(model_b.as_ref(), train);
                     let after = path_counts();
+                    ablate::transformer::attention::set_training_step(None);
                     let acts = if key.ends_with("implementation") {
                         // All implementations compute the same numbers: what shows the knob acts is which one ran.
                         let path = if value == "explicit" { 1 } else { 2 };

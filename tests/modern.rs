@@ -417,3 +417,90 @@ fn the_token_norm_ratio_is_one_when_every_patch_is_alike_and_grows_with_an_outli
     let _ = spot.narrow(2, 0, 7).narrow(3, 0, 7).fill_(30.0);
     assert!(vit.token_norm_ratio(&spot) > 1.5, "{}", vit.token_norm_ratio(&spot));
 }
+
+#[test]
+fn a_window_warm_up_uses_each_steps_window_while_training_and_the_final_one_after() {
+    use ablate::transformer::attention::set_training_step;
+    use ablate::transformer::spec::Pattern;
+    let mut spec = TransformerSpec::small(16, 2, 2, 12);
+    let with_window = |w: i64, schedule: Vec<(i64, i64)>| {
+        let mut s = spec.clone();
+        s.attention.pattern = Pattern { window: Some(w), window_schedule: schedule, ..Pattern::dense() };
+        s
+    };
+    let (vs, warm) = decoder(&with_window(8, vec![(5, 2), (9, 4)]), 71);
+    let fixed = |w: i64| {
+        let (v, m) = decoder(&with_window(w, Vec::new()), 72);
+        copy_shared(&vs, &v);
+        (v, m)
+    };
+    let ((_v2, two), (_v4, four), (_v8, eight)) = (fixed(2), fixed(4), fixed(8));
+    let idx = Tensor::randint(13, [2, 12], (Kind::Int64, Device::Cpu));
+    let z = |m: &Gpt| tch::no_grad(|| m.forward(&idx, false));
+    for (step, reference) in
+        [(Some(0), &two), (Some(4), &two), (Some(5), &four), (Some(8), &four), (Some(9), &eight), (None, &eight)]
+    {
+        set_training_step(step);
+        assert!(max_diff(&z(&warm), &z(reference)) < 1e-6, "step {step:?}");
+    }
+    assert!(max_diff(&z(&two), &z(&eight)) > 1e-4, "the windows differ on this input");
+    spec.attention.pattern = Pattern::dense();
+}
+
+#[test]
+fn the_window_in_force_is_recorded_as_a_training_curve() {
+    let cfg = ablate::recipe::parse(
+        "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16, attention: {pattern: {window: 8, window_schedule: [[4, 2], [8, 4]]}}}\ndata: {max_chars: 20000}\ntrain: {steps: 10, batch_size: 2, log_interval: 1, eval_interval: 5, eval_batches: 1, warmup_steps: 1}\n",
+        "w.yaml",
+        "w",
+        false,
+    )
+    .unwrap()
+    .runs[0]
+        .config
+        .clone();
+    let task = ablate::tasks::task(cfg.kind);
+    let out = std::env::temp_dir();
+    let mut data = ablate::tasks::DataCache::new(&out, true);
+    task.prepare(&cfg, &mut data).unwrap();
+    let ctx = ablate::tasks::RunContext {
+        device: Device::Cpu,
+        progress: &mut |_, _| {},
+        state: None,
+        out: &out,
+        stem: "window",
+    };
+    let trained = task.train(&cfg, &data, ctx).unwrap();
+    let windows: Vec<(i64, f64)> = trained
+        .outcome
+        .curves
+        .iter()
+        .filter(|c| c.split == "train" && c.metric == "window")
+        .map(|c| (c.step, c.value))
+        .collect();
+    // Step s (1-based in the curves) trained at 0-based step s − 1.
+    let expected: Vec<(i64, f64)> = (1..=10)
+        .map(|s| {
+            (
+                s,
+                if s <= 4 {
+                    2.0
+                } else if s <= 8 {
+                    4.0
+                } else {
+                    8.0
+                },
+            )
+        })
+        .collect();
+    assert_eq!(windows, expected);
+    // Refusals: a schedule without a window to warm up, steps that do not increase.
+    for (bad, says) in [
+        ("{window_schedule: [[4, 2]]}", "set transformer.attention.pattern.window"),
+        ("{window: 8, window_schedule: [[4, 2], [4, 3]]}", "steps must increase"),
+    ] {
+        let text = format!("kind: lm\ntransformer: {{d_model: 16, layers: 1, heads: 2, block_size: 16, attention: {{pattern: {bad}}}}}\n");
+        let e = ablate::recipe::parse(&text, "b.yaml", "b", false).err().unwrap().to_string();
+        assert!(e.contains(says) && e.contains("window_schedule") && e.lines().count() == 1, "{e}");
+    }
+}

@@ -115,7 +115,10 @@ fn newton_schulz_singular_values_lie_in_the_band_its_coefficients_promise() {
         let (got_min, got_max) = (sv.min().double_value(&[]), sv.max().double_value(&[]));
         // bfloat16 arithmetic (2⁻⁸ relative per operation) moves the smallest singular values most: up to
         // about 7% after five iterations in these cases.
-        assert!(got_min >= low * 0.9 && got_max <= high * 1.05, "{rows}×{cols}: [{got_min}, {got_max}] vs [{low}, {high}]");
+        assert!(
+            got_min >= low * 0.9 && got_max <= high * 1.05,
+            "{rows}×{cols}: [{got_min}, {got_max}] vs [{low}, {high}]"
+        );
         // Keller Jordan's description of these coefficients: singular values end near Uniform(0.5, 1.5).
         assert!(got_min > 0.5 && got_max < 1.5, "{rows}×{cols}: [{got_min}, {got_max}]");
     }

@@ -8,14 +8,21 @@ impl PatternConfig {
     pub fn spec(&self) -> Pattern {
         let layer =
             LayerPatternConfig { window: self.window, dilation: self.dilation, global_every: self.global_every };
-        layer.spec(self.global_tokens)
+        let window_schedule = self.window_schedule.iter().map(|&[until, w]| (until, w)).collect();
+        Pattern { window_schedule, ..layer.spec(self.global_tokens) }
     }
 }
 
 impl LayerPatternConfig {
     /// This layer's pattern, with the stack's global tokens.
     pub fn spec(&self, global_tokens: i64) -> Pattern {
-        Pattern { window: self.window, dilation: self.dilation, global_every: self.global_every, global_tokens }
+        Pattern {
+            window: self.window,
+            dilation: self.dilation,
+            global_every: self.global_every,
+            global_tokens,
+            window_schedule: Vec::new(),
+        }
     }
 }
 

@@ -103,6 +103,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
+        "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "vision.registers" => cfg.vision.as_ref().is_none_or(|v| v.registers == 0),
         "train.optimizer" => cfg.train.optimizer == crate::recipe::Optimizer::Adamw,
         "train.muon_momentum" => cfg.train.muon_momentum == 0.95,

@@ -468,11 +468,17 @@ pub struct PatternConfig {
     pub global_every: Option<i64>,
     /// Extra learned tokens prepended to the sequence that attend to all and are attended by all.
     pub global_tokens: i64,
+    /// Window warm-up (modded-nanogpt grows its attention window during training): `[until, window]` pairs,
+    /// `until` increasing: while training, steps before `until` use `window`; from the last `until` on, and
+    /// for every evaluation after training, `window` above. E.g. `window: 32` with `[[200, 8], [400, 16]]`:
+    /// 8 until step 200, 16 until 400, then 32. The window in force is recorded as the curve `train/window`.
+    /// Steps are the run's own (a tuning rung's shorter runs keep them as written).
+    pub window_schedule: Vec<[i64; 2]>,
 }
 
 impl Default for PatternConfig {
     fn default() -> Self {
-        Self { window: None, dilation: 1, global_every: None, global_tokens: 0 }
+        Self { window: None, dilation: 1, global_every: None, global_tokens: 0, window_schedule: Vec::new() }
     }
 }
 

@@ -304,6 +304,7 @@ impl Config {
             ));
         }
         at_least("transformer.attention.pattern.dilation", p.dilation, 1)?;
+        self.validate_window_schedule()?;
         let layers = &t.attention.layer_patterns;
         if !layers.is_empty() && (p.window.is_some() || p.global_every.is_some()) {
             return Err(invalid(
@@ -355,6 +356,38 @@ impl Config {
                     "the sparse kernel scores 1-D offsets, and bias_2d needs each token's row and column: use fused or explicit (the pattern then runs as a mask)",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A window warm-up: steps increasing, windows positive, a window of the stack's pattern to warm up.
+    fn validate_window_schedule(&self) -> Result<(), Invalid> {
+        let p = &self.transformer.attention.pattern;
+        let key = "transformer.attention.pattern.window_schedule";
+        if p.window_schedule.is_empty() {
+            return Ok(());
+        }
+        if p.window.is_none() {
+            return Err(invalid(
+                key,
+                "warms up the stack's window: set transformer.attention.pattern.window (the window after the warm-up)",
+            ));
+        }
+        if !self.transformer.attention.layer_patterns.is_empty() {
+            return Err(invalid(
+                key,
+                "warms up transformer.attention.pattern.window; per-layer patterns keep their own windows",
+            ));
+        }
+        let mut last = 0;
+        for (i, &[until, window]) in p.window_schedule.iter().enumerate() {
+            if until <= last || window < 1 {
+                return Err(invalid(
+                    key,
+                    format!("entry {i}: [{until}, {window}]: steps must increase from 1 and windows be at least 1"),
+                ));
+            }
+            last = until;
         }
         Ok(())
     }

@@ -476,6 +476,8 @@ pub fn optimise(
 ) -> Result<Optimised> {
     let peak = memory::PeakMemory::start(device);
     let mut opt = optimiser(t, vs);
+    // A run starts with no scheduled window recorded (an earlier run on this thread may have left one).
+    crate::transformer::attention::set_training_step(None);
     let _autocast = precision::autocast(t.precision, device);
     let group = distributed::current();
     let mut at = resume_or_start(t, objective, vs, &mut opt, state, progress)?;
@@ -497,6 +499,7 @@ pub fn optimise(
             }
         }
         let tick = Instant::now();
+        crate::transformer::attention::set_training_step(Some(step));
         let lr = t.lr_at_time(step, at.train_time);
         let (loss, report, stop) = train_step(t, objective, &mut opt, &mut at, step, lr)?;
         at.last_loss = loss;
@@ -513,6 +516,9 @@ pub fn optimise(
         let last = done == t.steps || out_of_time(&at);
         if done % t.log_interval == 0 || last {
             record_step(&mut at, done, report.grad_norm, lr);
+            if let Some(w) = crate::transformer::attention::scheduled_window() {
+                at.curves.push(CurvePoint::new(done, "train", "window", w as f64));
+            }
             if let Some(s) = t.seconds_budget() {
                 at.curves.push(CurvePoint::new(done, "train", "budget_fraction", (at.train_time / s).min(1.0)));
             }
@@ -527,6 +533,8 @@ pub fn optimise(
             break;
         }
     }
+    // Training is over: every later call (the last evaluation, test, decoding) uses the final windows.
+    crate::transformer::attention::set_training_step(None);
     let (final_eval, test_eval) = match diverged_at {
         None => {
             let e = objective.evaluate(last_step)?;

@@ -239,11 +239,25 @@ pub struct Pattern {
     pub global_every: Option<i64>,
     /// Extra learned tokens the model prepends, global likewise.
     pub global_tokens: i64,
+    /// Window warm-up: `(until, window)` pairs, increasing in `until`: while training, steps before `until`
+    /// use `window`; from the last `until` on (and after training) `window` above.
+    pub window_schedule: Vec<(i64, i64)>,
 }
 
 impl Pattern {
     pub fn dense() -> Self {
-        Self { window: None, dilation: 1, global_every: None, global_tokens: 0 }
+        Self { window: None, dilation: 1, global_every: None, global_tokens: 0, window_schedule: Vec::new() }
+    }
+
+    /// The pattern in force at training step `step` (`None`: not training, the final pattern).
+    pub fn at_step(&self, step: Option<i64>) -> Pattern {
+        let mut p = self.clone();
+        if let Some(s) = step {
+            if let Some(&(_, w)) = self.window_schedule.iter().find(|&&(until, _)| s < until) {
+                p.window = Some(w);
+            }
+        }
+        p
     }
 
     /// Nothing restricts which keys a query may see (beyond causality).

@@ -29,6 +29,10 @@ pub use relative::Grid;
 use relative::Relative;
 
 thread_local! {
+    /// The training step this thread is taking (`None` outside training): a window warm-up reads it.
+    static TRAINING_STEP: Cell<Option<i64>> = const { Cell::new(None) };
+    /// The window the last attention call with a window schedule used.
+    static SCHEDULED_WINDOW: Cell<Option<i64>> = const { Cell::new(None) };
     /// Calls of each implementation on this thread since it started: fused, explicit, sparse. Per thread,
     /// so that what one caller counts is its own calls, whatever else runs beside it (tests in parallel).
     static PATHS: Cell<[usize; 3]> = const { Cell::new([0; 3]) };
@@ -38,6 +42,21 @@ thread_local! {
 /// what shows that `transformer.attention.implementation` acts, since all three compute the same numbers.
 pub fn path_counts() -> [usize; 3] {
     PATHS.with(Cell::get)
+}
+
+/// Tells this thread's attention units which training step runs (`None`: training is over, final windows),
+/// and forgets the last scheduled window when a run starts (`Some(first)` after `None`).
+pub fn set_training_step(step: Option<i64>) {
+    if TRAINING_STEP.with(Cell::get).is_none() {
+        SCHEDULED_WINDOW.with(|w| w.set(None));
+    }
+    TRAINING_STEP.with(|s| s.set(step));
+}
+
+/// The window the last call of a unit with a window schedule used on this thread, if any did since the
+/// run started: what the training curves record as `train/window`.
+pub fn scheduled_window() -> Option<i64> {
+    SCHEDULED_WINDOW.with(Cell::get)
 }
 
 fn count(path: usize) {
@@ -474,6 +493,7 @@ impl MultiHeadAttention {
     /// queries are the last N_q of the N_k positions. Returns the output projection of the merged heads.
     fn attend_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> Attended {
         let Call { is_self, train, want_weights } = call;
+        let pattern = self.pattern_now();
         let (b, _, n_q, _) = q.size4().unwrap();
         let n_k = k.size()[2];
         // Each key/value head serves heads / kv_heads consecutive query heads.
@@ -487,7 +507,7 @@ impl MultiHeadAttention {
         let dropout = if train { self.dropout } else { 0.0 };
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
-            && self.pattern.window.is_some()
+            && pattern.window.is_some()
             && !want_weights
             && mask.key_padding.is_none()
             && mask.bias.is_none()
@@ -503,7 +523,7 @@ impl MultiHeadAttention {
                 dropout,
                 train,
             };
-            let out = pattern::sliding_window_attention(q, k, v, &self.pattern, &rules);
+            let out = pattern::sliding_window_attention(q, k, v, &pattern, &rules);
             (out, None)
         } else {
             // The fused kernel computes plain scaled dot products: a soft cap is written out.
@@ -545,14 +565,25 @@ impl MultiHeadAttention {
         Attended { output: self.out.forward(&merged), weights: if want_weights { weights } else { None } }
     }
 
+    /// The pattern this call uses: under a window warm-up, the window of the training step in progress.
+    fn pattern_now(&self) -> Pattern {
+        if self.pattern.window_schedule.is_empty() {
+            return self.pattern.clone();
+        }
+        let now = self.pattern.at_step(TRAINING_STEP.with(Cell::get));
+        SCHEDULED_WINDOW.with(|w| w.set(now.window));
+        now
+    }
+
     /// Everything that shapes the scores beyond q·k, as one additive bias: the pattern and causal mask, key
     /// padding, and the relative position bias. `None` when at most a plain causal mask applies (the caller
     /// adds it, or lets the fused kernel apply its own).
     fn score_bias(&self, q: &Tensor, n_k: i64, mask: &Mask, is_self: bool) -> Option<Tensor> {
         let n_q = q.size()[2];
         let device = q.device();
-        let pattern_mask = if is_self && !self.pattern.is_dense() {
-            pattern::allowed(&self.pattern, n_k, mask.causal, device).map(|a| a.narrow(0, n_k - n_q, n_q))
+        let pattern_now = self.pattern_now();
+        let pattern_mask = if is_self && !pattern_now.is_dense() {
+            pattern::allowed(&pattern_now, n_k, mask.causal, device).map(|a| a.narrow(0, n_k - n_q, n_q))
         } else {
             None
         };
