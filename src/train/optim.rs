@@ -71,6 +71,13 @@ pub fn newton_schulz(g: &Tensor, muon: &Muon) -> Tensor {
     x.to_kind(g.kind())
 }
 
+/// How one parameter is updated: by Muon or by AdamW, at the learning rate times `lr_scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Role {
+    pub muon: bool,
+    pub lr_scale: f64,
+}
+
 /// Which implementation performs the AdamW update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Update {
@@ -90,14 +97,14 @@ pub struct AdamW {
     v: Tensor,
     m_parts: Vec<Tensor>,
     v_parts: Vec<Tensor>,
-    /// How many leading tensors of `params` (and elements of `flat`) get weight decay: Muon's matrices
-    /// first, then AdamW's matrices and embeddings.
+    /// How many leading tensors of `params` get weight decay: Muon's matrices first, then AdamW's matrices
+    /// and embeddings.
     decayed_tensors: usize,
-    decayed: i64,
-    /// How many leading tensors of `params` (and elements of `flat`) Muon updates, and how.
+    /// How many leading tensors of `params` Muon updates, and how.
     muon_tensors: usize,
-    muon_elements: i64,
     muon: Muon,
+    /// Each parameter's learning rate is `lr` times its scale (1 but under muP).
+    lr_scales: Vec<f64>,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -133,22 +140,41 @@ impl AdamW {
         beta2: f64,
         weight_decay: f64,
     ) -> Self {
+        let roles: Vec<Role> = orthogonalised.iter().map(|&muon| Role { muon, lr_scale: 1.0 }).collect();
+        Self::with_roles(params, &roles, muon, beta1, beta2, weight_decay)
+    }
+
+    /// As [`AdamW::new`], each parameter in its `roles` entry: updated by Muon or AdamW, at the learning rate
+    /// times its scale (muP's per-layer rates).
+    pub fn with_roles(
+        params: Vec<Tensor>,
+        roles: &[Role],
+        muon: Muon,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+    ) -> Self {
         assert!(!params.is_empty(), "no parameters to optimise");
-        assert_eq!(params.len(), orthogonalised.len(), "one flag per parameter");
+        assert_eq!(params.len(), roles.len(), "one role per parameter");
         let _guard = tch::no_grad_guard();
         // Muon's matrices, then AdamW's decayed tensors, then the rest: decay is one multiply over a prefix.
-        let (muon_params, adam): (Vec<(Tensor, bool)>, Vec<(Tensor, bool)>) =
-            params.into_iter().zip(orthogonalised.iter().copied()).partition(|(_, o)| *o);
-        let mut params: Vec<Tensor> = muon_params.into_iter().map(|(p, _)| p).collect();
+        let (muon_params, adam): (Vec<(Tensor, Role)>, Vec<(Tensor, Role)>) =
+            params.into_iter().zip(roles.iter().copied()).partition(|(_, r)| r.muon);
+        let (mut params, mut lr_scales): (Vec<Tensor>, Vec<f64>) =
+            muon_params.into_iter().map(|(p, r)| (p, r.lr_scale)).unzip();
         assert!(params.iter().all(|p| p.dim() == 2), "Muon orthogonalises matrices only");
         let muon_tensors = params.len();
-        let muon_elements = params.iter().map(|p| p.numel() as i64).sum();
-        let (decayed_adam, rest): (Vec<Tensor>, Vec<Tensor>) =
-            adam.into_iter().map(|(p, _)| p).partition(|p| p.dim() >= 2);
-        params.extend(decayed_adam);
+        let (decayed_adam, rest): (Vec<(Tensor, Role)>, Vec<(Tensor, Role)>) =
+            adam.into_iter().partition(|(p, _)| p.dim() >= 2);
+        for (p, r) in decayed_adam {
+            params.push(p);
+            lr_scales.push(r.lr_scale);
+        }
         let decayed_tensors = params.len();
-        let decayed = params.iter().map(|p| p.numel() as i64).sum();
-        params.extend(rest);
+        for (p, r) in rest {
+            params.push(p);
+            lr_scales.push(r.lr_scale);
+        }
         let flat = Tensor::cat(&params.iter().map(|p| p.detach().reshape([-1])).collect::<Vec<_>>(), 0);
         let (m, v) = (flat.zeros_like(), flat.zeros_like());
         let (mut m_parts, mut v_parts) = (Vec::new(), Vec::new());
@@ -170,10 +196,9 @@ impl AdamW {
             m_parts,
             v_parts,
             decayed_tensors,
-            decayed,
             muon_tensors,
-            muon_elements,
             muon,
+            lr_scales,
             beta1,
             beta2,
             eps: 1e-8,
@@ -288,20 +313,33 @@ impl AdamW {
             let update = if muon.nesterov { grad.lerp(buf, muon.momentum) } else { buf.shallow_clone() };
             let orthogonal = newton_schulz(&update, &muon);
             let (rows, cols) = (param.size()[0], param.size()[1]);
+            let lr = lr * self.lr_scales[i];
             let adjusted = lr * 0.2 * (rows.max(cols) as f64).sqrt();
             let _ = param.g_mul_scalar_(1.0 - lr * self.weight_decay);
             let _ = param.g_add_(&(orthogonal * -adjusted));
         }
     }
 
+    /// AdamW's parameters as runs of consecutive tensors that share weight decay and learning-rate scale:
+    /// (tensors, decay, scale). Two runs (decayed, the rest) but under muP.
+    fn adam_runs(&self) -> Vec<(std::ops::Range<usize>, f64, f64)> {
+        let mut runs: Vec<(std::ops::Range<usize>, f64, f64)> = Vec::new();
+        for i in self.muon_tensors..self.params.len() {
+            let wd = if i < self.decayed_tensors { self.weight_decay } else { 0.0 };
+            let scale = self.lr_scales[i];
+            match runs.last_mut() {
+                Some((range, w, s)) if *w == wd && *s == scale => range.end = i + 1,
+                _ => runs.push((i..i + 1, wd, scale)),
+            }
+        }
+        runs
+    }
+
     fn fused_update(&mut self, grads: &[Tensor], lr: f64) {
         let _ = self.step_tensor.fill_(self.step as f64);
-        // Two calls: the decayed tensors, then the rest without decay (after Muon's matrices).
-        let (m, k) = (self.muon_tensors, self.decayed_tensors);
-        for (range, wd) in [(m..k, self.weight_decay), (k..self.params.len(), 0.0)] {
-            if range.is_empty() {
-                continue;
-            }
+        // One call per run: the decayed tensors, then the rest without decay (after Muon's matrices).
+        for (range, wd, scale) in self.adam_runs() {
+            let lr = lr * scale;
             native::fused_adamw(
                 &self.params[range.clone()],
                 &grads[range.clone()],
@@ -317,18 +355,30 @@ impl AdamW {
     }
 
     fn explicit_update(&mut self, grads: &[Tensor], lr: f64) {
-        // AdamW's part of the buffers: everything after Muon's matrices.
-        let skip = self.muon_elements;
-        let part = |t: &Tensor| t.narrow(0, skip, t.size()[0] - skip);
-        let (mut flat, mut m, mut v) = (part(&self.flat), part(&self.m), part(&self.v));
-        let g = Tensor::cat(&grads[self.muon_tensors..].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0);
+        // Run by run over AdamW's part of the buffers (everything after Muon's matrices).
+        let offsets: Vec<i64> = std::iter::once(0)
+            .chain(self.params.iter().scan(0, |o, p| {
+                *o += p.numel() as i64;
+                Some(*o)
+            }))
+            .collect();
+        for (range, wd, scale) in self.adam_runs() {
+            let (start, len) = (offsets[range.start], offsets[range.end] - offsets[range.start]);
+            let part = |t: &Tensor| t.narrow(0, start, len);
+            let g = Tensor::cat(&grads[range].iter().map(|g| g.reshape([-1])).collect::<Vec<_>>(), 0);
+            self.explicit_run(&part(&self.flat), &part(&self.m), &part(&self.v), &g, lr * scale, wd);
+        }
+    }
+
+    /// AdamW's update written out on one run's slices of the buffers.
+    fn explicit_run(&self, flat: &Tensor, m: &Tensor, v: &Tensor, g: &Tensor, lr: f64, wd: f64) {
+        let (mut flat, mut m, mut v) = (flat.shallow_clone(), m.shallow_clone(), v.shallow_clone());
         let t = self.step as f64;
         // m = β1·m + (1−β1)·g;  v = β2·v + (1−β2)·g²  (as lerps: one pass each)
-        let _ = m.lerp_(&g, 1.0 - self.beta1);
+        let _ = m.lerp_(g, 1.0 - self.beta1);
         let _ = v.lerp_(&g.square(), 1.0 - self.beta2);
-        let decayed = self.decayed - skip;
-        if self.weight_decay > 0.0 && decayed > 0 {
-            let _ = flat.narrow(0, 0, decayed).g_mul_scalar_(1.0 - lr * self.weight_decay);
+        if wd > 0.0 {
+            let _ = flat.g_mul_scalar_(1.0 - lr * wd);
         }
         // p −= step·m / (sqrt(v)/sqrt(bias2) + eps), written as one addcdiv_ with a negated, pre-scaled
         // denominator (tch's addcdiv_ has no `value` argument).
