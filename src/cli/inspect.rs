@@ -1,5 +1,6 @@
 //! Looking into models and checkpoints: `describe` (sizes and FLOPs), `generate` (text from a decoder),
-//! `heads-importance` (head pruning), `attention` (weight maps), `embed` (sentence embeddings).
+//! `heads-importance` (head pruning), `attention` (weight maps), `embed` (sentence embeddings), `coord-check`
+//! (muP's coordinate check).
 use std::path::{Path, PathBuf};
 
 use ablate::models::decode::Decoding;
@@ -260,5 +261,39 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
         let flops = if flops.is_finite() { format!("{:.4}", flops / 1e9) } else { "—".into() };
         println!("| {} | {} | {params} | {flops} | {per} |", run.id, run.config.kind);
     }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct CoordCheckArgs {
+    /// A recipe of kind lm: its first run is the model (every setting but the width and the parametrisation).
+    recipe: PathBuf,
+    #[command(flatten)]
+    overrides: super::OverrideArgs,
+    /// The widths (d_model) to compare.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512,1024")]
+    widths: Vec<i64>,
+    /// Optimisation steps at the run's peak learning rate (no warm-up, no clipping) before the last
+    /// measurement.
+    #[arg(long, default_value_t = 5)]
+    steps: i64,
+    /// Where coord_check.csv and the charts go (default: <the recipe's output directory>/coord_check).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `ablate coord-check`: both parametrisations at every width; prints the last step's table, writes the CSV
+/// and one chart per parametrisation.
+pub fn coord_check(args: &CoordCheckArgs) -> anyhow::Result<()> {
+    use ablate::run::coord;
+    anyhow::ensure!(!args.widths.is_empty() && args.widths.iter().all(|&w| w > 0), "--widths: give positive widths");
+    anyhow::ensure!(args.steps >= 1, "--steps must be at least 1");
+    let sweep = target::Sweep::load(&args.recipe, false, &args.overrides.parse()?, None)?;
+    let run = sweep.recipe.runs.first().ok_or_else(|| anyhow::anyhow!("the recipe has no runs"))?;
+    let out = args.out.clone().unwrap_or_else(|| sweep.out.join("coord_check"));
+    let coords = coord::coord_check(&run.config, &args.widths, args.steps)?;
+    coord::write(&coords, &out)?;
+    println!("{}", coord::table(&coords));
+    eprintln!("ablate: wrote {}", out.display());
     Ok(())
 }

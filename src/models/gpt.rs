@@ -19,6 +19,8 @@ pub struct Gpt {
     device: tch::Device,
     /// `transformer.logit_softcap`.
     logit_softcap: Option<f64>,
+    /// muP's readout multiplier (1 in the standard parametrisation).
+    readout_factor: f64,
 }
 
 impl Gpt {
@@ -47,7 +49,8 @@ impl Gpt {
         let stack =
             Stack::new(spec, positions, global_tokens, layers, layers::final_norm(vs / "final_norm", d, spec, 1e-5));
         let (block_size, device, logit_softcap) = (spec.block_size, vs.device(), spec.logit_softcap);
-        Self { token_embedding, stack, lm_head, block_size, vocab_size, device, logit_softcap }
+        let readout_factor = spec.readout_factor();
+        Self { token_embedding, stack, lm_head, block_size, vocab_size, device, logit_softcap, readout_factor }
     }
 
     /// Logits (B, N, V) for token ids (B, N), and the per-layer attention weights when asked for (over the
@@ -63,6 +66,7 @@ impl Gpt {
             Some(head) => head.forward(x),
             None => x.matmul(&self.token_embedding.ws.tr()),
         };
+        let logits = if self.readout_factor == 1.0 { logits } else { logits * self.readout_factor };
         layers::softcap(logits, self.logit_softcap)
     }
 

@@ -70,6 +70,7 @@ impl Config {
                 pattern: a.pattern.spec(),
                 qk_norm: a.qk_norm,
                 softcap: a.softcap,
+                init_std: 0.02 / t.mup_width_mult().unwrap_or(1.0).sqrt(),
             },
             position: t.position.spec(t.pe),
             block_size: t.block_size,
@@ -81,7 +82,25 @@ impl Config {
             parallel: t.parallel,
             value_residual: t.value_residual,
             unet_skips: t.unet_skips,
+            mup_width_mult: t.mup_width_mult(),
         }
+        .with_mup_attention_scale()
+    }
+}
+
+trait MupScale {
+    fn with_mup_attention_scale(self) -> Self;
+}
+
+impl MupScale for TransformerSpec {
+    /// Under muP the scores scale as 1/d_head: √(d_base)/d_head, d_base the head width at the base width, so
+    /// that the scale is 1/√d_head there.
+    fn with_mup_attention_scale(mut self) -> Self {
+        if let Some(m) = self.mup_width_mult {
+            let d = self.attention.qk_dim as f64;
+            self.attention.scale = crate::transformer::spec::Scale::Factor((d / m).sqrt() / d);
+        }
+        self
     }
 }
 

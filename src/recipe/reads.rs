@@ -104,6 +104,8 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
+        "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,
+        "transformer.mup_base_width" => t.mup_base_width == 64,
         "vision.registers" => cfg.vision.as_ref().is_none_or(|v| v.registers == 0),
         "train.optimizer" => cfg.train.optimizer == crate::recipe::Optimizer::Adamw,
         "train.muon_momentum" => cfg.train.muon_momentum == 0.95,
@@ -136,6 +138,12 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         "scale_embeddings" if kind.is_hierarchical() => Some(format!(
             "kind {kind} normalises its patch embedding (LayerNorm) before anything else, which cancels a scale"
         )),
+        "parametrisation" if kind != Kind::Lm => Some(format!(
+            "muP's readout multiplier and per-layer learning rates are built for the decoder's LM head (kind lm); kind {kind}'s output layers take the standard parametrisation"
+        )),
+        "mup_base_width" if t.parametrisation != crate::recipe::Parametrisation::Mup => {
+            Some("is muP's base width, and transformer.parametrisation is standard".into())
+        }
         "parallel" if kind == Kind::Translate => Some(
             "parallel blocks join self-attention and the FFN; kind translate's decoder cross-attends between them".into(),
         ),

@@ -7,8 +7,13 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
 pub use crate::transformer::spec::{
-    AbsoluteAt, Activation, Combine, Implementation, Norm, OutputInit, PositionEncoding, QkNorm, Scale, Scoring,
+    AbsoluteAt, Activation, Combine, Implementation, Norm, OutputInit, Parametrisation, PositionEncoding, QkNorm,
+    Scale, Scoring,
 };
+
+fn unit_scale() -> f64 {
+    1.0
+}
 
 /// What a run trains: the recipe's `kind:`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -203,6 +208,7 @@ impl Config {
         if let Some(tr) = self.translate.as_mut() {
             tr.cross_attention_layers.get_or_insert(tr.decoder_layers);
         }
+        self.train.hidden_lr_scale = self.transformer.mup_width_mult().map_or(1.0, |m| 1.0 / m);
     }
 
     /// Whether a LayerNorm follows the last layer: as set, else by the kind's rule. A pre-LN stack ends
@@ -285,6 +291,15 @@ pub struct TransformerConfig {
     /// U-net skips (modded-nanogpt): the output of layer i < L/2 is added, times a learned scalar starting at
     /// 1, to the input of layer L−1−i (the middle layer of an odd stack gets none).
     pub unet_skips: bool,
+    /// `standard`, or `mup` (Tensor Programs V, relative to `mup_base_width`, m = d_model / base): the
+    /// blocks' matrices start at std 0.02/√m and learn at lr/m (AdamW and Muon alike: with its step matched
+    /// to AdamW's RMS, Muon's update scales as Adam's), the LM head's logits are multiplied by 1/m, and the
+    /// scores by √(d_head/m)/d_head (1/d_head scaling, equal to 1/√d_head at the base width). Embeddings,
+    /// norms and biases keep their init and rate. At the base width the model is the standard one. Kind lm.
+    pub parametrisation: Parametrisation,
+    /// muP's base width: the d_model at which the muP model equals the standard one (where a learning rate
+    /// is tuned before it is carried to other widths).
+    pub mup_base_width: i64,
 }
 
 impl Default for TransformerConfig {
@@ -312,6 +327,8 @@ impl Default for TransformerConfig {
             parallel: false,
             value_residual: false,
             unet_skips: false,
+            parametrisation: Parametrisation::Standard,
+            mup_base_width: 64,
         }
     }
 }
@@ -328,6 +345,11 @@ impl TransformerConfig {
 
     pub fn head_dim(&self) -> i64 {
         self.head_dim.unwrap_or(self.d_model / self.heads.max(1))
+    }
+
+    /// muP's width multiplier d_model / base width; `None` in the standard parametrisation.
+    pub fn mup_width_mult(&self) -> Option<f64> {
+        (self.parametrisation == Parametrisation::Mup).then(|| self.d_model as f64 / self.mup_base_width.max(1) as f64)
     }
 
     pub fn kv_heads(&self) -> i64 {
@@ -953,6 +975,11 @@ pub struct TrainConfig {
     /// different cost compare at equal tokens, FLOPs or time. The schedule follows the budget: cosine decay
     /// to its end. `runs.csv` records the budget and, as `steps`, the steps reached. `null`: `steps`.
     pub budget: Option<Budget>,
+    /// The learning-rate scale of the blocks' matrices (muP's base/width; 1 otherwise). Derived from the
+    /// transformer section when the config is resolved, never written in a recipe nor recorded.
+    #[serde(skip, default = "unit_scale")]
+    #[schemars(skip)]
+    pub hidden_lr_scale: f64,
     /// A tuning run's: no test evaluation at the end (tuning reads validation only). Set by `tune:`, never
     /// written in a recipe nor recorded.
     #[serde(skip)]
@@ -1054,6 +1081,7 @@ impl Default for TrainConfig {
             schedule: Schedule::Cosine,
             world_size: 1,
             budget: None,
+            hidden_lr_scale: 1.0,
             skip_test: false,
         }
     }

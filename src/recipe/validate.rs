@@ -265,6 +265,21 @@ impl Config {
                 ),
             ));
         }
+        if t.parametrisation == Parametrisation::Mup {
+            at_least("transformer.mup_base_width", t.mup_base_width, 1)?;
+            if t.attention.scale != Scale::SqrtDk {
+                return Err(invalid(
+                    "transformer.attention.scale",
+                    "muP sets the score scale itself (1/d_head, equal to 1/√d_head at the base width): leave it at sqrt_dk",
+                ));
+            }
+            if t.tie_embeddings {
+                return Err(invalid(
+                    "transformer.parametrisation",
+                    "muP treats the embedding (an input layer) and the LM head (the readout) differently: set transformer.tie_embeddings: false",
+                ));
+            }
+        }
         if t.parallel && !t.pre_ln && t.norm != Norm::None {
             return Err(invalid(
                 "transformer.parallel",

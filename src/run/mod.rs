@@ -3,6 +3,7 @@
 //! training-step throughput).
 pub mod bench;
 pub mod complexity;
+pub mod coord;
 pub mod heads;
 pub mod launch;
 pub mod plot;

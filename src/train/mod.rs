@@ -447,20 +447,21 @@ struct Standing {
 /// The optimiser of `t` over `vs`: AdamW, with Muon for the hidden layers' matrices under `optimizer: muon`.
 pub fn optimiser(t: &TrainConfig, vs: &nn::VarStore) -> AdamW {
     let params = vs.trainable_variables();
-    let orthogonalised: Vec<bool> = match t.optimizer {
-        crate::recipe::Optimizer::Adamw => vec![false; params.len()],
-        crate::recipe::Optimizer::Muon => {
-            // The trainable tensors come without names: match them to the store's named ones by storage.
-            let names: std::collections::HashMap<usize, String> =
-                vs.variables().into_iter().map(|(name, t)| (t.data_ptr() as usize, name)).collect();
-            params
-                .iter()
-                .map(|p| names.get(&(p.data_ptr() as usize)).is_some_and(|n| optim::is_hidden_matrix(n, &p.size())))
-                .collect()
-        }
-    };
+    // The trainable tensors come without names: match them to the store's named ones by storage.
+    let names: std::collections::HashMap<usize, String> =
+        vs.variables().into_iter().map(|(name, t)| (t.data_ptr() as usize, name)).collect();
+    let roles: Vec<optim::Role> = params
+        .iter()
+        .map(|p| {
+            let hidden = names.get(&(p.data_ptr() as usize)).is_some_and(|n| optim::is_hidden_matrix(n, &p.size()));
+            optim::Role {
+                muon: hidden && t.optimizer == crate::recipe::Optimizer::Muon,
+                lr_scale: if hidden { t.hidden_lr_scale } else { 1.0 },
+            }
+        })
+        .collect();
     let muon = optim::Muon { momentum: t.muon_momentum, ..Default::default() };
-    AdamW::with_muon(params, &orthogonalised, muon, t.beta1, t.beta2, t.weight_decay)
+    AdamW::with_roles(params, &roles, muon, t.beta1, t.beta2, t.weight_decay)
 }
 
 /// The training loop every task shares: AdamW over `vs` with warm-up + cosine decay and clipping, mixed

@@ -10,6 +10,30 @@ use super::attention::{Grid, KvCache, Mask, MultiHeadAttention};
 use super::positions::{AbsolutePositions, ConvPosEnc};
 use super::spec::{AbsoluteAt, Activation, Norm, TransformerSpec};
 
+thread_local! {
+    /// While recording (a coordinate check), the mean |x| of the stack's input and of each layer's output.
+    static ACTIVATIONS: std::cell::RefCell<Option<Vec<f64>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Starts (`true`) or stops recording, on this thread, the mean absolute value of every stack's input and of
+/// each of its layers' outputs (muP's coordinate check reads them).
+pub fn record_activations(on: bool) {
+    ACTIVATIONS.with(|a| *a.borrow_mut() = on.then(Vec::new));
+}
+
+/// What was recorded since recording started or was last taken: input, then layer 0, 1, …
+pub fn take_activations() -> Vec<f64> {
+    ACTIVATIONS.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+}
+
+fn record(x: &Tensor) {
+    ACTIVATIONS.with(|a| {
+        if let Some(values) = a.borrow_mut().as_mut() {
+            values.push(x.abs().mean(tch::Kind::Float).double_value(&[]));
+        }
+    });
+}
+
 /// How a model initialises and normalises its layers (a model's convention, not an ablation knob).
 #[derive(Debug, Clone, Copy)]
 pub struct LayerInit {
@@ -123,14 +147,26 @@ pub struct FeedForward {
 
 impl FeedForward {
     pub fn new(vs: nn::Path, d_model: i64, hidden: i64, activation: Activation, down_init_std: f64) -> Self {
+        Self::with_init(vs, d_model, hidden, activation, 0.02, down_init_std)
+    }
+
+    /// With the first layer's (and gate's) initial std `up_init_std` too (muP scales it with the width).
+    pub fn with_init(
+        vs: nn::Path,
+        d_model: i64,
+        hidden: i64,
+        activation: Activation,
+        up_init_std: f64,
+        down_init_std: f64,
+    ) -> Self {
         let lin = |std: f64| nn::LinearConfig {
             ws_init: if std > 0.0 { nn::Init::Randn { mean: 0.0, stdev: std } } else { nn::Init::Const(0.0) },
             bs_init: Some(nn::Init::Const(0.0)),
             bias: true,
         };
         Self {
-            up: nn::linear(&vs / "up", d_model, hidden, lin(0.02)),
-            gate: activation.is_gated().then(|| nn::linear(&vs / "gate", d_model, hidden, lin(0.02))),
+            up: nn::linear(&vs / "up", d_model, hidden, lin(up_init_std)),
+            gate: activation.is_gated().then(|| nn::linear(&vs / "gate", d_model, hidden, lin(up_init_std))),
             down: nn::linear(&vs / "down", hidden, d_model, lin(down_init_std)),
             activation,
         }
@@ -260,7 +296,7 @@ impl TransformerLayer {
             self_attention,
             norm_attention,
             cross,
-            ffn: FeedForward::new(&vs / "ffn", d, spec.ffn_hidden, spec.activation, out_std),
+            ffn: FeedForward::with_init(&vs / "ffn", d, spec.ffn_hidden, spec.activation, spec.hidden_std(), out_std),
             norm_ffn: (!spec.parallel).then(|| Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps)),
             skip_weight,
         }
@@ -591,6 +627,7 @@ impl Stack {
         let mut first_values: Option<Tensor> = None;
         let mut skips: Vec<Tensor> = Vec::new();
         let count = self.layers.len() as i64;
+        record(&x);
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some((convs, grid)) = &self.conv_positions {
                 x = convs[i].forward(&x, grid.side, grid.lead + g);
@@ -615,6 +652,7 @@ impl Stack {
                 }
             };
             first_values.get_or_insert(values);
+            record(&x);
             if (i as i64) < count / 2 && self.layers.iter().any(|l| l.skip_weight().is_some()) {
                 skips.push(x.shallow_clone());
             }

@@ -36,6 +36,18 @@ pub enum QkNorm {
     LayerNorm,
 }
 
+/// How weights scale with the width (Yang et al., Tensor Programs V).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Parametrisation {
+    /// Every initialisation and learning rate as written, whatever the width.
+    Standard,
+    /// The maximal-update parametrisation, relative to a base width: hidden matrices start at std ∝
+    /// 1/√fan_in and learn at lr × base/width, the readout is multiplied by base/width, attention scores
+    /// scale as 1/d_head. At the base width it is the standard model.
+    Mup,
+}
+
 /// How the projections that write into the residual stream (attention's output projection, the FFN's second
 /// layer) start.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
@@ -342,6 +354,8 @@ pub struct AttentionSpec {
     pub qk_norm: QkNorm,
     /// Scores capped smoothly at ±cap, `cap · tanh(s / cap)` (Gemma 2), after the scale and before any bias.
     pub softcap: Option<f64>,
+    /// The Q/K/V projection's initial std (0.02; smaller under muP at widths above the base).
+    pub init_std: f64,
 }
 
 impl AttentionSpec {
@@ -360,6 +374,7 @@ impl AttentionSpec {
             pattern: Pattern::dense(),
             qk_norm: QkNorm::None,
             softcap: None,
+            init_std: 0.02,
         }
     }
 
@@ -425,6 +440,8 @@ pub struct TransformerSpec {
     /// U-net skips (modded-nanogpt): the output of layer i of the first half is added, times a learned scalar
     /// starting at 1, to the input of its mirror L−1−i in the second half.
     pub unet_skips: bool,
+    /// muP's width multiplier width / base width (`None`: the standard parametrisation).
+    pub mup_width_mult: Option<f64>,
 }
 
 impl TransformerSpec {
@@ -459,12 +476,28 @@ impl TransformerSpec {
     /// The standard deviation the residual-writing projections start with, given the model's own
     /// convention `model_std`.
     pub fn output_std(&self, model_std: f64) -> f64 {
-        match self.output_init {
-            OutputInit::Model => model_std,
-            OutputInit::Normal => 0.02,
-            OutputInit::Scaled => 0.02 / ((2 * self.layers.max(1)) as f64).sqrt(),
-            OutputInit::Zero => 0.0,
-        }
+        self.mup_init_factor()
+            * match self.output_init {
+                OutputInit::Model => model_std,
+                OutputInit::Normal => 0.02,
+                OutputInit::Scaled => 0.02 / ((2 * self.layers.max(1)) as f64).sqrt(),
+                OutputInit::Zero => 0.0,
+            }
+    }
+
+    /// The std the hidden matrices that read the residual stream start with (Q/K/V, the FFN's first layer):
+    /// 0.02, times 1/√(width multiplier) under muP (variance 1/fan_in relative to the base width).
+    pub fn hidden_std(&self) -> f64 {
+        0.02 * self.mup_init_factor()
+    }
+
+    fn mup_init_factor(&self) -> f64 {
+        self.mup_width_mult.map_or(1.0, |m| 1.0 / m.sqrt())
+    }
+
+    /// What the output logits are multiplied by: muP's readout multiplier base/width, else 1.
+    pub fn readout_factor(&self) -> f64 {
+        self.mup_width_mult.map_or(1.0, |m| 1.0 / m)
     }
 
     /// What the embedded tokens are multiplied by.
@@ -499,6 +532,7 @@ impl TransformerSpec {
             parallel: false,
             value_residual: false,
             unet_skips: false,
+            mup_width_mult: None,
         }
     }
 

@@ -272,7 +272,7 @@ impl MultiHeadAttention {
             vs.var("score_vector", &[spec.heads, spec.qk_dim], nn::Init::Randn { mean: 0.0, stdev })
         });
         Self {
-            qkv: nn::linear(&vs / "qkv", d_model, spec.projection_widths().iter().sum(), lin(0.02)),
+            qkv: nn::linear(&vs / "qkv", d_model, spec.projection_widths().iter().sum(), lin(spec.init_std)),
             widths: spec.projection_widths(),
             out: nn::linear(&vs / "out", spec.inner(), d_model, lin(out_init_std)),
             heads: spec.heads,
