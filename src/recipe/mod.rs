@@ -933,7 +933,7 @@ fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settin
     };
     cap("train.steps", 6);
     cap("train.eval_interval", 3);
-    cap("train.eval_batches", 2);
+    cap("train.eval_batches", 1);
     cap("train.log_interval", 2);
     cap("train.batch_size", 4);
     cap("train.warmup_steps", 2);
