@@ -38,7 +38,7 @@ fn twins(pattern: &PatternConfig, pe: PositionEncoding) -> (nn::VarStore, MultiH
 }
 
 fn pattern(window: Option<i64>, dilation: i64, global_every: Option<i64>, global_tokens: i64) -> PatternConfig {
-    PatternConfig { window, dilation, global_every, global_tokens }
+    PatternConfig { window, dilation, global_every, global_tokens, window_schedule: Vec::new() }
 }
 
 /// Brute-force definition of the pattern, written independently of the library's tensor code.

@@ -151,7 +151,12 @@ fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
     let d = 16;
     let mut transformer = TransformerSpec::small(d, 2, 2, 1);
     transformer.pre_ln = true;
-    let spec = VitSpec { image: Image { size: 8, channels: 1, classes: 10, patch: 8 }, pool: Pool::Mean, transformer };
+    let spec = VitSpec {
+        image: Image { size: 8, channels: 1, classes: 10, patch: 8 },
+        pool: Pool::Mean,
+        transformer,
+        registers: 0,
+    };
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Vit::new(&vs.root(), &spec);

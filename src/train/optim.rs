@@ -158,14 +158,14 @@ impl AdamW {
         assert_eq!(params.len(), roles.len(), "one role per parameter");
         let _guard = tch::no_grad_guard();
         // Muon's matrices, then AdamW's decayed tensors, then the rest: decay is one multiply over a prefix.
-        let (muon_params, adam): (Vec<(Tensor, Role)>, Vec<(Tensor, Role)>) =
+        type Assigned = Vec<(Tensor, Role)>;
+        let (muon_params, adam): (Assigned, Assigned) =
             params.into_iter().zip(roles.iter().copied()).partition(|(_, r)| r.muon);
         let (mut params, mut lr_scales): (Vec<Tensor>, Vec<f64>) =
             muon_params.into_iter().map(|(p, r)| (p, r.lr_scale)).unzip();
         assert!(params.iter().all(|p| p.dim() == 2), "Muon orthogonalises matrices only");
         let muon_tensors = params.len();
-        let (decayed_adam, rest): (Vec<(Tensor, Role)>, Vec<(Tensor, Role)>) =
-            adam.into_iter().partition(|(p, _)| p.dim() >= 2);
+        let (decayed_adam, rest): (Assigned, Assigned) = adam.into_iter().partition(|(p, _)| p.dim() >= 2);
         for (p, r) in decayed_adam {
             params.push(p);
             lr_scales.push(r.lr_scale);
@@ -306,14 +306,15 @@ impl AdamW {
 
     /// Muon's step on its matrices (`torch.optim.Muon`'s single-tensor loop, `match_rms_adamw` scaling).
     fn muon_update(&mut self, grads: &[Tensor], lr: f64) {
-        let muon = self.muon;
-        for i in 0..self.muon_tensors {
-            let (param, grad, buf) = (&mut self.params[i], &grads[i], &mut self.m_parts[i]);
+        let (muon, k) = (self.muon, self.muon_tensors);
+        let matrices =
+            self.params[..k].iter_mut().zip(&grads[..k]).zip(&mut self.m_parts[..k]).zip(&self.lr_scales[..k]);
+        for (((param, grad), buf), scale) in matrices {
             let _ = buf.lerp_(grad, 1.0 - muon.momentum);
             let update = if muon.nesterov { grad.lerp(buf, muon.momentum) } else { buf.shallow_clone() };
             let orthogonal = newton_schulz(&update, &muon);
             let (rows, cols) = (param.size()[0], param.size()[1]);
-            let lr = lr * self.lr_scales[i];
+            let lr = lr * scale;
             let adjusted = lr * 0.2 * (rows.max(cols) as f64).sqrt();
             let _ = param.g_mul_scalar_(1.0 - lr * self.weight_decay);
             let _ = param.g_add_(&(orthogonal * -adjusted));
