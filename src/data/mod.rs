@@ -7,6 +7,7 @@ use std::process::Command;
 
 pub mod corpus_tasks;
 pub mod images;
+pub mod lra;
 pub mod pairs;
 pub mod spam;
 pub mod sword;

@@ -1,0 +1,230 @@
+//! The Long Range Arena generators (`data::lra`): ListOps labels against an independent evaluation of the
+//! printed expression, Pathfinder labels against the image's own connectivity, lengths, balance, disjoint
+//! splits and determinism, and `ablate data`'s JSON lines for every task.
+use ablate::data::lra::{self, listops, pathfinder, Example, Split};
+use std::collections::HashSet;
+
+/// Evaluates LRA's printed tokens with a stack, apart from the generator's tree: the value, the deepest
+/// nesting and the most arguments of an operator.
+fn evaluate(text: &str) -> (u32, usize, usize) {
+    let mut stack: Vec<(String, Vec<u32>)> = Vec::new();
+    let (mut deepest, mut widest) = (0, 0);
+    let mut result = None;
+    for token in text.split(' ') {
+        match token {
+            "]" => {
+                let (op, args) = stack.pop().expect("balanced");
+                widest = widest.max(args.len());
+                let mut sorted = args.clone();
+                sorted.sort();
+                let value = match op.as_str() {
+                    "[MAX" => *sorted.last().unwrap(),
+                    "[MIN" => sorted[0],
+                    "[SM" => args.iter().sum::<u32>() % 10,
+                    // numpy's median of non-negative digits, truncated as int() does.
+                    "[MED" => {
+                        let n = sorted.len();
+                        let median = if n % 2 == 1 {
+                            sorted[n / 2] as f64
+                        } else {
+                            (sorted[n / 2 - 1] + sorted[n / 2]) as f64 / 2.0
+                        };
+                        median as u32
+                    }
+                    other => panic!("unknown operator {other}"),
+                };
+                match stack.last_mut() {
+                    Some((_, parent)) => parent.push(value),
+                    None => result = Some(value),
+                }
+            }
+            op if op.starts_with('[') => {
+                stack.push((op.to_string(), Vec::new()));
+                deepest = deepest.max(stack.len());
+            }
+            digit => stack.last_mut().expect("a digit inside an operator").1.push(digit.parse().unwrap()),
+        }
+    }
+    (result.expect("one whole expression"), deepest, widest)
+}
+
+fn text(e: &Example) -> String {
+    e.tokens.iter().map(|&t| listops::token_name(t)).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn listops_labels_equal_an_independent_evaluation_within_lras_limits_and_lengths() {
+    for (lo, hi) in [(10, 40), (500, 2000)] {
+        let spec = listops::Spec::lengths(lo, hi);
+        let examples =
+            lra::examples_of(3, Split::Train, if hi > 100 { 60 } else { 500 }, |r| listops::generate(r, &spec));
+        for e in &examples {
+            let (value, depth, args) = evaluate(&text(e));
+            assert_eq!(value, e.label, "{}", text(e));
+            assert!((lo..=hi).contains(&e.tokens.len()), "length {} outside {lo}–{hi}", e.tokens.len());
+            assert!(depth <= 10 && args <= 10, "depth {depth}, arguments {args}");
+        }
+    }
+}
+
+#[test]
+fn med_of_an_even_count_is_the_truncated_mean_of_the_middle_two() {
+    assert_eq!(listops::Op::Med.apply(&[1, 2]), 1);
+    assert_eq!(listops::Op::Med.apply(&[9, 2, 4, 3]), 3);
+    assert_eq!(listops::Op::Med.apply(&[7, 7, 1]), 7);
+    assert_eq!(listops::Op::Sm.apply(&[9, 8, 7]), 4);
+}
+
+#[test]
+fn listops_labels_cover_every_class_within_stated_bounds() {
+    // ListOps is not balanced (nor is LRA's): MIN and MAX pull towards 0 and 9. Measured over 2,000
+    // expressions of 100–300 tokens: every class between 2% and 40%.
+    let spec = listops::Spec::lengths(100, 300);
+    let examples = lra::examples_of(1, Split::Train, 2000, |r| listops::generate(r, &spec));
+    let mut counts = [0usize; 10];
+    for e in &examples {
+        counts[e.label as usize] += 1;
+    }
+    for (class, &c) in counts.iter().enumerate() {
+        let share = c as f64 / 2000.0;
+        assert!((0.02..0.40).contains(&share), "class {class}: {share} ({counts:?})");
+    }
+}
+
+#[test]
+fn splits_are_disjoint_and_a_seed_gives_the_same_examples() {
+    let spec = listops::Spec::lengths(6, 12);
+    let draw = |seed, split| lra::examples_of(seed, split, 200, |r| listops::generate(r, &spec));
+    let [train, validation, test] = [Split::Train, Split::Validation, Split::Test].map(|s| draw(7, s));
+    let seen: HashSet<&Vec<u32>> = train.iter().map(|e| &e.tokens).collect();
+    assert!(
+        validation.iter().chain(&test).all(|e| !seen.contains(&e.tokens)),
+        "short expressions repeat, yet never across splits"
+    );
+    let val: HashSet<&Vec<u32>> = validation.iter().map(|e| &e.tokens).collect();
+    assert!(test.iter().all(|e| !val.contains(&e.tokens)));
+    assert_eq!(draw(7, Split::Test), test);
+    assert_ne!(draw(8, Split::Test), test);
+    let pf = pathfinder::Spec::sized(32, 14);
+    let images = |seed| lra::try_examples_of(seed, Split::Validation, 20, |r| pathfinder::generate(r, &pf)).unwrap();
+    assert_eq!(images(2), images(2));
+}
+
+/// The dots of a Pathfinder image: centres of 3×3 squares of lit pixels (overlapping squares count once).
+fn dots(px: &[u32], n: usize) -> Vec<(usize, usize)> {
+    let lit = |r: usize, c: usize| px[r * n + c] > 0;
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for r in 1..n - 1 {
+        for c in 1..n - 1 {
+            let full = (r - 1..=r + 1).all(|rr| (c - 1..=c + 1).all(|cc| lit(rr, cc)));
+            if full && !out.iter().any(|&(a, b)| a.abs_diff(r) <= 2 && b.abs_diff(c) <= 2) {
+                out.push((r, c));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `a` and `b` are joined by lit pixels, gaps of up to `bridge` pixels (Chebyshev) crossed: the
+/// dashes of one contour are that close, different contours never are.
+fn joined(px: &[u32], n: usize, a: (usize, usize), b: (usize, usize), bridge: usize) -> bool {
+    let mut seen = vec![false; n * n];
+    let mut todo = vec![a];
+    seen[a.0 * n + a.1] = true;
+    while let Some((r, c)) = todo.pop() {
+        if (r, c) == b {
+            return true;
+        }
+        for rr in r.saturating_sub(bridge)..=(r + bridge).min(n - 1) {
+            for cc in c.saturating_sub(bridge)..=(c + bridge).min(n - 1) {
+                if px[rr * n + cc] > 0 && !seen[rr * n + cc] {
+                    seen[rr * n + cc] = true;
+                    todo.push((rr, cc));
+                }
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn every_pathfinder_positive_joins_its_dots_and_no_negative_does_and_labels_are_balanced() {
+    for (size, length) in [(32, 14), (32, 20)] {
+        let spec = pathfinder::Spec::sized(size, length);
+        let examples = lra::try_examples_of(5, Split::Train, 300, |r| pathfinder::generate(r, &spec)).unwrap();
+        let mut positives = 0;
+        for e in &examples {
+            assert_eq!(e.tokens.len(), size * size);
+            assert!(e.tokens.iter().all(|&p| p == 0 || p == 255));
+            let d = dots(&e.tokens, size);
+            assert_eq!(d.len(), 2, "two dots");
+            // Across a gap of `gap` steps two lit pixels are at most gap + 2 apart once rounded (Chebyshev);
+            // different contours are more than `separation` apart.
+            let bridge = spec.gap + 2;
+            assert!(spec.separation > bridge);
+            assert_eq!(joined(&e.tokens, size, d[0], d[1], bridge), e.label == 1, "label {}", e.label);
+            positives += e.label as usize;
+        }
+        // The label is drawn with probability ½: 300 draws land within ±0.1 of half (a 3.5σ bound).
+        let share = positives as f64 / 300.0;
+        assert!((share - 0.5).abs() < 0.1, "{share}");
+    }
+}
+
+#[test]
+fn byte_and_pixel_sequences_have_their_lengths_values_and_disjoint_splits() {
+    let emails = ablate::data::spam::spam_assassin().unwrap();
+    let bytes = |split, n| lra::byte_examples(&emails, split, n, 1024);
+    let train = bytes(Split::Train, 10_000);
+    let (validation, test) = (bytes(Split::Validation, 10_000), bytes(Split::Test, 10_000));
+    assert_eq!(train.len() + validation.len() + test.len(), emails.len());
+    assert!(train
+        .iter()
+        .chain(&validation)
+        .chain(&test)
+        .all(|e| e.tokens.len() == 1024 && e.tokens.iter().all(|&b| b < 256)));
+    assert!(train.iter().any(|e| e.tokens.last() == Some(&lra::BYTE_PAD)), "short emails are padded");
+    let cfg = ablate::recipe::ImageDataConfig::default();
+    let images = ablate::data::images::ImageTask::load(&cfg, 0.1).unwrap();
+    let pixels = lra::pixel_examples(&images, Split::Test, 3).unwrap();
+    assert!(pixels.iter().all(|e| e.tokens.len() == 784 && e.tokens.iter().all(|&p| p < 256) && e.label < 10));
+    let first = images.test.images.get(0).reshape([-1]);
+    assert_eq!(
+        pixels[0].tokens,
+        Vec::<i64>::try_from(first.to_kind(tch::Kind::Int64)).unwrap().iter().map(|&p| p as u32).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn ablate_data_prints_the_documented_json_lines_for_every_task() {
+    for args in [
+        vec!["listops", "--n", "3", "--length", "20-60"],
+        vec!["pathfinder", "--n", "2", "--split", "test"],
+        vec!["pixels", "--n", "2", "--split", "validation"],
+        vec!["bytes", "--n", "2", "--length", "256"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ablate")).arg("data").args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<serde_json::Value> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), args[2].parse::<usize>().unwrap(), "{args:?}");
+        for l in &lines {
+            let (input, label) = (l["input"].as_str().unwrap(), l["label"].as_u64().unwrap());
+            assert!(!input.is_empty() && label < 10, "{args:?}: {l}");
+            assert_eq!(l.as_object().unwrap().len(), 2);
+        }
+    }
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .args(["data", "listops", "--split", "dev"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.lines().count() == 1 && err.contains("unknown split"), "{err}");
+}
+
+#[test]
+fn contours_that_cannot_fit_are_refused_with_one_line() {
+    let spec = pathfinder::Spec { distractors: 30, ..pathfinder::Spec::sized(16, 30) };
+    let e = lra::try_examples_of(0, Split::Train, 1, |r| pathfinder::generate(r, &spec)).unwrap_err().to_string();
+    assert!(e.contains("do not fit") && e.lines().count() == 1, "{e}");
+}
