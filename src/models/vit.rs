@@ -61,14 +61,11 @@ impl Vit {
     /// patch token's; the mean over `images`. About 1–2 without outliers, far above with them.
     pub fn token_norm_ratio(&self, images: &Tensor) -> f64 {
         let _guard = tch::no_grad_guard();
-        let patches = self.patch_embed.forward(images).flatten(2, -1).transpose(1, 2);
-        let (b, n) = (patches.size()[0], patches.size()[1]);
-        let x = match &self.cls {
-            Some(cls) => Tensor::cat(&[cls.expand([b, -1, -1], false), patches], 1),
-            None => patches,
-        };
+        let x = self.tokens(images);
         let (out, _) = self.stack.forward(&x, &Mask::default(), None, Pass::eval().before_final_norm());
-        let lead = out.size()[1] - n;
+        // The patches follow the <cls> token, if any (the stack drops the registers from its output).
+        let lead = i64::from(self.cls.is_some());
+        let n = x.size()[1] - lead;
         let norms = out.narrow(1, lead, n).to_kind(Kind::Float).square().sum_dim_intlist(-1, false, Kind::Float).sqrt();
         let (median, _) = norms.median_dim(1, false);
         (norms.amax(1, false) / median).mean(Kind::Float).double_value(&[])
@@ -76,13 +73,18 @@ impl Vit {
 
     /// Final token states (B, N, D) and, when asked, every layer's attention weights (B, H, N, N).
     pub fn features(&self, images: &Tensor, train: bool, want_weights: bool) -> (Tensor, Vec<Tensor>) {
+        let x = self.tokens(images);
+        self.stack.forward(&x, &Mask::default(), None, Pass::new(train).with_weights_if(want_weights))
+    }
+
+    /// The stack's input: the embedded patches (B, grid², D), after the `<cls>` token when pooling reads it.
+    fn tokens(&self, images: &Tensor) -> Tensor {
         let patches = self.patch_embed.forward(images).flatten(2, -1).transpose(1, 2);
         let b = patches.size()[0];
-        let x = match &self.cls {
+        match &self.cls {
             Some(cls) => Tensor::cat(&[cls.expand([b, -1, -1], false), patches], 1),
             None => patches,
-        };
-        self.stack.forward(&x, &Mask::default(), None, Pass::new(train).with_weights_if(want_weights))
+        }
     }
 }
 

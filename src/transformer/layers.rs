@@ -3,12 +3,13 @@
 //! (post-LN, as in UDL and Vaswani et al.) or inside each branch (pre-LN, as in GPT-2). An optional cross-attention unit sits between them for decoders that read an
 //! encoder's output (UDL §12.8). [`Stack`] runs a whole stack the way every sequence model does: absolute
 //! positions where `position.at` says, global tokens, dropout, the layers, a final norm.
-use tch::nn::{self, Module, ModuleT};
+use tch::nn::{self, Module};
 use tch::Tensor;
 
 use super::attention::{Grid, KvCache, Mask, MultiHeadAttention};
+pub use super::norm::{softcap, NormLayer};
 use super::positions::{AbsolutePositions, ConvPosEnc};
-use super::spec::{AbsoluteAt, Activation, Norm, TransformerSpec};
+use super::spec::{AbsoluteAt, Activation, TransformerSpec};
 
 thread_local! {
     /// While recording (a coordinate check), the mean |x| of the stack's input and of each layer's output.
@@ -46,50 +47,6 @@ pub struct LayerInit {
 impl Default for LayerInit {
     fn default() -> Self {
         Self { residual_std: 0.02, norm_eps: 1e-5 }
-    }
-}
-
-/// One normalisation of the token features (`transformer.norm`), over the last dimension of any shape.
-#[derive(Debug)]
-pub enum NormLayer {
-    Layer(nn::LayerNorm),
-    /// x / √(mean(x²) + ε) · g.
-    Rms {
-        weight: Tensor,
-        eps: f64,
-    },
-    /// Statistics per feature over every token of the batch (running averages at evaluation).
-    Batch(nn::BatchNorm),
-}
-
-impl NormLayer {
-    /// `kind` over `d` features; `None` for `Norm::None`. LayerNorm's parameters are `weight` and `bias`
-    /// under `vs` (Hugging Face's names), RMSNorm's `weight`, BatchNorm's also its running statistics.
-    pub fn new(vs: nn::Path, d: i64, kind: Norm, eps: f64) -> Option<Self> {
-        match kind {
-            Norm::LayerNorm => {
-                Some(Self::Layer(nn::layer_norm(vs, vec![d], nn::LayerNormConfig { eps, ..Default::default() })))
-            }
-            Norm::RmsNorm => Some(Self::Rms { weight: vs.var("weight", &[d], nn::Init::Const(1.0)), eps }),
-            Norm::BatchNorm => {
-                Some(Self::Batch(nn::batch_norm1d(vs, d, nn::BatchNormConfig { eps, ..Default::default() })))
-            }
-            Norm::None => None,
-        }
-    }
-
-    /// `train` chooses the batch's statistics over the running ones (BatchNorm only).
-    pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        match self {
-            Self::Layer(norm) => norm.forward(x),
-            Self::Rms { weight, eps } => x.rms_norm([weight.size()[0]], Some(weight), Some(*eps)),
-            Self::Batch(norm) => {
-                // Every token is one sample of the feature statistics: (…, D) -> (tokens, D) and back.
-                let shape = x.size();
-                let d = *shape.last().expect("a feature dimension");
-                norm.forward_t(&x.reshape([-1, d]), train).view(shape.as_slice())
-            }
-        }
     }
 }
 
@@ -187,15 +144,6 @@ impl Module for FeedForward {
             None => h,
         };
         self.down.forward(&h)
-    }
-}
-
-/// `cap · tanh(x / cap)`: x unchanged near 0, smoothly bounded by ±cap (Gemma 2's soft-capping); `x` itself
-/// without a cap.
-pub fn softcap(x: Tensor, cap: Option<f64>) -> Tensor {
-    match cap {
-        Some(c) => (x / c).tanh() * c,
-        None => x,
     }
 }
 

@@ -7,4 +7,6 @@ pub mod attention;
 #[cfg(feature = "torch")]
 pub mod layers;
 #[cfg(feature = "torch")]
+pub mod norm;
+#[cfg(feature = "torch")]
 pub mod positions;

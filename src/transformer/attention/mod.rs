@@ -19,7 +19,7 @@ use std::cell::Cell;
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-use super::layers::{softcap, NormLayer};
+use super::norm::{softcap, NormLayer};
 use super::spec::{AttentionSpec, Implementation, Norm, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring};
 
 pub mod pattern;
