@@ -531,7 +531,7 @@ impl MultiHeadAttention {
                 || self.implementation == Implementation::Explicit
                 || self.additive.is_some()
                 || self.scores.softcap.is_some();
-            let bias = self.score_bias(q, n_k, mask, is_self);
+            let bias = self.score_bias(q, n_k, mask, is_self, &pattern);
             // A plain causal mask over square scores is the fused kernel's own fast path; a single query at
             // the last position (a decoding step) may see every key, so it needs no mask at all.
             let kernel_causal = !explicit && bias.is_none() && mask.causal && n_q == n_k;
@@ -566,24 +566,24 @@ impl MultiHeadAttention {
     }
 
     /// The pattern this call uses: under a window warm-up, the window of the training step in progress.
-    fn pattern_now(&self) -> Pattern {
+    fn pattern_now(&self) -> std::borrow::Cow<'_, Pattern> {
         if self.pattern.window_schedule.is_empty() {
-            return self.pattern.clone();
+            return std::borrow::Cow::Borrowed(&self.pattern);
         }
         let now = self.pattern.at_step(TRAINING_STEP.with(Cell::get));
         SCHEDULED_WINDOW.with(|w| w.set(now.window));
-        now
+        std::borrow::Cow::Owned(now)
     }
 
-    /// Everything that shapes the scores beyond q·k, as one additive bias: the pattern and causal mask, key
+    /// Everything that shapes the scores beyond q·k, as one additive bias: the pattern in force (`pattern_now`)
+    /// and causal mask, key
     /// padding, and the relative position bias. `None` when at most a plain causal mask applies (the caller
     /// adds it, or lets the fused kernel apply its own).
-    fn score_bias(&self, q: &Tensor, n_k: i64, mask: &Mask, is_self: bool) -> Option<Tensor> {
+    fn score_bias(&self, q: &Tensor, n_k: i64, mask: &Mask, is_self: bool, pattern_now: &Pattern) -> Option<Tensor> {
         let n_q = q.size()[2];
         let device = q.device();
-        let pattern_now = self.pattern_now();
         let pattern_mask = if is_self && !pattern_now.is_dense() {
-            pattern::allowed(&pattern_now, n_k, mask.causal, device).map(|a| a.narrow(0, n_k - n_q, n_q))
+            pattern::allowed(pattern_now, n_k, mask.causal, device).map(|a| a.narrow(0, n_k - n_q, n_q))
         } else {
             None
         };
