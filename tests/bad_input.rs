@@ -136,6 +136,16 @@ const CASES: &[(&str, usize, &str)] = &[
     ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  cross_attention_layers: 3\n", 6, "0..=2 (the decoder's layers), got 3"),
     ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  pairs: klingon\n", 6, "bible_en_es"),
     ("train:\n  schedule: linear\n", 2, "expected `cosine` or `noam`"),
+    // Sequence classification (the Long Range Arena's tasks).
+    ("kind: seq_classify\ntransformer:\n  block_size: 256\nseq_classify:\n  task: pathfinder\n", 3, "task pathfinder gives sequences of 1024 tokens"),
+    ("kind: seq_classify\ntransformer:\n  block_size: 500\nseq_classify:\n  min_length: 100\n  max_length: 500\n  pool: cls\n", 3, "500 tokens and the <cls> token: set it to at least 501"),
+    ("kind: seq_classify\ntransformer:\n  pe: bias_2d\n", 3, "bias_2d needs a 2-D token grid; kind seq_classify"),
+    ("kind: seq_classify\nseq_classify:\n  task: retrieval\n", 3, "expected one of `listops`, `pathfinder`, `pixels`, `bytes`"),
+    ("kind: seq_classify\nseq_classify:\n  task: pathfinder\n  min_length: 10\n", 4, "shortest ListOps expression (task listops); seq_classify.task is pathfinder"),
+    ("kind: seq_classify\nseq_classify:\n  min_length: 300\n  max_length: 301\n", 4, "must be at least min_length + 2 = 302"),
+    ("kind: seq_classify\nseq_classify:\n  task: pathfinder\n  image_size: 4\n", 4, "must be in 8..=256 pixels"),
+    ("kind: seq_classify\ndata:\n  corpus: bible\n", 3, "kind seq_classify makes its sequences from the seq_classify section"),
+    ("kind: lm\nseq_classify:\n  task: bytes\n", 3, "the seq_classify section is read by kind seq_classify only"),
 ];
 
 /// `text` with `kind: lm` added after it when it names no kind (its lines keep their numbers).

@@ -23,6 +23,9 @@ fn base(kind: Kind) -> &'static str {
             "kind: image_gpt\ntransformer: {d_model: 32, layers: 2, heads: 4}\nvision: {patch_size: 4}\nimage_gpt: {palette: 8}\n"
         }
         Kind::Cnn => "kind: cnn\ncnn: {channels: [4, 8]}\n",
+        Kind::SeqClassify => {
+            "kind: seq_classify\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\nseq_classify: {task: listops, min_length: 8, max_length: 16}\n"
+        }
     }
 }
 
@@ -108,6 +111,8 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Bert, "transformer.pe", "conv"),
     (Kind::Translate, "transformer.pe", "bias_2d"),
     (Kind::Translate, "transformer.pe", "conv"),
+    (Kind::SeqClassify, "transformer.pe", "bias_2d"),
+    (Kind::SeqClassify, "transformer.pe", "conv"),
     // A 3×3 convolution would read the pixels ImageGPT predicts.
     (Kind::ImageGpt, "transformer.pe", "conv"),
     // Image models read their grid, not a text window; classifiers have no output vocabulary.
@@ -118,6 +123,7 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Vit, "transformer.tie_embeddings", ""),
     (Kind::Swin, "transformer.tie_embeddings", ""),
     (Kind::Davit, "transformer.tie_embeddings", ""),
+    (Kind::SeqClassify, "transformer.tie_embeddings", ""),
     // Hierarchical models: depth per stage, 2-D windows instead of 1-D patterns, stages that change width.
     (Kind::Swin, "transformer.layers", ""),
     (Kind::Davit, "transformer.layers", ""),

@@ -2,6 +2,7 @@
 //! printed expression, Pathfinder labels against the image's own connectivity, lengths, balance, disjoint
 //! splits and determinism, and `ablate data`'s JSON lines for every task.
 use ablate::data::lra::{self, listops, pathfinder, Example, Split};
+use ablate::models::seq_classifier::SeqClassifier;
 use std::collections::HashSet;
 
 /// Evaluates LRA's printed tokens with a stack, apart from the generator's tree: the value, the deepest
@@ -184,6 +185,14 @@ fn byte_and_pixel_sequences_have_their_lengths_values_and_disjoint_splits() {
         .chain(&test)
         .all(|e| e.tokens.len() == 1024 && e.tokens.iter().all(|&b| b < 256)));
     assert!(train.iter().any(|e| e.tokens.last() == Some(&lra::BYTE_PAD)), "short emails are padded");
+    // A few examples of a split keep its mix of classes (the corpus is ordered ham, then spam).
+    for split in [Split::Train, Split::Validation, Split::Test] {
+        let few = bytes(split, 40);
+        let spam = few.iter().filter(|e| e.label == 1).count();
+        let all = bytes(split, 10_000);
+        let share = all.iter().filter(|e| e.label == 1).count() as f64 / all.len() as f64;
+        assert!((spam as f64 / 40.0 - share).abs() < 0.1, "{split:?}: {spam} of 40 spam, {share:.2} in the split");
+    }
     let cfg = ablate::recipe::ImageDataConfig::default();
     let images = ablate::data::images::ImageTask::load(&cfg, 0.1).unwrap();
     let pixels = lra::pixel_examples(&images, Split::Test, 3).unwrap();
@@ -227,4 +236,48 @@ fn contours_that_cannot_fit_are_refused_with_one_line() {
     let spec = pathfinder::Spec { distractors: 30, ..pathfinder::Spec::sized(16, 30) };
     let e = lra::try_examples_of(0, Split::Train, 1, |r| pathfinder::generate(r, &spec)).unwrap_err().to_string();
     assert!(e.contains("do not fit") && e.lines().count() == 1, "{e}");
+}
+
+/// The classifier of kind seq_classify over 15 tokens (ListOps') with `attention` as its attention section.
+fn classifier(attention: &str, pe: &str, pool: &str) -> (tch::nn::VarStore, SeqClassifier) {
+    let text = format!(
+        "kind: seq_classify\ntransformer: {{d_model: 16, layers: 2, heads: 2, block_size: 20, pe: {pe}, attention: {attention}}}\nseq_classify: {{min_length: 4, max_length: 16, pool: {pool}}}\n"
+    );
+    let cfg = ablate::recipe::parse(&text, "t.yaml", "t", false).unwrap().runs[0].config.clone();
+    tch::manual_seed(3);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let model = SeqClassifier::new(&vs.root(), &cfg.transformer_spec(), 15, 10, cfg.seq_classify().pool);
+    (vs, model)
+}
+
+#[test]
+fn padding_changes_no_class_score_under_any_pattern_position_scheme_or_pooling() {
+    use tch::{Device, Kind, Tensor};
+    for attention in [
+        "{}",
+        "{implementation: sparse, pattern: {window: 2}}",
+        "{pattern: {window: 2}}",
+        "{implementation: sparse, pattern: {window: 2, global_tokens: 2}}",
+        "{implementation: sparse, pattern: {window: 2, dilation: 2}}",
+    ] {
+        for (pe, pool) in [("learned", "mean"), ("learned", "cls"), ("rope", "mean"), ("alibi", "cls")] {
+            let (_vs, model) = classifier(attention, pe, pool);
+            let short = Tensor::randint(15, [1, 9], (Kind::Int64, Device::Cpu));
+            let padded = Tensor::cat(&[&short, &Tensor::full([1, 7], model.pad_id(), (Kind::Int64, Device::Cpu))], 1);
+            let full = Tensor::randint(15, [1, 16], (Kind::Int64, Device::Cpu));
+            let batch = Tensor::cat(&[&padded, &full], 0);
+            let alone = tch::no_grad(|| model.classify(&short, false, false).0);
+            let in_batch = tch::no_grad(|| model.classify(&batch, false, false).0);
+            let diff = (alone.get(0) - in_batch.get(0)).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{attention} {pe} {pool}: padding moved the class scores by {diff}");
+            // The check can fail: the padding's tokens read as real ones change the scores (where the pooled
+            // vector can reach them: a windowed <cls> token two layers deep sees 4 positions).
+            if pool == "cls" && attention != "{}" {
+                continue;
+            }
+            let unmasked = Tensor::cat(&[&short, &Tensor::zeros([1, 7], (Kind::Int64, Device::Cpu))], 1);
+            let read = tch::no_grad(|| model.classify(&unmasked, false, false).0);
+            assert!((read - &alone).abs().max().double_value(&[]) > 1e-4, "{attention} {pe} {pool}");
+        }
+    }
 }

@@ -92,6 +92,55 @@ fn the_sparse_kernel_equals_its_mask_based_twin() {
     }
 }
 
+/// (B, N) real-token flags for sequences of `lengths` real tokens followed by padding.
+fn real_tokens(lengths: &[i64], n: i64) -> Tensor {
+    let j = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+    j.lt_tensor(&Tensor::from_slice(lengths).view([-1, 1]))
+}
+
+#[test]
+fn with_padding_the_sparse_kernel_equals_its_twin_and_real_tokens_ignore_the_padding() {
+    // Windows whose padding queries have no real key in reach (window 2 over 9 padding positions), dilated,
+    // with global positions and tokens; the fused block path (no score bias) and the explicit one (ALiBi).
+    let cases = [
+        (pattern(Some(2), 1, None, 0), 21, vec![12, 5, 21]),
+        (pattern(Some(2), 3, None, 0), 23, vec![7, 23, 1]),
+        (pattern(Some(3), 1, Some(6), 0), 19, vec![10, 3, 19]),
+        (pattern(Some(2), 2, None, 2), 17, vec![9, 17, 4]),
+    ];
+    for (p, n, lengths) in cases {
+        for pe in [PositionEncoding::None, PositionEncoding::Alibi, PositionEncoding::Rope] {
+            tch::manual_seed(24);
+            let (_vs, sparse, masked) = twins(&p, pe);
+            let real = real_tokens(&lengths, n);
+            let mask = Mask { causal: false, key_padding: Some(&real), offset: 0, bias: None };
+            let x = Tensor::randn([3, n, 16], (Kind::Float, Device::Cpu));
+            let run = |m: &MultiHeadAttention, x: &Tensor| {
+                let xi = x.copy().set_requires_grad(true);
+                let out = m.self_attend(&xi, &mask, None, false, false).output;
+                (&out * out.ones_like().cumsum(1, Kind::Float)).sum(Kind::Float).backward();
+                (out, xi.grad())
+            };
+            let ((a, grad_a), (b, grad_b)) = (run(&sparse, &x), run(&masked, &x));
+            assert_eq!(a.isnan().any().int64_value(&[]), 0, "{p:?} {pe:?}: NaN in the sparse kernel's output");
+            let diff = (&a - &b).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{p:?} {pe:?}: sparse and mask-based differ by {diff} under padding");
+            // Relative to the gradients' size: the position-weighted sum makes them large.
+            let scale = grad_b.abs().max().double_value(&[]);
+            let diff = (&grad_a - &grad_b).abs().max().double_value(&[]) / scale;
+            assert!(diff < 1e-5, "{p:?} {pe:?}: gradients differ by {diff} of their largest under padding");
+            // New values at the padding positions change no real token's output.
+            let pad = real.logical_not().unsqueeze(-1).to_kind(Kind::Float);
+            let x2 = &x + Tensor::randn([3, n, 16], (Kind::Float, Device::Cpu)) * &pad * 5.0;
+            for m in [&sparse, &masked] {
+                let (c, _) = run(m, &x2);
+                let moved = ((&c - &a) * real.unsqueeze(-1).to_kind(Kind::Float)).abs().max().double_value(&[]);
+                assert!(moved < 1e-5, "{p:?} {pe:?}: padding moved a real token's output by {moved}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_sparse_kernel_has_the_same_gradients_as_the_mask_based_twin() {
     tch::manual_seed(21);

@@ -17,6 +17,8 @@ pub mod imagegpt;
 #[cfg(feature = "torch")]
 pub mod seq2seq;
 #[cfg(feature = "torch")]
+pub mod seq_classifier;
+#[cfg(feature = "torch")]
 pub mod swin;
 #[cfg(feature = "torch")]
 pub mod vit;

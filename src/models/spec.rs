@@ -149,6 +149,21 @@ fn block(t: &TransformerSpec, n: i64, keys: i64) -> f64 {
     f(n) * f(4 * d * inner) + 2.0 * f(n) * f(keys) * f(inner) + 2.0 * f(n) * f(d) * f(t.ffn_hidden)
 }
 
+/// Multiply-accumulates of one forward pass of an encoder over `n` tokens (global tokens included) that
+/// classifies them into `classes`: each layer's projections, scores over the keys its pattern lets a query
+/// see (a window's 2w + 1 and the global positions; all `n` when dense), FFN, and the head.
+pub fn encoder_macs(t: &TransformerSpec, n: i64, classes: i64) -> f64 {
+    let layer = |i: i64| {
+        let p = &t.for_layer(i).attention.pattern;
+        let keys = match p.window {
+            Some(w) => (2 * w + 1 + p.global_positions(n).len() as i64).min(n),
+            None => n,
+        };
+        block(t, n, keys)
+    };
+    (0..t.layers).map(layer).sum::<f64>() + f(t.d_model * classes)
+}
+
 impl VitSpec {
     pub fn grid(&self) -> i64 {
         self.image.size / self.image.patch

@@ -62,7 +62,7 @@ impl RecipeError {
 struct RecipeFile {
     name: Option<String>,
     description: Option<String>,
-    /// What the runs train: lm, bert, translate, vit, swin, davit, image_gpt or cnn.
+    /// What the runs train: lm, bert, translate, vit, swin, davit, image_gpt, cnn or seq_classify.
     kind: Option<Kind>,
     transformer: Option<Value>,
     data: Option<Value>,
@@ -72,6 +72,7 @@ struct RecipeFile {
     vision: Option<Value>,
     image_gpt: Option<Value>,
     cnn: Option<Value>,
+    seq_classify: Option<Value>,
     /// Dotted config key -> list of values; several keys form a grid.
     #[serde(default)]
     sweep: Mapping,
@@ -108,6 +109,7 @@ struct TypedSections {
     vision: Option<VisionConfig>,
     image_gpt: Option<ImageGptConfig>,
     cnn: Option<CnnConfig>,
+    seq_classify: Option<SeqClassifyConfig>,
     sweep: Option<Value>,
     variants: Option<Value>,
     seeds: Option<Value>,
@@ -117,7 +119,8 @@ struct TypedSections {
 }
 
 /// The config sections of a recipe file, in schema order.
-const SECTIONS: [&str; 8] = ["transformer", "data", "train", "bert", "translate", "vision", "image_gpt", "cnn"];
+const SECTIONS: [&str; 9] =
+    ["transformer", "data", "train", "bert", "translate", "vision", "image_gpt", "cnn", "seq_classify"];
 
 /// One concrete run of a sweep.
 #[derive(Debug, Clone)]
@@ -553,6 +556,7 @@ fn written_sections(src: &Source, parsed: &RecipeFile) -> Result<Mapping, Recipe
         &parsed.vision,
         &parsed.image_gpt,
         &parsed.cnn,
+        &parsed.seq_classify,
     ]) {
         match section {
             Some(v @ Value::Mapping(_)) => {
@@ -937,8 +941,13 @@ fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settin
     cap("train.log_interval", 2);
     cap("train.batch_size", 4);
     cap("train.warmup_steps", 2);
-    if matches!(kind, Kind::Lm | Kind::Bert | Kind::Vit | Kind::ImageGpt) {
+    if matches!(kind, Kind::Lm | Kind::Bert | Kind::Vit | Kind::ImageGpt | Kind::SeqClassify) {
         cap("transformer.layers", 2);
+    }
+    if kind == Kind::SeqClassify {
+        // The sequences keep their length (the recipe's point); the data shrinks to what six steps read.
+        cap("seq_classify.train_examples", 64);
+        cap("seq_classify.eval_examples", 32);
     }
     if kind.is_text() {
         cap("transformer.block_size", 32);

@@ -3,7 +3,7 @@
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
 use super::schema::{
-    BertTask, BlockKind, Config, ImageDataset, Kind, Norm, PositionEncoding, Scoring, Task, Tokenizer,
+    BertTask, BlockKind, Config, ImageDataset, Kind, LraTask, Norm, PositionEncoding, Scoring, Task, Tokenizer,
 };
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
@@ -26,6 +26,7 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
         }),
         "image_gpt" => only(&[Kind::ImageGpt], "the image_gpt section"),
         "cnn" => only(&[Kind::Cnn], "the cnn section"),
+        "seq_classify" => only(&[Kind::SeqClassify], "the seq_classify section").or_else(|| seq_classify_key(cfg, rest)),
         "vision" => {
             let vision = [Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt, Kind::Cnn];
             only(&vision, "the vision section").or_else(|| match rest {
@@ -159,20 +160,20 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         "block_size" if kind.is_vision() => Some(format!(
             "kind {kind} reads the image's token grid (vision.image_size / vision.patch_size), not a text window"
         )),
-        "tie_embeddings" if matches!(kind, Kind::Vit | Kind::Swin | Kind::Davit) => Some(format!(
+        "tie_embeddings" if matches!(kind, Kind::Vit | Kind::Swin | Kind::Davit | Kind::SeqClassify) => Some(format!(
             "kind {kind} predicts classes, not tokens: it has no output vocabulary to tie to an embedding"
         )),
         "position.combine" if !pe.is_absolute() => Some(format!(
             "says how an absolute encoding (sinusoidal, learned) joins the tokens; transformer.pe is {}",
             name(pe)
         )),
-        "position.combine" if !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit) => Some(format!(
-            "concatenated positions are built for kinds lm, image_gpt and vit; kind {kind} keeps x + Π"
+        "position.combine" if !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit | Kind::SeqClassify) => Some(format!(
+            "concatenated positions are built for kinds lm, image_gpt, vit and seq_classify; kind {kind} keeps x + Π"
         )),
         "position.concat_dim"
             if t.position.combine != crate::recipe::Combine::Concat
                 || !pe.is_absolute()
-                || !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit) =>
+                || !matches!(kind, Kind::Lm | Kind::ImageGpt | Kind::Vit | Kind::SeqClassify) =>
         {
             Some("is the width of concatenated positions, and this run adds its positions (or has none to add)".into())
         }
@@ -208,8 +209,35 @@ fn fetched_set_path(section: &str, dataset: ImageDataset) -> Option<String> {
         .then(|| format!("{section}.dataset {dataset:?} is fetched and cached; a path is for idx and cifar10"))
 }
 
+/// The task settings of kind seq_classify that only some tasks read.
+fn seq_classify_key(cfg: &Config, key: &str) -> Option<String> {
+    let task = cfg.seq_classify().task;
+    let by = |tasks: &[LraTask], what: &str| {
+        (!tasks.contains(&task)).then(|| {
+            let task = serde_yaml::to_string(&task).unwrap_or_default();
+            format!("{what}; seq_classify.task is {}", task.trim())
+        })
+    };
+    match key {
+        "min_length" => by(&[LraTask::Listops], "is the shortest ListOps expression (task listops)"),
+        "max_length" => {
+            by(&[LraTask::Listops, LraTask::Bytes], "is the longest expression (listops) or the bytes kept (bytes)")
+        }
+        "image_size" | "contour_length" => by(&[LraTask::Pathfinder], "shapes the Pathfinder images (task pathfinder)"),
+        "dataset" => by(&[LraTask::Pixels], "is the image set of the pixel task (task pixels)"),
+        "data_seed" => by(
+            &[LraTask::Listops, LraTask::Pathfinder],
+            "seeds the generated tasks (listops, pathfinder); the pixel and byte tasks read fixed data sets",
+        ),
+        _ => None,
+    }
+}
+
 fn data_key(cfg: &Config, key: &str) -> Option<String> {
     let kind = cfg.kind;
+    if kind == Kind::SeqClassify {
+        return Some("kind seq_classify makes its sequences from the seq_classify section (task, sizes, data_seed), not from data".into());
+    }
     let (field, _) = key.split_once('.').unwrap_or((key, ""));
     if field == "images" {
         if !kind.is_vision() {

@@ -36,11 +36,24 @@ pub enum Kind {
     /// A small convolutional network: the baseline with a locality prior that the vision Transformers
     /// are compared with (UDL §12.10.2). Not a Transformer: it reads the `cnn` section, not `transformer`.
     Cnn,
+    /// A bidirectional encoder that classifies a whole sequence (the Long Range Arena's tasks: ListOps,
+    /// Pathfinder, pixel sequences, byte-level text), pooled through a `<cls>` token or the mean of its
+    /// real tokens, with padding masked.
+    SeqClassify,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] =
-        [Kind::Lm, Kind::Bert, Kind::Translate, Kind::Vit, Kind::Swin, Kind::Davit, Kind::ImageGpt, Kind::Cnn];
+    pub const ALL: [Kind; 9] = [
+        Kind::Lm,
+        Kind::Bert,
+        Kind::Translate,
+        Kind::Vit,
+        Kind::Swin,
+        Kind::Davit,
+        Kind::ImageGpt,
+        Kind::Cnn,
+        Kind::SeqClassify,
+    ];
 
     /// The name a recipe uses.
     pub fn name(self) -> &'static str {
@@ -53,7 +66,14 @@ impl Kind {
             Kind::Davit => "davit",
             Kind::ImageGpt => "image_gpt",
             Kind::Cnn => "cnn",
+            Kind::SeqClassify => "seq_classify",
         }
+    }
+
+    /// Models that classify a sequence of tokens from the Long Range Arena's tasks (the `seq_classify`
+    /// section; they read no `data` keys).
+    pub fn is_sequence_classifier(self) -> bool {
+        self == Kind::SeqClassify
     }
 
     /// Models over images (the `vision` section and `data.images`).
@@ -110,6 +130,9 @@ pub struct Config {
     /// kind cnn: the convolutional stages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cnn: Option<CnnConfig>,
+    /// kind seq_classify: the long-range task and the pooling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_classify: Option<SeqClassifyConfig>,
 }
 
 impl Config {
@@ -120,8 +143,16 @@ impl Config {
         let mut t = TransformerConfig::default();
         let mut data = DataConfig::default();
         let (mut bert, mut translate, mut vision, mut image_gpt, mut cnn) = (None, None, None, None, None);
+        let mut seq_classify = None;
         match kind {
             Kind::Lm => {}
+            Kind::SeqClassify => {
+                // An encoder as LRA's baselines build it: pre-LN, learned positions over the longest input
+                // (LRA's ListOps lengths and a <cls> token).
+                t.pre_ln = true;
+                t.block_size = 2048;
+                seq_classify = Some(SeqClassifyConfig::default());
+            }
             Kind::Bert => {
                 // BERT's masked-LM head reads the word embedding matrix.
                 t.tie_embeddings = true;
@@ -166,7 +197,18 @@ impl Config {
                 vision = Some(v);
             }
         }
-        Self { kind, transformer: t, data, train: TrainConfig::default(), bert, translate, vision, image_gpt, cnn }
+        Self {
+            kind,
+            transformer: t,
+            data,
+            train: TrainConfig::default(),
+            bert,
+            translate,
+            vision,
+            image_gpt,
+            cnn,
+            seq_classify,
+        }
     }
 
     /// The kind's own section, present after loading (defaults fill it).
@@ -188,6 +230,10 @@ impl Config {
 
     pub fn cnn(&self) -> &CnnConfig {
         self.cnn.as_ref().expect("a cnn run has its section (filled by Config::defaults)")
+    }
+
+    pub fn seq_classify(&self) -> &SeqClassifyConfig {
+        self.seq_classify.as_ref().expect("a seq_classify run has its section (filled by Config::defaults)")
     }
 
     pub fn images(&self) -> ImageDataConfig {
@@ -786,6 +832,95 @@ impl Default for ImageGptConfig {
     }
 }
 
+/// A Long Range Arena task (Tay et al. 2020), generated or converted here (`data::lra`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum LraTask {
+    /// Nested MIN / MAX / MED / SM expressions in LRA's token format; the label is the value (10 classes).
+    Listops,
+    /// Two dots on an N×N grid, joined by one dashed contour or not, among distractors (2 classes), as a
+    /// sequence of N² pixels.
+    Pathfinder,
+    /// LRA's "Image": the images of `dataset` as sequences of grey levels (784 for the 28×28 sets).
+    Pixels,
+    /// LRA's "Text": SpamAssassin emails as UTF-8 bytes cut to `max_length`; spam or not (2 classes).
+    Bytes,
+}
+
+impl LraTask {
+    /// The classes of the task's labels.
+    pub fn classes(self) -> i64 {
+        match self {
+            LraTask::Listops | LraTask::Pixels => 10,
+            LraTask::Pathfinder | LraTask::Bytes => 2,
+        }
+    }
+}
+
+/// kind seq_classify: the long-range task a run reads and how the encoder's states become one vector.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SeqClassifyConfig {
+    /// listops, pathfinder, pixels or bytes.
+    pub task: LraTask,
+    /// `cls`: a learned `<cls>` token before the sequence (at position 0, under the attention pattern like
+    /// any token), its final state classified; `mean`: the mean of the real tokens' final states (LRA's
+    /// default pooling).
+    pub pool: Pool,
+    /// Training examples: drawn by the generators (listops, pathfinder); the first this many of the data
+    /// set's training split for pixels and bytes (all of it when it holds fewer).
+    pub train_examples: i64,
+    /// Validation examples, and as many test examples (the same cap on the data sets' splits).
+    pub eval_examples: i64,
+    /// The generators' seed: every training seed of a recipe reads the same examples.
+    pub data_seed: u64,
+    /// listops: the shortest expression in tokens (LRA: 500).
+    pub min_length: i64,
+    /// listops: the longest expression in tokens (LRA: 2,000); bytes: the length each email is cut to
+    /// (LRA's Text task: 1K–4K). Shorter sequences are padded and the padding masked.
+    pub max_length: i64,
+    /// pathfinder: the side of the image in pixels (LRA: 32, Path-X: 128); the sequence is its square.
+    pub image_size: i64,
+    /// pathfinder: the steps of each contour (longer: harder).
+    pub contour_length: i64,
+    /// pixels: the image set (fashion_mnist or mnist).
+    pub dataset: ImageDataset,
+}
+
+impl Default for SeqClassifyConfig {
+    fn default() -> Self {
+        Self {
+            task: LraTask::Listops,
+            pool: Pool::Mean,
+            train_examples: 20_000,
+            eval_examples: 1_000,
+            data_seed: 0,
+            min_length: 500,
+            max_length: 2_000,
+            image_size: 32,
+            contour_length: 14,
+            dataset: ImageDataset::FashionMnist,
+        }
+    }
+}
+
+impl SeqClassifyConfig {
+    /// The longest sequence of tokens the task gives the model (its `<cls>` token not counted).
+    pub fn sequence_length(&self) -> i64 {
+        match self.task {
+            LraTask::Listops | LraTask::Bytes => self.max_length,
+            LraTask::Pathfinder => self.image_size * self.image_size,
+            // The fetched grey sets are 28×28.
+            LraTask::Pixels => 28 * 28,
+        }
+    }
+
+    /// The positions the model reads: the sequence and the `<cls>` token.
+    pub fn positions(&self) -> i64 {
+        self.sequence_length() + i64::from(self.pool == Pool::Cls)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
@@ -1171,6 +1306,7 @@ mod tests {
             assert_eq!(c.translate.is_some(), kind == Kind::Translate, "{kind}");
             assert_eq!(c.vision.is_some(), kind.is_vision(), "{kind}");
             assert_eq!(c.image_gpt.is_some(), kind == Kind::ImageGpt, "{kind}");
+            assert_eq!(c.seq_classify.is_some(), kind == Kind::SeqClassify, "{kind}");
             assert_eq!(c.data.images.is_some(), kind.is_vision(), "{kind}");
             // The names round-trip through the recipe's spelling.
             assert_eq!(serde_yaml::to_string(&kind).unwrap().trim(), kind.name());

@@ -75,6 +75,7 @@ impl Config {
         open_fraction("data.validation_fraction", self.data.validation_fraction)?;
         match self.kind {
             Kind::Lm | Kind::Bert | Kind::Translate => self.validate_text()?,
+            Kind::SeqClassify => self.validate_seq_classify()?,
             _ => {
                 self.validate_vision_structure()?;
                 self.validate_images()?;
@@ -175,7 +176,7 @@ impl Config {
         }
         let pos = &t.position;
         match t.pe {
-            PositionEncoding::Bias2d | PositionEncoding::Conv if kind.is_text() => {
+            PositionEncoding::Bias2d | PositionEncoding::Conv if kind.is_text() || kind == Kind::SeqClassify => {
                 return Err(invalid(
                     "transformer.pe",
                     format!("{} needs a 2-D token grid; kind {kind} reads a 1-D sequence", pe_name(t.pe)),
@@ -307,6 +308,7 @@ impl Config {
         let sequence = match kind {
             Kind::Lm | Kind::Bert | Kind::Translate => Some(t.block_size),
             Kind::Vit | Kind::ImageGpt => Some(self.vision().grid(kind).pow(2)),
+            Kind::SeqClassify => Some(self.seq_classify().positions()),
             Kind::Swin | Kind::Davit | Kind::Cnn => None,
         };
         if let Some(w) = p.window {
@@ -618,6 +620,62 @@ impl Config {
         }
         if self.transformer.block_size < 4 {
             return Err(invalid("transformer.block_size", "the longest sentence in tokens: at least 4"));
+        }
+        Ok(())
+    }
+
+    /// The long-range task, and that its longest sequence (with the `<cls>` token) fits the position table.
+    fn validate_seq_classify(&self) -> Result<(), Invalid> {
+        let s = self.seq_classify();
+        for (key, v, min) in
+            [("seq_classify.train_examples", s.train_examples, 1), ("seq_classify.eval_examples", s.eval_examples, 1)]
+        {
+            if v < min || v > 10_000_000 {
+                return Err(invalid(key, format!("must be in {min}..=10000000, got {v}")));
+            }
+        }
+        match s.task {
+            LraTask::Listops => {
+                at_least("seq_classify.min_length", s.min_length, 4)?;
+                // An operator adds at least three tokens: the generator aims within two of its target.
+                if s.max_length < s.min_length + 2 {
+                    return Err(invalid(
+                        "seq_classify.max_length",
+                        format!("must be at least min_length + 2 = {}, got {}", s.min_length + 2, s.max_length),
+                    ));
+                }
+            }
+            LraTask::Bytes => at_least("seq_classify.max_length", s.max_length, 1)?,
+            LraTask::Pathfinder => {
+                if !(8..=256).contains(&s.image_size) {
+                    return Err(invalid(
+                        "seq_classify.image_size",
+                        format!("must be in 8..=256 pixels, got {}", s.image_size),
+                    ));
+                }
+                at_least("seq_classify.contour_length", s.contour_length, 2)?;
+            }
+            LraTask::Pixels if s.dataset.needs_path() => {
+                return Err(invalid(
+                    "seq_classify.dataset",
+                    "the pixel task reads a fetched 28×28 set: fashion_mnist or mnist",
+                ));
+            }
+            LraTask::Pixels => {}
+        }
+        let t = &self.transformer;
+        if s.positions() > t.block_size {
+            let cls = if s.pool == Pool::Cls { " and the <cls> token" } else { "" };
+            return Err(invalid(
+                "transformer.block_size",
+                format!(
+                    "is {}, and task {} gives sequences of {} tokens{cls}: set it to at least {}",
+                    t.block_size,
+                    serde_yaml::to_string(&s.task).unwrap_or_default().trim(),
+                    s.sequence_length(),
+                    s.positions()
+                ),
+            ));
         }
         Ok(())
     }

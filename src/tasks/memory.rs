@@ -41,6 +41,10 @@ fn sequence(cfg: &Config) -> (f64, f64) {
             let side = v.grid(cfg.kind) as f64;
             (side * side, (v.window * v.window) as f64)
         }
+        Kind::SeqClassify => {
+            let n = cfg.seq_classify().positions() as f64;
+            (n, text_keys(n))
+        }
         // A convolution's positions are the pixels; nothing attends.
         Kind::Cnn => {
             let side = cfg.vision.clone().unwrap_or_default().image_size as f64;

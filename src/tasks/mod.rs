@@ -29,6 +29,7 @@ pub mod imagegpt;
 pub mod lm;
 pub mod memory;
 pub mod pretrained;
+pub mod seq_classify;
 pub mod translate;
 
 /// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
@@ -52,6 +53,7 @@ pub fn task(kind: Kind) -> &'static dyn Task {
         Kind::Translate => &translate::Translation,
         Kind::Vit | Kind::Swin | Kind::Davit | Kind::Cnn => &classify::Classification,
         Kind::ImageGpt => &imagegpt::ImageGpt,
+        Kind::SeqClassify => &seq_classify::SequenceClassification,
     }
 }
 
@@ -63,6 +65,7 @@ pub struct DataCache {
     images: HashMap<String, ImageTask>,
     pairs: HashMap<String, translate::TranslationData>,
     emails: Option<Vec<Email>>,
+    sequences: HashMap<String, seq_classify::Sequences>,
     /// Where `$RESULTS/` checkpoints live: the directory holding the recipe's output directory.
     pub results_root: PathBuf,
     /// No progress lines.

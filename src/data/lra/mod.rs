@@ -126,7 +126,7 @@ pub const BYTE_PAD: u32 = 0;
 /// LRA's "Text" task on the labelled text these machines have: SpamAssassin emails (subject and body, cut
 /// to 2,000 characters when cached) as UTF-8 bytes, truncated or padded with 0 to `length`; label 1 is spam.
 /// Splits: the corpus's test emails (every fifth of each group), and of the rest every tenth (evenly spread)
-/// for validation.
+/// for validation. `n` of a split are spread evenly over it (the corpus is ordered by group).
 pub fn byte_examples(emails: &[crate::data::spam::Email], split: Split, n: usize, length: usize) -> Vec<Example> {
     let rest: Vec<&crate::data::spam::Email> = emails.iter().filter(|e| !e.test).collect();
     let (train_idx, validation_idx) = crate::data::carve_validation(rest.len(), 0.1);
@@ -135,9 +135,12 @@ pub fn byte_examples(emails: &[crate::data::spam::Email], split: Split, n: usize
         Split::Train => train_idx.iter().map(|&i| rest[i]).collect(),
         Split::Validation => validation_idx.iter().map(|&i| rest[i]).collect(),
     };
-    chosen
-        .into_iter()
-        .take(n)
+    // The corpus lists its emails group by group (ham, then spam): `n` of them spread evenly over the split
+    // keep its mix of classes, where the first `n` would be one group.
+    let count = chosen.len();
+    let keep = n.min(count);
+    (0..keep)
+        .map(|i| chosen[i * count / keep])
         .map(|e| {
             let mut tokens: Vec<u32> = e.text.bytes().take(length).map(u32::from).collect();
             tokens.resize(length, BYTE_PAD);

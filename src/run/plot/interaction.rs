@@ -58,6 +58,7 @@ pub fn run_interactions(label: &str, config: &Config) -> Vec<Interaction> {
         // The vision models' block size is their token sequence without the global tokens, as for text.
         Kind::Vit => sequence(config.vit_spec().transformer.block_size, false),
         Kind::ImageGpt => sequence(config.image_gpt_spec().transformer.block_size, true),
+        Kind::SeqClassify => sequence(config.seq_classify().positions(), false),
         Kind::Swin => {
             let spec = config.staged_spec();
             let (grid, window, shift) = (spec.grid(0), spec.window(0), spec.shift_at(0));

@@ -509,7 +509,6 @@ impl MultiHeadAttention {
             && self.implementation == Implementation::Sparse
             && pattern.window.is_some()
             && !want_weights
-            && mask.key_padding.is_none()
             && mask.bias.is_none()
             && self.additive.is_none()
             && self.scores.softcap.is_none()
@@ -522,6 +521,7 @@ impl MultiHeadAttention {
                 relative: &self.relative,
                 dropout,
                 train,
+                key_padding: mask.key_padding,
             };
             let out = pattern::sliding_window_attention(q, k, v, &pattern, &rules);
             (out, None)
@@ -605,9 +605,12 @@ impl MultiHeadAttention {
                 let mut b = Tensor::zeros([n_q, n_k], (q.kind(), device))
                     .masked_fill(&allowed.logical_not(), f64::NEG_INFINITY);
                 if let Some(pad) = mask.key_padding {
-                    let padding = Mask { causal: false, key_padding: Some(pad), offset: 0, bias: None };
-                    // Broadcasting grows the bias to (B, 1, N_q, N_k): not an in-place add.
-                    b = &b + padding.additive_bias(n_q, n_k, device, q.kind()).unwrap();
+                    // Padding keys are hidden from every query but their own position: under a window a padding
+                    // query may have no real key in reach, and a row with no key at all would be NaN (as the
+                    // sparse kernel does). Broadcasting grows the bias to (B, 1, N_q, N_k): not in place.
+                    let rows = Tensor::arange_start(n_k - n_q, n_k, (Kind::Int64, device));
+                    let hidden = pattern::padding_of_rows(&pad.to_kind(Kind::Bool), &rows);
+                    b = &b + Tensor::zeros(hidden.size(), (q.kind(), device)).masked_fill(&hidden, f64::NEG_INFINITY);
                 }
                 b
             }

@@ -61,8 +61,8 @@ pub fn sliding_window_attention(q: &Tensor, k: &Tensor, v: &Tensor, pattern: &Pa
     windowed(q, k, v, pattern, rules, CHUNK_BYTES, true)
 }
 
-/// How a call scores and weighs keys beyond q·k: causality, the scale, the relative position scheme, and
-/// attention dropout (applied when `train`).
+/// How a call scores and weighs keys beyond q·k: causality, the scale, the relative position scheme,
+/// attention dropout (applied when `train`) and the keys that are padding.
 #[derive(Clone, Copy)]
 pub struct ScoreRules<'a> {
     pub causal: bool,
@@ -70,6 +70,30 @@ pub struct ScoreRules<'a> {
     pub relative: &'a Relative,
     pub dropout: f64,
     pub train: bool,
+    /// (B, N) boolean, true where the key is a real token: no query sees a padding key other than itself
+    /// (a padding query keeps its own position, so that no row of scores is empty; its output is discarded).
+    pub key_padding: Option<&'a Tensor>,
+}
+
+/// (B, 1, d, blocks, 1, span·w) boolean, true where a key of a block's span is padding (positions outside
+/// the sequence are already invalid in the geometry's mask, and count as real here).
+fn padding_blocks(real: &Tensor, geometry: &Blocks) -> Tensor {
+    let Blocks { n, w, d, m, m_pad, span, pad_right, .. } = *geometry;
+    let b = real.size()[0];
+    let padding = real.logical_not().to_kind(Kind::Float).view([b, 1, n, 1]);
+    regroup_rows(&padding, n, d, m, m_pad)
+        .constant_pad_nd([0, 0, w, pad_right])
+        .unfold(3, span * w, w) // (B, 1, d, blocks, 1, span·w)
+        .gt(0.5)
+}
+
+/// (B, 1, N_q, N_k) boolean, true where query `rows` (positions) may not see key j because it is padding
+/// (its own position excepted).
+pub(super) fn padding_of_rows(real: &Tensor, rows: &Tensor) -> Tensor {
+    let (b, n) = (real.size()[0], real.size()[1]);
+    let j = Tensor::arange(n, (Kind::Int64, real.device())).view([1, n]);
+    let own = rows.view([-1, 1]).eq_tensor(&j); // (N_q, N)
+    real.logical_not().view([b, 1, 1, n]).logical_and(&own.logical_not().unsqueeze(0).unsqueeze(0))
 }
 
 /// [`sliding_window_attention`] with the chunk budget as a parameter (the tests shrink it to force chunks),
@@ -83,12 +107,12 @@ fn windowed(
     chunk_bytes: i64,
     fused: bool,
 ) -> Tensor {
-    let ScoreRules { causal, scale, relative, dropout, train } = *rules;
+    let ScoreRules { causal, scale, relative, dropout, train, key_padding } = *rules;
     let (b, h, n, dh) = q.size4().unwrap();
     let globals = pattern.global_positions(n);
     let geometry = Blocks::new(pattern, n, causal);
     if fused && globals.is_empty() && !relative.biases_scores() && !(train && dropout > 0.0) {
-        return windowed_fused(q, k, v, &geometry, scale, chunk_bytes);
+        return windowed_fused(q, k, v, &geometry, scale, key_padding, chunk_bytes);
     }
     let Blocks { w, d, m, blocks, m_pad, span, pad_right, .. } = geometry;
     let dv = v.size()[3];
@@ -104,6 +128,12 @@ fn windowed(
     let q_blocks = qg.view([b, h, d, blocks, w, dh]);
 
     let (steps, invalid) = geometry.mask(device);
+    // Padding keys, except each query's own position (offset 0), join the invalid pairs: (B, 1, d, blocks,
+    // w, span·w).
+    let invalid = match key_padding {
+        Some(real) => padding_blocks(real, &geometry).logical_and(&steps.ne(0)).logical_or(&invalid),
+        None => invalid,
+    };
 
     let g_idx = Tensor::from_slice(&globals).to(device);
     let g = globals.len() as i64;
@@ -121,7 +151,12 @@ fn windowed(
         if causal {
             g_ok = g_ok.logical_and(&g_dist.ge(0));
         }
-        let g_scores = g_scores.masked_fill(&g_ok.logical_not(), MASKED);
+        let mut g_masked = g_ok.logical_not().view([1, 1, n, g]);
+        if let Some(real) = key_padding {
+            let padded = real.index_select(1, &g_idx).logical_not().view([b, 1, 1, g]);
+            g_masked = g_masked.logical_or(&padded);
+        }
+        let g_scores = g_scores.masked_fill(&g_masked, MASKED);
         (regroup(&g_scores).view([b, h, d, blocks, w, g]), v_glob.view([b, h, 1, 1, g, dv]))
     });
 
@@ -137,7 +172,8 @@ fn windowed(
         v_blocks.split_with_sizes(&sizes, 3),
     );
     let g_chunks = global_keys.as_ref().map(|(g_scores, _)| g_scores.split_with_sizes(&sizes, 3));
-    let invalid_chunks = invalid.split_with_sizes(&sizes, 1);
+    // The block axis: 1 of (d, blocks, …), 3 of (B, 1, d, blocks, …) once padding is in.
+    let invalid_chunks = invalid.split_with_sizes(&sizes, invalid.dim() as i64 - 3);
     let outs: Vec<Tensor> = (0..sizes.len())
         .map(|i| {
             let (qb, kb, vb) = (&q_chunks[i], &k_chunks[i], &v_chunks[i]);
@@ -170,6 +206,9 @@ fn windowed(
         }
         if causal {
             rows = rows.masked_fill(&row_dist.lt(0), MASKED);
+        }
+        if let Some(real) = key_padding {
+            rows = rows.masked_fill(&padding_of_rows(real, &g_idx), MASKED);
         }
         let row_out = rows.softmax(-1, kind).dropout(dropout, train).matmul(v);
         out = out.index_copy(2, &g_idx, &row_out);
@@ -244,7 +283,15 @@ impl Blocks {
 /// mask, computed without materialising the scores, forward and backward. The blocks are the fused kernel's
 /// batch and the heads stay its heads, so queries and the output keep the projection's (B, N, H, ·) memory
 /// layout: for a contiguous window no copy of either is made.
-fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: f64, chunk_bytes: i64) -> Tensor {
+fn windowed_fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    geometry: &Blocks,
+    scale: f64,
+    key_padding: Option<&Tensor>,
+    chunk_bytes: i64,
+) -> Tensor {
     let Blocks { n, w, d, m, blocks, m_pad, span, pad_right, .. } = *geometry;
     let (b, h, _, dh) = q.size4().unwrap();
     let dv = v.size()[3];
@@ -268,8 +315,13 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
     // w, H, x); a block's span is `span` consecutive ones.
     let key_blocks = |t: &Tensor| regroup(t, w, pad_right).view([b, d, blocks + span - 1, w, h, t.size()[3]]);
     let (kb, vb) = (key_blocks(k), key_blocks(v));
-    let (_, invalid) = geometry.mask(q.device());
-    // (d, blocks, w, span·w), additive.
+    let (steps, invalid) = geometry.mask(q.device());
+    // (B or 1, d, blocks, w, span·w), additive: the geometry's, and padding keys except each query's own
+    // position.
+    let invalid = match key_padding {
+        Some(real) => padding_blocks(real, geometry).squeeze_dim(1).logical_and(&steps.ne(0)).logical_or(&invalid),
+        None => invalid.unsqueeze(0),
+    };
     let mask = Tensor::zeros(invalid.size(), (kind, q.device())).masked_fill(&invalid, MASKED);
     // Chunks of blocks keep the gathered keys under `chunk_bytes`. Each chunk's queries and keys are pieces
     // of one `split` of the whole tensors (per span offset, for the keys) rather than a `narrow` each:
@@ -283,7 +335,7 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
         (0..span).map(|j| t.narrow(2, j, blocks).split_with_sizes(&sizes, 2)).collect()
     };
     let (k_shifted, v_shifted) = (shifted(&kb), shifted(&vb));
-    let mask_chunks = mask.split_with_sizes(&sizes, 1);
+    let mask_chunks = mask.split_with_sizes(&sizes, 2);
     let outs: Vec<Tensor> = sizes
         .iter()
         .enumerate()
@@ -294,8 +346,7 @@ fn windowed_fused(q: &Tensor, k: &Tensor, v: &Tensor, geometry: &Blocks, scale: 
                 Tensor::cat(&parts, 3).view([b * d * cb, span * w, h, x]).transpose(1, 2)
             };
             let qb = q_chunks[i].reshape([b * d * cb, w, h, dh]).transpose(1, 2);
-            let mask = mask_chunks[i].unsqueeze(0).expand([b, d, cb, w, span * w], false);
-            let mask = mask.reshape([b * d * cb, 1, w, span * w]);
+            let mask = mask_chunks[i].expand([b, d, cb, w, span * w], false).reshape([b * d * cb, 1, w, span * w]);
             let out = Tensor::scaled_dot_product_attention(
                 &qb,
                 &spans(&k_shifted),
@@ -349,7 +400,8 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, n, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |fused| {
-                let rules = ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false };
+                let rules =
+                    ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false, key_padding: None };
                 let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, fused);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
@@ -378,7 +430,8 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |chunk_bytes| {
-                let rules = ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false };
+                let rules =
+                    ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false, key_padding: None };
                 let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, true);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
