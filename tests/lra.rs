@@ -173,6 +173,23 @@ fn every_pathfinder_positive_joins_its_dots_and_no_negative_does_and_labels_are_
 }
 
 #[test]
+fn the_amount_of_ink_does_not_give_a_pathfinder_label_away() {
+    // Both classes draw as many contours: no threshold on the count of lit pixels beats chance by much (an
+    // image with one contour fewer per positive, as a first version drew them, is told apart every time).
+    let spec = pathfinder::Spec::sized(32, 14);
+    let examples = lra::try_examples_of(6, Split::Train, 400, |r| pathfinder::generate(r, &spec)).unwrap();
+    let ink: Vec<(usize, u32)> =
+        examples.iter().map(|e| (e.tokens.iter().filter(|&&p| p > 0).count(), e.label)).collect();
+    let best = (0..=1024)
+        .map(|t| {
+            let right = ink.iter().filter(|&&(n, label)| (n > t) == (label == 1)).count();
+            right.max(ink.len() - right) as f64 / ink.len() as f64
+        })
+        .fold(0.0, f64::max);
+    assert!(best < 0.62, "a threshold on the lit pixels classifies {best:.3} of the images");
+}
+
+#[test]
 fn byte_and_pixel_sequences_have_their_lengths_values_and_disjoint_splits() {
     let emails = ablate::data::spam::spam_assassin().unwrap();
     let bytes = |split, n| lra::byte_examples(&emails, split, n, 1024);

@@ -20,8 +20,9 @@ pub struct Spec {
     pub size: usize,
     /// Steps of each contour (longer: harder).
     pub contour_length: usize,
-    /// Contours per image besides the one or two the dots mark (1: in a 32×32 image three contours of up to
-    /// 24 steps fit at a separation of 4; longer ones need a larger image).
+    /// Contours per image besides two (a positive's marked one and one unmarked, or a negative's two marked
+    /// ones), so that both classes hold as many (1: in a 32×32 image three contours of up to 24 steps fit at
+    /// a separation of 4; longer ones need a larger image).
     pub distractors: usize,
     pub dash: usize,
     pub gap: usize,
@@ -158,7 +159,9 @@ fn try_generate(rng: &mut Pcg64, spec: &Spec, joined: bool) -> Option<Example> {
     let marked = if joined { 1 } else { 2 };
     let mut canvas = Canvas::new(spec.size);
     let mut dots = Vec::new();
-    for id in 0..marked + spec.distractors {
+    // Both classes draw the same number of contours (a positive's second unmarked one stands in for a
+    // negative's second marked one): otherwise the count of lit pixels alone would give the label away.
+    for id in 0..2 + spec.distractors {
         // A few tries per contour before the image starts over.
         let c = (0..50).find_map(|_| {
             contour(rng, spec).filter(|c| {
