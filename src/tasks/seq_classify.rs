@@ -33,14 +33,23 @@ impl SplitTensors {
         self.labels.size()[0]
     }
 
-    /// The first `count` sequences in batches of `batch`, on `device`.
+    /// `count` sequences spread evenly over the split (all of them when it holds fewer), in batches of
+    /// `batch`, on `device`. Spread, not the first `count`: the byte task's splits list ham before spam.
     fn batches(&self, count: i64, batch: i64, device: Device) -> Vec<(Tensor, Tensor)> {
-        let count = count.min(self.len());
+        let (count, len) = (count.min(self.len()), self.len());
+        let chosen: Vec<i64> = (0..count).map(|i| i * len / count).collect();
+        let (ids, labels) = match count == len {
+            true => (self.ids.shallow_clone(), self.labels.shallow_clone()),
+            false => {
+                let idx = Tensor::from_slice(&chosen);
+                (self.ids.index_select(0, &idx), self.labels.index_select(0, &idx))
+            }
+        };
         (0..count)
             .step_by(batch as usize)
             .map(|s| {
                 let b = batch.min(count - s);
-                (self.ids.narrow(0, s, b).to(device), self.labels.narrow(0, s, b).to(device))
+                (ids.narrow(0, s, b).to(device), labels.narrow(0, s, b).to(device))
             })
             .collect()
     }
@@ -283,8 +292,8 @@ impl Task for SequenceClassification {
         Ok(cfg.seq_classify().positions() as f64)
     }
 
-    /// Validation reads the first `eval_batches × 100` validation sequences at every evaluation; the test
-    /// split is read whole (`seq_classify.eval_examples`) once, at the end.
+    /// Validation reads `eval_batches × 100` validation sequences (spread over the split) at every
+    /// evaluation; the test split is read whole (`seq_classify.eval_examples`) once, at the end.
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let sequences = DataCache::loaded(&data.sequences, &data_key(cfg))?;
         let (t, device) = (&cfg.train, ctx.device);
@@ -308,5 +317,26 @@ impl Task for SequenceClassification {
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
         outcome.set("test_majority_accuracy", sequences.majority_accuracy);
         Ok(Trained { outcome, vs, tokenizer: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_out_batches_spread_over_a_split_ordered_by_class() {
+        // Ten sequences, the first five of class 0 (as the byte task lists ham before spam).
+        let split = SplitTensors {
+            ids: Tensor::arange(10, (DType::Int64, Device::Cpu)).view([10, 1]),
+            labels: Tensor::from_slice(&[0i64, 0, 0, 0, 0, 1, 1, 1, 1, 1]),
+        };
+        let batches = split.batches(4, 3, Device::Cpu);
+        let ids: Vec<i64> = batches.iter().flat_map(|(x, _)| Vec::<i64>::try_from(x.view([-1])).unwrap()).collect();
+        assert_eq!(ids, vec![0, 2, 5, 7]);
+        assert_eq!(batches.iter().map(|(x, _)| x.size()[0]).collect::<Vec<_>>(), vec![3, 1]);
+        // All of a split when asked for more.
+        let all: i64 = split.batches(50, 4, Device::Cpu).iter().map(|(_, y)| y.size()[0]).sum();
+        assert_eq!(all, 10);
     }
 }
