@@ -2,7 +2,7 @@
 //! with test loss and accuracy at every evaluation, through the same optimisation loop as every kind.
 use anyhow::{bail, Result};
 use std::time::Instant;
-use tch::{nn, Device, Kind as DType, Tensor};
+use tch::{nn, Device, Tensor};
 
 use super::{Built, DataCache, RunContext, Task, Trained};
 use crate::data::images::ImageTask;
@@ -15,7 +15,7 @@ use crate::models::swin::Swin;
 use crate::models::vit::Vit;
 use crate::models::ImageClassifier;
 use crate::recipe::{Config, Kind};
-use crate::train::distributed::{sum_over_share, BatchShard};
+use crate::train::distributed::BatchShard;
 use crate::train::{optimise, optimise_phase, Evaluation, Objective};
 
 pub struct Classification;
@@ -130,17 +130,7 @@ impl Classifying<'_> {
 
     /// Mean loss and accuracy over held-out `batches`.
     fn score(&self, batches: &[(Tensor, Tensor)]) -> Result<Evaluation> {
-        let _guard = tch::no_grad_guard();
-        let [loss, correct, count] = sum_over_share(batches, |(x, y)| {
-            let logits = self.model.classify(x, false, false).0.to_kind(DType::Float);
-            let n = y.size()[0] as f64;
-            [
-                logits.cross_entropy_for_logits(y).double_value(&[]) * n,
-                logits.argmax(-1, false).eq_tensor(y).to_kind(DType::Float).sum(DType::Float).double_value(&[]),
-                n,
-            ]
-        })?;
-        Ok(Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count))
+        super::classification_score(batches, |x| self.model.classify(x, false, false).0)
     }
 }
 

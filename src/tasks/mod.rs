@@ -212,6 +212,22 @@ pub fn example_images(batch: i64, channels: i64, size: i64, device: Device) -> T
     (i * 0.37).sin().view([batch, channels, size, size])
 }
 
+/// Mean cross-entropy and accuracy of the class logits `logits(x)` over held-out `batches` of (inputs,
+/// labels), under `val/loss` and `val/accuracy` (this rank's share in a data-parallel group, summed over it).
+pub fn classification_score(batches: &[(Tensor, Tensor)], logits: impl Fn(&Tensor) -> Tensor) -> Result<Evaluation> {
+    let _guard = tch::no_grad_guard();
+    let [loss, correct, count] = crate::train::distributed::sum_over_share(batches, |(x, y)| {
+        let logits = logits(x).to_kind(tch::Kind::Float);
+        let n = y.size()[0] as f64;
+        [
+            logits.cross_entropy_for_logits(y).double_value(&[]) * n,
+            logits.argmax(-1, false).eq_tensor(y).to_kind(tch::Kind::Float).sum(tch::Kind::Float).double_value(&[]),
+            n,
+        ]
+    })?;
+    Ok(Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count))
+}
+
 /// `e` with the attention probes of `weights` (one tensor per layer or block): the mean entropy of the
 /// attention rows and the mean of each row's largest weight, averaged over the layers.
 pub fn probe(e: Evaluation, weights: &[Tensor]) -> Evaluation {

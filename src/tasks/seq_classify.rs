@@ -14,7 +14,7 @@ use crate::data::lra::{self, listops, pathfinder, Example, Split};
 use crate::metrics::{self, Metric};
 use crate::models::seq_classifier::SeqClassifier;
 use crate::recipe::{Config, ImageDataConfig, LraTask, SeqClassifyConfig};
-use crate::train::distributed::{sum_over_share, BatchShard};
+use crate::train::distributed::BatchShard;
 use crate::train::{optimise, Evaluation, Objective};
 
 pub struct SequenceClassification;
@@ -197,17 +197,7 @@ impl Objective for Classifying<'_> {
 
 /// Mean loss and accuracy over held-out `batches`.
 fn score(model: &SeqClassifier, batches: &[(Tensor, Tensor)]) -> Result<Evaluation> {
-    let _guard = tch::no_grad_guard();
-    let [loss, correct, count] = sum_over_share(batches, |(x, y)| {
-        let logits = model.classify(x, false, false).0.to_kind(DType::Float);
-        let n = y.size()[0] as f64;
-        [
-            logits.cross_entropy_for_logits(y).double_value(&[]) * n,
-            logits.argmax(-1, false).eq_tensor(y).to_kind(DType::Float).sum(DType::Float).double_value(&[]),
-            n,
-        ]
-    })?;
-    Ok(Evaluation::default().with("val/loss", loss / count).with("val/accuracy", correct / count))
+    super::classification_score(batches, |x| model.classify(x, false, false).0)
 }
 
 /// The run's classifier over `vocab` tokens.
