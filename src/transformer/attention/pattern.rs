@@ -137,26 +137,8 @@ fn windowed(
 
     let g_idx = Tensor::from_slice(&globals).to(device);
     let g = globals.len() as i64;
-    // Every query also scores the global keys, except those its window already covers.
     let global_keys = (!globals.is_empty()).then(|| {
-        let (k_glob, v_glob) = (k.index_select(2, &g_idx), v.index_select(2, &g_idx)); // (B, H, g, dh)
-        let mut g_scores = q.matmul(&k_glob.transpose(-1, -2)) * scale; // (B, H, N, g)
-        let i = Tensor::arange(n, (Kind::Int64, device)).view([n, 1]);
-        let g_dist = &i - g_idx.view([1, g]); // (N, g)
-        if let Some(bias) = relative.score_bias(q, &g_dist, causal, scale) {
-            g_scores += bias;
-        }
-        let in_window = g_dist.abs().le(w * d).logical_and(&g_dist.remainder(d).eq(0));
-        let mut g_ok = in_window.logical_not();
-        if causal {
-            g_ok = g_ok.logical_and(&g_dist.ge(0));
-        }
-        let mut g_masked = g_ok.logical_not().view([1, 1, n, g]);
-        if let Some(real) = key_padding {
-            let padded = real.index_select(1, &g_idx).logical_not().view([b, 1, 1, g]);
-            g_masked = g_masked.logical_or(&padded);
-        }
-        let g_scores = g_scores.masked_fill(&g_masked, MASKED);
+        let (g_scores, v_glob) = global_key_scores(q, k, v, &g_idx, &geometry, rules);
         (regroup(&g_scores).view([b, h, d, blocks, w, g]), v_glob.view([b, h, 1, 1, g, dv]))
     });
 
@@ -196,24 +178,63 @@ fn windowed(
     let out = out.view([b, h, d, m_pad, dv]).narrow(3, 0, m).transpose(2, 3).contiguous().view([b, h, m * d, dv]);
     let mut out = out.narrow(2, 0, n);
     if !globals.is_empty() {
-        // Global queries see every key (up to themselves when causal): a dense row each.
-        let q_glob = q.index_select(2, &g_idx);
-        let mut rows = q_glob.matmul(&k.transpose(-1, -2)) * scale; // (B, H, g, N)
-        let j = Tensor::arange(n, (Kind::Int64, device)).view([1, n]);
-        let row_dist = g_idx.view([-1, 1]) - j; // (g, N)
-        if let Some(bias) = relative.score_bias(&q_glob, &row_dist, causal, scale) {
-            rows += bias;
-        }
-        if causal {
-            rows = rows.masked_fill(&row_dist.lt(0), MASKED);
-        }
-        if let Some(real) = key_padding {
-            rows = rows.masked_fill(&padding_of_rows(real, &g_idx), MASKED);
-        }
-        let row_out = rows.softmax(-1, kind).dropout(dropout, train).matmul(v);
-        out = out.index_copy(2, &g_idx, &row_out);
+        out = out.index_copy(2, &g_idx, &global_rows(q, k, v, &g_idx, rules));
     }
     out
+}
+
+/// The scores (B, H, N, g) of every query against the global keys `g_idx` that its window does not already
+/// cover (the rest masked, as are causal futures and padding), and those keys' values (B, H, g, dv).
+fn global_key_scores(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g_idx: &Tensor,
+    geometry: &Blocks,
+    rules: &ScoreRules,
+) -> (Tensor, Tensor) {
+    let ScoreRules { causal, scale, relative, key_padding, .. } = *rules;
+    let (b, _, n, _) = q.size4().unwrap();
+    let (w, d, g) = (geometry.w, geometry.d, g_idx.size()[0]);
+    let (k_glob, v_glob) = (k.index_select(2, g_idx), v.index_select(2, g_idx)); // (B, H, g, dh)
+    let mut g_scores = q.matmul(&k_glob.transpose(-1, -2)) * scale; // (B, H, N, g)
+    let i = Tensor::arange(n, (Kind::Int64, q.device())).view([n, 1]);
+    let g_dist = &i - g_idx.view([1, g]); // (N, g)
+    if let Some(bias) = relative.score_bias(q, &g_dist, causal, scale) {
+        g_scores += bias;
+    }
+    let in_window = g_dist.abs().le(w * d).logical_and(&g_dist.remainder(d).eq(0));
+    let mut g_ok = in_window.logical_not();
+    if causal {
+        g_ok = g_ok.logical_and(&g_dist.ge(0));
+    }
+    let mut g_masked = g_ok.logical_not().view([1, 1, n, g]);
+    if let Some(real) = key_padding {
+        let padded = real.index_select(1, g_idx).logical_not().view([b, 1, 1, g]);
+        g_masked = g_masked.logical_or(&padded);
+    }
+    (g_scores.masked_fill(&g_masked, MASKED), v_glob)
+}
+
+/// The outputs (B, H, g, dv) of the global queries `g_idx`: each a dense row over every key (up to itself
+/// when causal, real keys only under padding).
+fn global_rows(q: &Tensor, k: &Tensor, v: &Tensor, g_idx: &Tensor, rules: &ScoreRules) -> Tensor {
+    let ScoreRules { causal, scale, relative, dropout, train, key_padding } = *rules;
+    let n = k.size()[2];
+    let q_glob = q.index_select(2, g_idx);
+    let mut rows = q_glob.matmul(&k.transpose(-1, -2)) * scale; // (B, H, g, N)
+    let j = Tensor::arange(n, (Kind::Int64, q.device())).view([1, n]);
+    let row_dist = g_idx.view([-1, 1]) - j; // (g, N)
+    if let Some(bias) = relative.score_bias(&q_glob, &row_dist, causal, scale) {
+        rows += bias;
+    }
+    if causal {
+        rows = rows.masked_fill(&row_dist.lt(0), MASKED);
+    }
+    if let Some(real) = key_padding {
+        rows = rows.masked_fill(&padding_of_rows(real, g_idx), MASKED);
+    }
+    rows.softmax(-1, q.kind()).dropout(dropout, train).matmul(v)
 }
 
 /// How the kernel cuts a sequence of `n` positions. Positions are regrouped by residue mod the dilation
