@@ -273,13 +273,13 @@ fn post_ln_and_pre_ln_layers_normalise_where_udl_says() {
     };
     let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu)) * 3.0 + 1.0;
     let (_vs, post) = layer_for(false);
-    let y = post.forward(&x, &Mask::default(), None, None, None, false, false).output;
+    let y = post.forward(&x, &Mask::default(), None, None, Default::default(), false, false).output;
     let mean = y.mean_dim(-1, false, Kind::Float);
     let var = y.var_dim(-1, false, false);
     assert!(mean.abs().max().double_value(&[]) < 1e-5);
     assert!((var - 1.0).abs().max().double_value(&[]) < 1e-3);
     // Pre-LN keeps the residual stream un-normalised: the input's scale and offset survive.
     let (_vs2, pre) = layer_for(true);
-    let y = pre.forward(&x, &Mask::default(), None, None, None, false, false).output;
+    let y = pre.forward(&x, &Mask::default(), None, None, Default::default(), false, false).output;
     assert!(y.mean(Kind::Float).double_value(&[]) > 0.5);
 }

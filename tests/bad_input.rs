@@ -146,6 +146,11 @@ const CASES: &[(&str, usize, &str)] = &[
     ("kind: seq_classify\nseq_classify:\n  task: pathfinder\n  image_size: 4\n", 4, "must be in 8..=256 pixels"),
     ("kind: seq_classify\ndata:\n  corpus: bible\n", 3, "kind seq_classify makes its sequences from the seq_classify section"),
     ("kind: lm\nseq_classify:\n  task: bytes\n", 3, "the seq_classify section is read by kind seq_classify only"),
+    // Value embeddings: the first and the last N layers must not overlap; image classifiers have no token ids.
+    ("transformer:\n  layers: 3\n  value_embeddings: 2\n", 3, "needs at least 4 layers; transformer.layers is 3"),
+    ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  encoder_layers: 4\n  decoder_layers: 1\ntransformer:\n  value_embeddings: 1\n", 9, "the shallower of translate's stacks has 1"),
+    ("transformer:\n  value_embeddings: -1\n", 2, "transformer.value_embeddings: must be at least 0"),
+    ("kind: vit\ntransformer:\n  value_embeddings: 1\n", 3, "embeds image patches, which have none"),
 ];
 
 /// `text` with `kind: lm` added after it when it names no kind (its lines keep their numbers).

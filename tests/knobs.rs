@@ -92,6 +92,7 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.output_init", Some("zero"), ""),
     ("transformer.parallel", Some("true"), "transformer.pre_ln: true"),
     ("transformer.value_residual", Some("true"), ""),
+    ("transformer.value_embeddings", Some("1"), ""),
     ("transformer.unet_skips", Some("true"), ""),
     ("transformer.attention.pattern.window_schedule", Some("[[4, 1]]"), "transformer.attention.pattern.window: 2"),
 ];
@@ -159,6 +160,10 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     // Hierarchical models change width between stages and act between a block's branches.
     (Kind::Swin, "transformer.parallel", ""),
     (Kind::Davit, "transformer.parallel", ""),
+    // Value embeddings are looked up by token id; image classifiers embed patches.
+    (Kind::Vit, "transformer.value_embeddings", ""),
+    (Kind::Swin, "transformer.value_embeddings", ""),
+    (Kind::Davit, "transformer.value_embeddings", ""),
     (Kind::Swin, "transformer.value_residual", ""),
     (Kind::Davit, "transformer.value_residual", ""),
     (Kind::Swin, "transformer.unet_skips", ""),

@@ -227,6 +227,8 @@ fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
         spec.transformer.block_size = 32;
         // One decoder layer without cross-attention, one with: both kinds of cached layer.
         spec.cross_attention_layers = 1;
+        // Under RoPE, value embeddings too: the cached decoder looks up the new tokens' rows only.
+        spec.transformer.value_embeddings = if encoding == PositionEncoding::Rope { 1 } else { 0 };
         let model = Seq2Seq::new(&vs.root(), &spec);
         sharpen(&vs);
         for src in [vec![3i64, 4, 5, 6, 7, 8], vec![9, 3, 3, 10]] {

@@ -1,8 +1,8 @@
 //! The mechanisms that came after UDL and the Annotated Transformer (QK-norm, gated and squared FFNs,
-//! soft-capping, zero and scaled output init, parallel blocks, value residuals, U-net skips), each checked
-//! against its closed form or a property that fails without it.
+//! soft-capping, zero and scaled output init, parallel blocks, value residuals and value embeddings, U-net
+//! skips), each checked against its closed form or a property that fails without it.
 use ablate::models::gpt::Gpt;
-use ablate::transformer::attention::{explicit_attention, Mask, MultiHeadAttention, ScoreMap};
+use ablate::transformer::attention::{explicit_attention, ExtraValues, Mask, MultiHeadAttention, ScoreMap};
 use ablate::transformer::layers::{softcap, FeedForward, LayerInit, Placement, StackCache, TransformerLayer};
 use ablate::transformer::spec::{
     Activation, AttentionSpec, Implementation, OutputInit, PositionEncoding, PositionSpec, QkNorm, TransformerSpec,
@@ -233,7 +233,7 @@ fn pre_ln(d: i64) -> TransformerSpec {
 }
 
 fn run(l: &TransformerLayer, x: &Tensor) -> Tensor {
-    tch::no_grad(|| l.forward(x, &Mask::causal(), None, None, None, false, false).output)
+    tch::no_grad(|| l.forward(x, &Mask::causal(), None, None, Default::default(), false, false).output)
 }
 
 #[test]
@@ -324,6 +324,64 @@ fn value_residual_at_weights_one_and_zero_is_the_plain_model_and_acts_otherwise(
 }
 
 #[test]
+fn value_embeddings_mix_token_rows_into_the_first_and_last_layers_values() {
+    let reads =
+        |count, tables| (0..count).map(|i| Placement { index: i, count }.value_table(tables)).collect::<Vec<_>>();
+    assert_eq!(reads(6, 2), [Some(0), Some(1), None, None, Some(0), Some(1)]);
+    assert_eq!(reads(4, 2), [Some(0), Some(1), Some(0), Some(1)]);
+    assert_eq!(reads(3, 0), [None, None, None]);
+
+    // One unit: the values it attends with are μ₁·v + μ₂·e, v its own projection.
+    let mut attention = AttentionSpec::standard(16, 4);
+    attention.kv_heads = 2;
+    let vs = nn::VarStore::new(Device::Cpu);
+    let unit = MultiHeadAttention::new(
+        vs.root() / "attn",
+        16,
+        &attention,
+        &PositionSpec::of(PositionEncoding::None),
+        None,
+        0.02,
+    )
+    .with_embedding_mix(&(vs.root() / "attn"));
+    assert_eq!(set_all(&vs, "embedding_mix", &[0.3, 0.7]), 1);
+    let (x, e) = (Tensor::randn([2, 5, 16], CPU), Tensor::randn([2, 5, 8], CPU));
+    let values =
+        |extra: ExtraValues| tch::no_grad(|| unit.self_attend_mixed(&x, &Mask::causal(), None, extra, false, false).1);
+    let own = values(ExtraValues::default());
+    let mixed = values(ExtraValues { first: None, embedding: Some(&e) });
+    assert!(max_diff(&mixed, &(&own * 0.3 + &e * 0.7)) < 1e-6);
+
+    // A decoder with 2 tables over 5 layers: layers 0, 1, 3 and 4 mix (the middle one does not), each table
+    // one row per token of the values' width (2 key/value heads of 4 dims).
+    let mut spec = TransformerSpec::small(16, 5, 4, 8);
+    spec.attention.kv_heads = 2;
+    let (vs_plain, plain) = decoder(&spec, 71);
+    spec.value_embeddings = 2;
+    let (vs_ve, with) = decoder(&spec, 72);
+    copy_shared(&vs_plain, &vs_ve);
+    let vars = vs_ve.variables();
+    assert_eq!(vars["value_embeddings.1.weight"].size(), [13, 8]);
+    assert!(!vars.contains_key("value_embeddings.2.weight") && !vars.contains_key("layers.2.attn.embedding_mix"));
+    assert_eq!(set_all(&vs_ve, "embedding_mix", &[1.0, 0.0]), 4);
+    let idx = Tensor::from_slice(&[1i64, 2, 3, 1, 2, 3, 4, 5]).view([1, 8]);
+    let z = |m: &Gpt| tch::no_grad(|| m.forward(&idx, false));
+    assert!(max_diff(&z(&plain), &z(&with)) < 1e-5, "at (1, 0) the tables are out");
+    set_all(&vs_ve, "embedding_mix", &[1.0, 1.0]);
+    let before = z(&with);
+    assert!(max_diff(&z(&plain), &before) > 1e-3);
+    // Rows are looked up by token: a token the sequence lacks changes nothing, one it has changes the output
+    // from its first occurrence on (causal), not before.
+    let table = vars["value_embeddings.0.weight"].shallow_clone();
+    tch::no_grad(|| table.get(9).copy_(&Tensor::ones([8], CPU)));
+    assert!(max_diff(&before, &z(&with)) < 1e-6);
+    tch::no_grad(|| table.get(4).copy_(&Tensor::ones([8], CPU)));
+    let after = z(&with);
+    assert!(max_diff(&before.narrow(1, 0, 6), &after.narrow(1, 0, 6)) < 1e-6);
+    assert!(max_diff(&before.narrow(1, 6, 2), &after.narrow(1, 6, 2)) > 1e-3);
+}
+
+#[test]
 fn unet_skips_at_weight_zero_are_the_plain_model_and_connect_mirrored_layers() {
     assert_eq!(Placement { index: 3, count: 4 }.mirror(), Some(0));
     assert_eq!(Placement { index: 2, count: 4 }.mirror(), Some(1));
@@ -354,6 +412,7 @@ fn cached_decoding_equals_the_whole_forward_with_every_new_mechanism_on() {
     spec.activation = Activation::Swiglu;
     spec.parallel = true;
     spec.value_residual = true;
+    spec.value_embeddings = 2;
     spec.unet_skips = true;
     let (_vs, model) = decoder(&spec, 41);
     let _guard = tch::no_grad_guard();

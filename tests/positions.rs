@@ -159,7 +159,11 @@ impl Encoder {
             (_, Some(t)) => x = &x + t,
             _ => {}
         }
-        self.layer.forward(&x, &Mask::default(), qk, None, None, false, false).output.mean_dim(1, false, Kind::Float)
+        self.layer.forward(&x, &Mask::default(), qk, None, Default::default(), false, false).output.mean_dim(
+            1,
+            false,
+            Kind::Float,
+        )
     }
 }
 
@@ -201,6 +205,7 @@ fn joined_input(encoding: PositionEncoding, concat: bool, x: &Tensor, table_widt
         dropout: 0.0,
         embedding_scale: 1.0,
         concat_positions: concat,
+        value_embeddings: None,
     };
     (stack.forward(x, &Mask::default(), None, Pass::eval()).0, table)
 }

@@ -57,11 +57,16 @@ fn smoke_shrinks_runs_but_keeps_the_sweep_shape() {
         "transformer:\n  layers: 6\ntrain:\n  steps: 5000\nsweep:\n  train.batch_size: [8, 32]\nseeds: [0, 1, 2]\n";
     let full = parse(&lm(text), "t.yaml", "t", false).unwrap();
     let smoke = parse(&lm(text), "t.yaml", "t", true).unwrap();
-    assert_eq!(full.runs.len(), smoke.runs.len());
+    // Every sweep point, with the first two of the three seeds.
+    assert_eq!((full.runs.len(), smoke.runs.len()), (6, 4));
+    assert_eq!(smoke.seeds, [0, 1]);
     assert!(smoke.runs.iter().all(|r| r.config.train.steps <= 6 && r.config.transformer.layers <= 2));
     // A swept key keeps its values even when smoke would otherwise shrink it.
     let sizes: Vec<i64> = smoke.runs.iter().map(|r| r.config.train.batch_size).collect();
-    assert_eq!(sizes, vec![8, 8, 8, 32, 32, 32]);
+    assert_eq!(sizes, vec![8, 8, 32, 32]);
+    // Value embeddings keep the layers their tables need.
+    let text = "transformer:\n  layers: 6\n  value_embeddings: 2\n";
+    assert_eq!(parse(&lm(text), "t.yaml", "t", true).unwrap().runs[0].config.transformer.layers, 4);
 }
 
 #[test]

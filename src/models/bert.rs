@@ -13,7 +13,7 @@ use tch::nn::{self, Module};
 use tch::Tensor;
 
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, ValueEmbeddings};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::{Activation, AttentionSpec, Norm, PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -176,7 +176,10 @@ impl Bert {
         // Summed embeddings: the recipe refuses concatenated positions for this kind.
         let global_tokens = GlobalTokens::new(vs, t.attention.pattern.global_tokens, d);
         let final_norm = layers::final_norm(vs / "final_norm", d, t, spec.norm_eps);
-        let stack = Stack::new(t, positions, global_tokens, layers, final_norm).with_embedding_norm(embedding_norm);
+        let value_embeddings = ValueEmbeddings::new(&(vs / "value_embeddings"), t, spec.vocab_size);
+        let stack = Stack::new(t, positions, global_tokens, layers, final_norm)
+            .with_embedding_norm(embedding_norm)
+            .with_value_embeddings(value_embeddings);
         Self { word, segment, stack, pooler, spec: spec.clone() }
     }
 
@@ -194,7 +197,7 @@ impl Bert {
             None => x + self.segment.ws.get(0),
         };
         let mask = Mask { causal: inputs.causal, key_padding: inputs.padding, offset: 0, bias: None };
-        self.stack.forward(&x, &mask, None, pass)
+        self.stack.forward(&x, &mask, None, pass.with_tokens(ids))
     }
 
     /// The pooled `<cls>` representation: tanh(W h_cls + b).

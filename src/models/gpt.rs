@@ -5,7 +5,7 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use crate::transformer::attention::{Grid, Mask};
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache, ValueEmbeddings};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::TransformerSpec;
 
@@ -46,8 +46,10 @@ impl Gpt {
         let positions =
             AbsolutePositions::new(vs / "position", spec.position.encoding, spec.block_size, spec.position_width());
         let global_tokens = GlobalTokens::new(vs, spec.attention.pattern.global_tokens, d);
+        let final_norm = layers::final_norm(vs / "final_norm", d, spec, 1e-5);
+        let value_embeddings = ValueEmbeddings::new(&(vs / "value_embeddings"), spec, vocab_size);
         let stack =
-            Stack::new(spec, positions, global_tokens, layers, layers::final_norm(vs / "final_norm", d, spec, 1e-5));
+            Stack::new(spec, positions, global_tokens, layers, final_norm).with_value_embeddings(value_embeddings);
         let (block_size, device, logit_softcap) = (spec.block_size, vs.device(), spec.logit_softcap);
         let readout_factor = spec.readout_factor();
         Self { token_embedding, stack, lm_head, block_size, vocab_size, device, logit_softcap, readout_factor }
@@ -72,7 +74,7 @@ impl Gpt {
 
     /// The final hidden states (B, N, D) (after the final norm, if any): the features a probe reads.
     pub fn hidden_with_weights(&self, idx: &Tensor, pass: Pass) -> (Tensor, Vec<Tensor>) {
-        self.stack.forward(&self.token_embedding.forward(idx), &Mask::causal(), None, pass)
+        self.stack.forward(&self.token_embedding.forward(idx), &Mask::causal(), None, pass.with_tokens(idx))
     }
 
     /// Whether the model can read sequences of `n` tokens (a learned position table has a fixed length).

@@ -9,7 +9,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, StackCache, ValueEmbeddings};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::{PositionEncoding, PositionSpec, TransformerSpec};
 
@@ -85,6 +85,11 @@ impl Seq2Seq {
         let generator = (!t.tie_embeddings).then(|| {
             nn::linear(vs / "generator", d, spec.tgt_vocab, nn::LinearConfig { bias: false, ..Default::default() })
         });
+        // Each stack looks up its own tables, by the ids of the sequence it reads.
+        let encoder =
+            encoder.with_value_embeddings(ValueEmbeddings::new(&(vs / "encoder_value_embeddings"), t, spec.src_vocab));
+        let decoder =
+            decoder.with_value_embeddings(ValueEmbeddings::new(&(vs / "decoder_value_embeddings"), t, spec.tgt_vocab));
         Self { src_embedding, tgt_embedding, encoder, decoder, generator, scale: (d as f64).sqrt(), spec: spec.clone() }
     }
 
@@ -92,7 +97,7 @@ impl Seq2Seq {
     pub fn encode(&self, src: &Tensor, src_real: &Tensor, train: bool) -> Tensor {
         let x = self.src_embedding.forward(src) * self.scale;
         let mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        self.encoder.forward(&x, &mask, None, Pass::new(train)).0
+        self.encoder.forward(&x, &mask, None, Pass::new(train).with_tokens(src)).0
     }
 
     /// Next-token logits (B, T, V) for target inputs (B, T) given the encoder's `memory`.
@@ -100,7 +105,8 @@ impl Seq2Seq {
         let table = self.tgt_embedding.as_ref().unwrap_or(&self.src_embedding);
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::new(train));
+        let pass = Pass::new(train).with_tokens(tgt);
+        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), pass);
         self.generate(&x, table)
     }
 
@@ -119,7 +125,8 @@ impl Seq2Seq {
         let table = self.tgt_embedding.as_ref().unwrap_or(&self.src_embedding);
         let x = table.forward(tgt) * self.scale;
         let memory_mask = Mask { causal: false, key_padding: Some(src_real), offset: 0, bias: None };
-        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), Pass::cached(cache));
+        let pass = Pass::cached(cache).with_tokens(tgt);
+        let (x, _) = self.decoder.forward(&x, &Mask::causal(), Some((memory, &memory_mask)), pass);
         self.generate(&x, table)
     }
 

@@ -9,7 +9,7 @@ use tch::{Kind, Tensor};
 
 use super::spec::Pool;
 use crate::transformer::attention::Mask;
-use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack};
+use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, ValueEmbeddings};
 use crate::transformer::positions::AbsolutePositions;
 use crate::transformer::spec::TransformerSpec;
 
@@ -38,6 +38,7 @@ impl SeqClassifier {
         let final_norm = layers::final_norm(vs / "final_norm", d, spec, 1e-5);
         let stack = Stack::new(spec, positions, global_tokens, layers, final_norm);
         let head = nn::linear(vs / "head", d, classes, Default::default());
+        let stack = stack.with_value_embeddings(ValueEmbeddings::new(&(vs / "value_embeddings"), spec, vocab + 2));
         Self { embedding, stack, head, pool, vocab, logit_softcap: spec.logit_softcap }
     }
 
@@ -63,7 +64,8 @@ impl SeqClassifier {
         let (ids, real) = self.input(ids);
         let mask = Mask { causal: false, key_padding: Some(&real), offset: 0, bias: None };
         let x = self.embedding.forward(&ids);
-        let (x, weights) = self.stack.forward(&x, &mask, None, Pass::new(train).with_weights_if(want_weights));
+        let pass = Pass::new(train).with_weights_if(want_weights).with_tokens(&ids);
+        let (x, weights) = self.stack.forward(&x, &mask, None, pass);
         let pooled = match self.pool {
             Pool::Cls => x.select(1, 0),
             Pool::Mean => {

@@ -81,6 +81,7 @@ impl Config {
             output_init: t.output_init,
             parallel: t.parallel,
             value_residual: t.value_residual,
+            value_embeddings: t.value_embeddings,
             unet_skips: t.unet_skips,
             mup_width_mult: t.mup_width_mult(),
         }

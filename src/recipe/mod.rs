@@ -329,7 +329,11 @@ fn parse_one_scale(
     let (mut parsed, typed, mut lines, last_line) = read_recipe_file(text, file)?;
     apply_overrides(&mut parsed, &mut lines, overrides, file)?;
     let src = Source { file, last_line, lines, template: schema_template() };
-    let seeds = seeds(&src, &parsed, &typed)?;
+    let mut seeds = seeds(&src, &parsed, &typed)?;
+    if smoke && overrides.seeds.is_none() {
+        // Two seeds keep every paired comparison and interval computing; a third adds only time.
+        seeds.truncate(SMOKE_SEEDS);
+    }
     let written = written_sections(&src, &parsed)?;
     let (mut axes, mut sweep_keys) = sweep_axes(&src, &parsed)?;
     let (variant_labels, variants) = variant_axis(&src, &parsed)?;
@@ -916,10 +920,14 @@ pub fn config_hash(config: &Config) -> String {
     Sha256::digest(text.as_bytes()).iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
+/// The seeds a `--smoke` run keeps of the recipe's (its first ones), unless `--seeds` lists them.
+const SMOKE_SEEDS: usize = 2;
+
 /// Shrinks a run to seconds without changing the recipe's shape: every key the recipe sets for the run
 /// (swept, or in a variant) keeps its value, and only keys the kind reads are touched.
 fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settings: &[&Setting]) {
     let kept = |k: &str| sweep_keys.iter().any(|s| s == k) || settings.iter().any(|s| s.key == k);
+    let value_embeddings = get_path(value, "transformer.value_embeddings").and_then(Value::as_i64).unwrap_or(0);
     // A budget in tokens or FLOPs can need many steps: a smoke run ends after one second of training instead.
     if !kept("train.budget") && get_path(value, "train.budget").is_some_and(|b| !b.is_null()) {
         let mut one_second = Mapping::new();
@@ -942,7 +950,8 @@ fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settin
     cap("train.batch_size", 4);
     cap("train.warmup_steps", 2);
     if matches!(kind, Kind::Lm | Kind::Bert | Kind::Vit | Kind::ImageGpt | Kind::SeqClassify) {
-        cap("transformer.layers", 2);
+        // Value embeddings' tables feed the first and the last N layers, which must not overlap.
+        cap("transformer.layers", 2.max(2 * value_embeddings));
     }
     if kind == Kind::SeqClassify {
         // The sequences keep their length (the recipe's point); the data shrinks to what six steps read.

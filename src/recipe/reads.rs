@@ -116,6 +116,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.output_init" => t.output_init == crate::recipe::OutputInit::Model,
         "transformer.parallel" => !t.parallel,
         "transformer.value_residual" => !t.value_residual,
+        "transformer.value_embeddings" => t.value_embeddings == 0,
         "transformer.unet_skips" => !t.unet_skips,
         _ => false,
     }
@@ -148,6 +149,9 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         "parallel" if kind == Kind::Translate => Some(
             "parallel blocks join self-attention and the FFN; kind translate's decoder cross-attends between them".into(),
         ),
+        "value_embeddings" if kind.is_classifier() => Some(format!(
+            "looks a table up by token id; kind {kind} embeds image patches, which have none"
+        )),
         "parallel" | "value_residual" | "unet_skips" if kind.is_hierarchical() => Some(format!(
             "acts across the layers of one stack of one width; kind {kind}'s stages change width and token count, and its blocks let the model act between the branches"
         )),

@@ -334,6 +334,11 @@ pub struct TransformerConfig {
     /// Value residual learning (Zhou et al. 2024, "ResFormer"): the self-attention values of every layer after
     /// the first become `λ₁·v + λ₂·v₁`, v₁ the first layer's values, (λ₁, λ₂) learned per layer from (½, ½).
     pub value_residual: bool,
+    /// Value embeddings (modded-nanogpt): N token-indexed tables of the values' width; table j is mixed into
+    /// the self-attention values of layer j and of layer L−N+j (the first and the last N layers, the speedrun's
+    /// U shape) as `μ₁·v + μ₂·e_j[token]`, (μ₁, μ₂) learned per layer from (½, ½). 0: none. Needs 2N ≤ layers
+    /// in each stack and token ids: the models over text, ImageGPT's pixels and seq_classify's sequences.
+    pub value_embeddings: i64,
     /// U-net skips (modded-nanogpt): the output of layer i < L/2 is added, times a learned scalar starting at
     /// 1, to the input of layer L−1−i (the middle layer of an odd stack gets none).
     pub unet_skips: bool,
@@ -372,6 +377,7 @@ impl Default for TransformerConfig {
             output_init: OutputInit::Model,
             parallel: false,
             value_residual: false,
+            value_embeddings: 0,
             unet_skips: false,
             parametrisation: Parametrisation::Standard,
             mup_base_width: 64,

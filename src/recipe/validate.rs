@@ -143,6 +143,30 @@ impl Config {
         }
         probability("transformer.dropout", t.dropout)?;
         probability("transformer.attention.dropout", t.attention.dropout)?;
+        self.validate_value_embeddings()
+    }
+
+    /// Table j feeds layer j and layer L−N+j: the first and the last N layers of each stack must not overlap.
+    fn validate_value_embeddings(&self) -> Result<(), Invalid> {
+        let t = &self.transformer;
+        at_least("transformer.value_embeddings", t.value_embeddings, 0)?;
+        let (shallowest, stack) = match self.kind {
+            Kind::Translate => {
+                let tr = self.translate();
+                (tr.encoder_layers.min(tr.decoder_layers), "the shallower of translate's stacks has")
+            }
+            _ => (t.layers, "transformer.layers is"),
+        };
+        if t.value_embeddings > 0 && !self.kind.is_classifier() && 2 * t.value_embeddings > shallowest {
+            return Err(invalid(
+                "transformer.value_embeddings",
+                format!(
+                    "{n} tables feed the first {n} and the last {n} layers, which needs at least {} layers; {stack} {shallowest}",
+                    2 * t.value_embeddings,
+                    n = t.value_embeddings
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -13,8 +13,9 @@
 //! torch 2.11 computes it): Nesterov momentum orthogonalised by five Newton–Schulz iterations, the step scaled
 //! by 0.2·√max(rows, cols) so that its RMS matches AdamW's and one learning rate serves both (Moonshot's
 //! `match_rms_adamw`), decoupled weight decay lr·λ. Everything else (embeddings, position tables, output
-//! heads, norms, biases, the scalars of value residuals and U-net skips) stays with AdamW. Muon's momentum
-//! lives in the first-moment slots of its matrices, so state and checkpoints keep their three flat tensors.
+//! heads, value embeddings, norms, biases, the scalars of value residuals, value embeddings and U-net skips)
+//! stays with AdamW. Muon's momentum lives in the first-moment slots of its matrices, so state and
+//! checkpoints keep their three flat tensors.
 use tch::{Kind, Tensor};
 
 use super::native;

@@ -6,7 +6,7 @@
 use tch::nn::{self, Module};
 use tch::Tensor;
 
-use super::attention::{Grid, KvCache, Mask, MultiHeadAttention};
+use super::attention::{ExtraValues, Grid, KvCache, Mask, MultiHeadAttention};
 pub use super::norm::{softcap, NormLayer};
 use super::positions::{AbsolutePositions, ConvPosEnc};
 use super::spec::{AbsoluteAt, Activation, TransformerSpec};
@@ -205,6 +205,18 @@ impl Placement {
     pub fn mirror(self) -> Option<i64> {
         (self.index >= self.count - self.count / 2).then(|| self.count - 1 - self.index).filter(|&m| m < self.count / 2)
     }
+
+    /// For value embeddings with `tables` tables: the table this layer reads. Layer j and layer L−N+j read
+    /// table j (the first and the last N layers); the layers between read none.
+    pub fn value_table(self, tables: i64) -> Option<i64> {
+        if self.index < tables {
+            Some(self.index)
+        } else if self.index >= self.count - tables {
+            Some(self.index - (self.count - tables))
+        } else {
+            None
+        }
+    }
 }
 
 /// What a layer hands back besides its output: the self-attention weights (B, H, N, N) when asked, and the
@@ -232,6 +244,9 @@ impl TransformerLayer {
             MultiHeadAttention::new(&vs / "attn", d, &spec.attention, &spec.position, grid, out_std);
         if spec.value_residual && at.index > 0 {
             self_attention = self_attention.with_value_mix(&(&vs / "attn"));
+        }
+        if at.value_table(spec.value_embeddings).is_some() {
+            self_attention = self_attention.with_embedding_mix(&(&vs / "attn"));
         }
         let norm_attention = Residual::new(&vs / "norm_attn", d, spec, init.norm_eps);
         let cross = cross_attention.then(|| {
@@ -267,7 +282,8 @@ impl TransformerLayer {
 
     /// `qk_add` (N, D) is an absolute position encoding for the query/key inputs only. `memory` and its mask
     /// are the encoder output and its padding, for layers built with cross-attention (others ignore it).
-    /// `first_values` are the first layer's self-attention values (value residual; `None` in the first layer).
+    /// `extra` are the values its self-attention mixes into its own: the first layer's (value residual; none
+    /// in the first layer) and its value embedding of the tokens.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -275,14 +291,14 @@ impl TransformerLayer {
         mask: &Mask,
         qk_add: Option<&Tensor>,
         memory: Option<(&Tensor, &Mask)>,
-        first_values: Option<&Tensor>,
+        extra: ExtraValues,
         train: bool,
         want_weights: bool,
     ) -> LayerOutput {
         let mut self_weights = None;
         let mut values = None;
         let mut attend = |h: &Tensor| {
-            let (a, v) = self.self_attention.self_attend_mixed(h, mask, qk_add, first_values, train, want_weights);
+            let (a, v) = self.self_attention.self_attend_mixed(h, mask, qk_add, extra, train, want_weights);
             (self_weights, values) = (a.weights, Some(v));
             a.output
         };
@@ -321,13 +337,13 @@ impl TransformerLayer {
         mask: &Mask,
         qk_add: Option<&Tensor>,
         memory: Option<(&Tensor, &Mask)>,
-        first_values: Option<&Tensor>,
+        extra: ExtraValues,
         cache: &mut LayerCache,
     ) -> (Tensor, Tensor) {
         let mut values = None;
         let self_cache = &mut cache.self_attention;
         let mut attend = |h: &Tensor| {
-            let (out, v) = self.self_attention.self_attend_cached_mixed(h, mask, qk_add, first_values, self_cache);
+            let (out, v) = self.self_attention.self_attend_cached_mixed(h, mask, qk_add, extra, self_cache);
             values = Some(v);
             out
         };
@@ -395,6 +411,28 @@ impl GlobalTokens {
     }
 }
 
+/// Value embeddings (modded-nanogpt): `transformer.value_embeddings` token-indexed tables of the values'
+/// width (H_kv·head_dim), each row starting at N(0, 0.02) as the token embeddings do; the layers that read
+/// table j (see [`Placement::value_table`]) mix its row for each token into their values. The tables read
+/// token ids, so the model that has them builds the tables and hands the ids over in its [`Pass`].
+pub struct ValueEmbeddings(Vec<nn::Embedding>);
+
+impl ValueEmbeddings {
+    /// `spec.value_embeddings` tables over `vocab` tokens under `vs / i`; `None` when the spec has none.
+    pub fn new(vs: &nn::Path, spec: &TransformerSpec, vocab: i64) -> Option<Self> {
+        let width = spec.attention.projection_widths()[2];
+        let cfg = nn::EmbeddingConfig { ws_init: nn::Init::Randn { mean: 0.0, stdev: 0.02 }, ..Default::default() };
+        (spec.value_embeddings > 0)
+            .then(|| Self((0..spec.value_embeddings).map(|j| nn::embedding(vs / j, vocab, width, cfg)).collect()))
+    }
+
+    /// Every table's rows for token ids (B, N), after `lead` zero rows for the global tokens put first.
+    fn lookup(&self, ids: &Tensor, lead: i64) -> Vec<Tensor> {
+        let pad = |e: Tensor| if lead > 0 { e.constant_pad_nd([0, 0, lead, 0]) } else { e };
+        self.0.iter().map(|table| pad(table.forward(ids))).collect()
+    }
+}
+
 /// A stack of layers with what surrounds it in every sequence model. Models create the parts in their own
 /// order (initialisation draws from one generator, so the order is part of a model's definition).
 pub struct Stack {
@@ -413,6 +451,8 @@ pub struct Stack {
     pub embedding_scale: f64,
     /// The absolute table is concatenated to the (narrower) token embeddings instead of added.
     pub concat_positions: bool,
+    /// `transformer.value_embeddings`' tables, which read the token ids the pass carries.
+    pub value_embeddings: Option<ValueEmbeddings>,
 }
 
 /// The layers of `spec` under `vs / name / i` (each with its own pattern where the spec gives one); layer i
@@ -461,7 +501,13 @@ impl Stack {
             dropout: spec.dropout,
             embedding_scale: spec.embedding_factor(),
             concat_positions: spec.concatenates_positions(),
+            value_embeddings: None,
         }
+    }
+
+    /// With value embeddings (`None`: without); every pass then carries the token ids (`Pass::with_tokens`).
+    pub fn with_value_embeddings(self, value_embeddings: Option<ValueEmbeddings>) -> Self {
+        Self { value_embeddings, ..self }
     }
 
     /// With BERT's LayerNorm of the summed embeddings.
@@ -546,7 +592,7 @@ impl Stack {
     ) -> (Tensor, Vec<Tensor>) {
         let (b, n, _) = x.size3().unwrap();
         let g = self.global_tokens.count();
-        let Pass { train, weights: want_weights, mut cache, before_final_norm } = pass;
+        let Pass { train, weights: want_weights, mut cache, before_final_norm, tokens } = pass;
         // Absolute positions of the new tokens, counted after the global tokens; which come first once.
         let (start, lead) = match &cache {
             None => (0, g),
@@ -575,6 +621,11 @@ impl Stack {
         let mut first_values: Option<Tensor> = None;
         let mut skips: Vec<Tensor> = Vec::new();
         let count = self.layers.len() as i64;
+        let value_embeddings = match (&self.value_embeddings, tokens) {
+            (Some(tables), Some(ids)) => tables.lookup(ids, lead),
+            (Some(_), None) => panic!("a stack with value embeddings needs its pass to carry the token ids"),
+            (None, _) => Vec::new(),
+        };
         record(&x);
         for (i, layer) in self.layers.iter().enumerate() {
             if let Some((convs, grid)) = &self.conv_positions {
@@ -585,15 +636,18 @@ impl Stack {
                 x = &x + &skips[mirror as usize] * w;
             }
             let qk_add = self.layer_positions(&mut x, table.as_ref());
+            let embedding = Placement { index: i as i64, count }
+                .value_table(value_embeddings.len() as i64)
+                .map(|j| &value_embeddings[j as usize]);
+            let extra = ExtraValues { first: first_values.as_ref(), embedding };
             let values = match cache.as_deref_mut() {
                 Some(c) => {
-                    let (out, v) =
-                        layer.forward_cached(&x, &mask, qk_add, memory, first_values.as_ref(), &mut c.layers[i]);
+                    let (out, v) = layer.forward_cached(&x, &mask, qk_add, memory, extra, &mut c.layers[i]);
                     x = out;
                     v
                 }
                 None => {
-                    let out = layer.forward(&x, &mask, qk_add, memory, first_values.as_ref(), train, want_weights);
+                    let out = layer.forward(&x, &mask, qk_add, memory, extra, train, want_weights);
                     x = out.output;
                     weights.extend(out.self_weights);
                     out.values
@@ -627,22 +681,24 @@ pub struct Pass<'c> {
     pub cache: Option<&'c mut StackCache>,
     /// Return the last layer's output before the final norm (to measure its token norms).
     pub before_final_norm: bool,
+    /// The token ids (B, N) of the stack's input, which value embeddings look up.
+    pub tokens: Option<&'c Tensor>,
 }
 
 impl Pass<'_> {
     /// A training pass.
     pub fn train() -> Self {
-        Self { train: true, weights: false, cache: None, before_final_norm: false }
+        Self { train: true, weights: false, cache: None, before_final_norm: false, tokens: None }
     }
 
     /// An evaluation pass.
     pub fn eval() -> Self {
-        Self { train: false, weights: false, cache: None, before_final_norm: false }
+        Self { train: false, weights: false, cache: None, before_final_norm: false, tokens: None }
     }
 
     /// A training pass when `train`, else an evaluation pass.
     pub fn new(train: bool) -> Self {
-        Self { train, weights: false, cache: None, before_final_norm: false }
+        Self { train, weights: false, cache: None, before_final_norm: false, tokens: None }
     }
 
     /// The same pass, also returning every layer's attention weights.
@@ -662,8 +718,15 @@ impl Pass<'_> {
 }
 
 impl<'c> Pass<'c> {
+    /// The same pass, carrying the token ids (B, N) of the input for value embeddings to look up.
+    pub fn with_tokens(self, ids: &'c Tensor) -> Self {
+        Self { tokens: Some(ids), ..self }
+    }
+}
+
+impl<'c> Pass<'c> {
     /// An evaluation pass in a decoding loop, after (and into) `cache`.
     pub fn cached(cache: &'c mut StackCache) -> Self {
-        Self { train: false, weights: false, cache: Some(cache), before_final_norm: false }
+        Self { train: false, weights: false, cache: Some(cache), before_final_norm: false, tokens: None }
     }
 }

@@ -437,6 +437,9 @@ pub struct TransformerSpec {
     /// Value residual learning (Zhou et al. 2024): every layer after the first mixes its values with the first
     /// layer's, `λ₁·v + λ₂·v₁`, two learned scalars per layer starting at ½ each.
     pub value_residual: bool,
+    /// Value embeddings (modded-nanogpt): this many token-indexed tables, table j mixed into the values of
+    /// layer j and of layer L−N+j as `μ₁·v + μ₂·e_j[token]`, (μ₁, μ₂) learned per layer from (½, ½).
+    pub value_embeddings: i64,
     /// U-net skips (modded-nanogpt): the output of layer i of the first half is added, times a learned scalar
     /// starting at 1, to the input of its mirror L−1−i in the second half.
     pub unet_skips: bool,
@@ -531,6 +534,7 @@ impl TransformerSpec {
             output_init: OutputInit::Model,
             parallel: false,
             value_residual: false,
+            value_embeddings: 0,
             unet_skips: false,
             mup_width_mult: None,
         }

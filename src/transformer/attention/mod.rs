@@ -141,9 +141,19 @@ pub struct MultiHeadAttention {
     relative: Relative,
     /// Value residual learning's (λ₁, λ₂) of a layer after the first: its values become `λ₁·v + λ₂·v₁`.
     value_mix: Option<Tensor>,
+    /// Value embeddings' (μ₁, μ₂) of a layer that reads a table: its values become `μ₁·v + μ₂·e[token]`.
+    embedding_mix: Option<Tensor>,
     /// Per-head factors (H) on the heads' outputs before they are mixed: 0 removes a head (head importance
     /// and pruning, Michel et al. 2019). Set between evaluations, never while training.
     head_mask: std::sync::Mutex<Option<Tensor>>,
+}
+
+/// What a self-attention unit mixes into its own values, when it was built to: the first layer's values
+/// (value residual) and the value embedding of the tokens (value embeddings), (B, N, H_kv·head_dim) each.
+#[derive(Clone, Copy, Default)]
+pub struct ExtraValues<'a> {
+    pub first: Option<&'a Tensor>,
+    pub embedding: Option<&'a Tensor>,
 }
 
 /// The output of one attention call; `weights` is (B, H, N_q, N_k) when they were asked for.
@@ -288,6 +298,7 @@ impl MultiHeadAttention {
             relative: Relative::new(&vs, position, spec.heads, spec.qk_dim, grid),
             head_mask: std::sync::Mutex::new(None),
             value_mix: None,
+            embedding_mix: None,
         }
     }
 
@@ -295,6 +306,12 @@ impl MultiHeadAttention {
     /// are mixed with the first layer's (`self_attend_mixed`).
     pub fn with_value_mix(self, vs: &nn::Path) -> Self {
         Self { value_mix: Some(vs.var("value_mix", &[2], nn::Init::Const(0.5))), ..self }
+    }
+
+    /// With value embeddings' two scalars (μ₁, μ₂) under `vs`, both starting at ½: this unit's values are
+    /// mixed with the embedding of the tokens it is given (`self_attend_mixed`).
+    pub fn with_embedding_mix(self, vs: &nn::Path) -> Self {
+        Self { embedding_mix: Some(vs.var("embedding_mix", &[2], nn::Init::Const(0.5))), ..self }
     }
 
     /// Attention between two sequences (cross-attention), or a plain unit: no positions, dense pattern.
@@ -326,31 +343,39 @@ impl MultiHeadAttention {
         train: bool,
         want_weights: bool,
     ) -> Attended {
-        self.self_attend_mixed(x, mask, qk_add, None, train, want_weights).0
+        self.self_attend_mixed(x, mask, qk_add, ExtraValues::default(), train, want_weights).0
     }
 
-    /// [`self_attend`](Self::self_attend), its values mixed with `first_values` (B, N, H_kv·head_dim: the first
-    /// layer's) when this unit has value residual's scalars; also returns the values it used.
+    /// [`self_attend`](Self::self_attend), its values mixed with the `extra` ones this unit was built to mix
+    /// (value residual's, value embeddings'); also returns the values it used.
     pub fn self_attend_mixed(
         &self,
         x: &Tensor,
         mask: &Mask,
         qk_add: Option<&Tensor>,
-        first_values: Option<&Tensor>,
+        extra: ExtraValues,
         train: bool,
         want_weights: bool,
     ) -> (Attended, Tensor) {
         let (q, k, v) = self.project_self(x, qk_add);
-        let v = self.mix_values(v, first_values);
+        let v = self.mix_values(v, extra);
         (self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights }), v)
     }
 
-    /// `λ₁·v + λ₂·v₁` when this unit mixes its values and is given the first layer's; `v` otherwise.
-    fn mix_values(&self, v: Tensor, first_values: Option<&Tensor>) -> Tensor {
-        match (&self.value_mix, first_values) {
+    /// `λ₁·v + λ₂·v₁` when this unit mixes in the first layer's values and is given them, then `μ₁·v + μ₂·e`
+    /// when it mixes in a value embedding and is given one; `v` otherwise.
+    fn mix_values(&self, v: Tensor, extra: ExtraValues) -> Tensor {
+        let v = match (&self.value_mix, extra.first) {
             (Some(l), Some(first)) => {
                 let l = l.to_kind(v.kind());
                 v * l.get(0) + first * l.get(1)
+            }
+            _ => v,
+        };
+        match (&self.embedding_mix, extra.embedding) {
+            (Some(m), Some(e)) => {
+                let m = m.to_kind(v.kind());
+                v * m.get(0) + e.to_kind(m.kind()) * m.get(1)
             }
             _ => v,
         }
@@ -361,21 +386,21 @@ impl MultiHeadAttention {
     /// `mask.offset + cache.len()` onwards (RoPE rotates them there; the cached keys were rotated at theirs),
     /// and each new query sees what a query at its position sees in the uncached call over the whole sequence.
     pub fn self_attend_cached(&self, x: &Tensor, mask: &Mask, qk_add: Option<&Tensor>, cache: &mut KvCache) -> Tensor {
-        self.self_attend_cached_mixed(x, mask, qk_add, None, cache).0
+        self.self_attend_cached_mixed(x, mask, qk_add, ExtraValues::default(), cache).0
     }
 
-    /// [`self_attend_cached`](Self::self_attend_cached) with value residual's mixing of the new tokens' values
-    /// (as [`self_attend_mixed`](Self::self_attend_mixed)); also returns the new tokens' values.
+    /// [`self_attend_cached`](Self::self_attend_cached) with the new tokens' values mixed as
+    /// [`self_attend_mixed`](Self::self_attend_mixed) mixes them; also returns the new tokens' values.
     pub fn self_attend_cached_mixed(
         &self,
         x: &Tensor,
         mask: &Mask,
         qk_add: Option<&Tensor>,
-        first_values: Option<&Tensor>,
+        extra: ExtraValues,
         cache: &mut KvCache,
     ) -> (Tensor, Tensor) {
         let (q, k, v) = self.project_self(x, qk_add);
-        let v = self.mix_values(v, first_values);
+        let v = self.mix_values(v, extra);
         let values = v.shallow_clone();
         let start = mask.offset + cache.len();
         let (q, k, v) = self.split_qkv(&q, &k, &v);
