@@ -199,17 +199,24 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     Ok(())
 }
 
-/// The value of swept `key` in run `r`. A swept section (e.g. `data.images`) has no column of its own: its
-/// columns whose values differ between runs stand in (`dataset=mnist train_fraction=1`), and failing those
-/// the run's variant label.
+/// The value of swept `key` in run `r`. A column left blank (a default that runs.csv records nowhere, such
+/// as `vision.registers: 0`) is read from the run's label (`registers=0`). A swept section (e.g.
+/// `data.images`) has no column of its own: its columns that this run sets and whose values differ between
+/// runs stand in (`dataset=mnist train_fraction=1`), and failing those the run's variant label.
 pub(super) fn swept_value(runs: &[BTreeMap<String, String>], r: &BTreeMap<String, String>, key: &str) -> String {
-    if let Some(v) = r.get(key) {
-        return v.clone();
+    match r.get(key) {
+        Some(v) if !v.is_empty() => return v.clone(),
+        Some(_) => {
+            let part = format!("{}=", short_key(key));
+            let labelled = r.get("label").and_then(|l| l.split(' ').find_map(|p| p.strip_prefix(part.as_str())));
+            return labelled.unwrap_or_default().to_string();
+        }
+        None => {}
     }
     let prefix = format!("{key}.");
     let varying: Vec<String> = r
         .iter()
-        .filter(|(column, _)| column.starts_with(&prefix))
+        .filter(|(column, value)| column.starts_with(&prefix) && !value.is_empty())
         .filter(|(column, value)| runs.iter().any(|other| other.get(*column) != Some(*value)))
         .map(|(column, value)| format!("{}={value}", &column[prefix.len()..]))
         .collect();
@@ -218,6 +225,11 @@ pub(super) fn swept_value(runs: &[BTreeMap<String, String>], r: &BTreeMap<String
     } else {
         varying.join(" ")
     }
+}
+
+/// The last part of a dotted key, as labels write it.
+fn short_key(key: &str) -> &str {
+    key.rsplit('.').next().unwrap_or(key)
 }
 
 /// Distinct values of `key` in `runs.csv`, in first-seen order (the x positions of the final-metric plot).
@@ -249,9 +261,9 @@ pub(super) fn final_metric_series(
         } else {
             other_keys
                 .iter()
-                .map(|k| match r.get(k) {
-                    Some(v) => format!("{}={v}", k.rsplit('.').next().unwrap_or(k)),
-                    None => swept_value(runs, r, k),
+                .map(|k| match r.contains_key(k) {
+                    true => format!("{}={}", short_key(k), swept_value(runs, r, k)),
+                    false => swept_value(runs, r, k),
                 })
                 .collect::<Vec<_>>()
                 .join(" ")

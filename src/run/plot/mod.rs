@@ -166,6 +166,34 @@ mod tests {
     }
 
     #[test]
+    fn blank_columns_neither_hide_a_category_nor_fill_a_legend() {
+        // runs.csv leaves a default recorded nowhere blank (vision.registers: 0): the label says it.
+        let runs = vec![
+            row(&[("run_id", "1"), ("label", "registers=0 lr=0.1"), ("vision.registers", ""), ("acc", "0.5")]),
+            row(&[("run_id", "2"), ("label", "registers=4 lr=0.1"), ("vision.registers", "4"), ("acc", "0.6")]),
+        ];
+        assert_eq!(x_categories(&runs, "vision.registers"), ["0", "4"]);
+        // A swept section: the keys a task leaves blank are not part of its name.
+        let runs = vec![
+            row(&[
+                ("run_id", "1"),
+                ("label", "a"),
+                ("s.task", "listops"),
+                ("s.image_size", ""),
+                ("s.max_length", "500"),
+            ]),
+            row(&[
+                ("run_id", "2"),
+                ("label", "b"),
+                ("s.task", "pathfinder"),
+                ("s.image_size", "32"),
+                ("s.max_length", ""),
+            ]),
+        ];
+        assert_eq!(x_categories(&runs, "s"), ["max_length=500 task=listops", "image_size=32 task=pathfinder"]);
+    }
+
+    #[test]
     fn charts_are_drawn_with_the_legend_beside_the_data() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.png");
