@@ -127,7 +127,7 @@ fn newton_schulz_singular_values_lie_in_the_band_its_coefficients_promise() {
 #[test]
 fn muon_takes_the_hidden_layers_matrices_and_adamw_the_rest() {
     let cfg = ablate::recipe::parse(
-        "kind: lm\ntransformer: {d_model: 16, layers: 2, heads: 2, block_size: 8, activation: swiglu, attention: {qk_norm: rms_norm}}\ntrain: {optimizer: muon}\n",
+        "kind: lm\ntransformer: {d_model: 16, layers: 2, heads: 2, block_size: 8, activation: swiglu, value_residual: true, value_embeddings: 1, attention: {qk_norm: rms_norm}}\ntrain: {optimizer: muon}\n",
         "a.yaml",
         "a",
         false,
@@ -147,6 +147,8 @@ fn muon_takes_the_hidden_layers_matrices_and_adamw_the_rest() {
                 .map(|p| format!("layers.{i}.{p}"))
         })
         .collect();
+    // Value embeddings' tables (2-D, but embeddings) and every learned mixing scalar stay with AdamW.
+    assert!(vs.variables().contains_key("value_embeddings.0.weight"));
     assert_eq!(muon, expected);
     // Training with it moves every parameter (both groups update).
     let opt_params = ablate::train::optimiser(&cfg.train, &vs);
