@@ -1,6 +1,7 @@
 //! Recipe loading, sweep expansion, error reporting and the result files of a (tiny) real run.
 use ablate::recipe::{parse, parse_with, Overrides, Recipe, RecipeError};
 use ablate::run::results::read_runs;
+use ablate::run::summary::Pairing;
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use std::path::PathBuf;
 use tch::Device;
@@ -244,14 +245,19 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     // With a baseline: the other variant paired with it on both seeds.
     let heads2: Vec<f64> = runs[2..].iter().map(|r| r["test_loss"].parse().unwrap()).collect();
     let difference = (heads2[0] - heads1[0] + heads2[1] - heads1[1]) / 2.0;
-    let table = ablate::run::summary::summary_table(&out, &recipe, Some("heads=1")).unwrap();
+    let table = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap();
     assert!(table.contains("Paired against `heads=1`"), "{table}");
     let paired_row = table.lines().find(|l| l.starts_with("| heads=2 | test loss")).expect("paired row");
     assert!(paired_row.contains(&format!("| 2 | {difference:+.4} [")), "{table}");
     for bad in ["heads=3", "nonsense=1", "heads"] {
-        let e = ablate::run::summary::summary_table(&out, &recipe, Some(bad)).unwrap_err().to_string();
+        let e =
+            ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline(bad))).unwrap_err().to_string();
         assert!(e.starts_with(&format!("--baseline {bad}:")) && !e.contains('\n'), "{e}");
     }
+    // As a ladder of two rungs: the one step is the same comparison.
+    let ladder = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Ladder)).unwrap();
+    let step = ladder.lines().find(|l| l.starts_with("| heads=2 vs heads=1 | test loss")).expect("ladder row");
+    assert!(step.contains(&format!("| 2 | {difference:+.4} [")), "{ladder}");
 
     // The directory is the reference for a rerun elsewhere: the same runs reproduce it, and runs with an
     // override are not compared with it (their configuration differs).

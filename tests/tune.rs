@@ -6,6 +6,7 @@ mod common;
 use ablate::recipe::parse;
 use ablate::run::results::{read_all_runs, read_runs};
 use ablate::run::scale::{merge, Shard};
+use ablate::run::summary::Pairing;
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use common::{all_runs_without_timings, scratch};
 use std::path::Path;
@@ -146,7 +147,7 @@ fn a_scale_check_reruns_the_tuned_comparison_at_a_second_width_and_the_summary_s
     let second = read_runs(&out.join("scale_check/runs.csv")).unwrap();
     assert_eq!(second.len(), 6);
     assert!(second.iter().all(|r| r["transformer.d_model"] == "32" && r["phase"] == "final"));
-    let table = ablate::run::summary::summary_table(&out, &recipe, Some("heads=1")).unwrap();
+    let table = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap();
     assert!(table.contains("At the second scale (transformer.d_model=32)"), "{table}");
     assert!(table.contains("Effects at both scales"), "{table}");
     let row =

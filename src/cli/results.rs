@@ -27,6 +27,10 @@ pub struct SummaryArgs {
     /// its full name) or a variant's label.
     #[arg(long)]
     baseline: Option<String>,
+    /// Compare each variant with the one listed before it, paired by seed, Holm over the steps: a ladder
+    /// whose every rung adds one thing to the rung below (recipes/modern_lm.yaml).
+    #[arg(long, conflicts_with = "baseline")]
+    ladder: bool,
 }
 
 #[derive(clap::Args)]
@@ -126,7 +130,13 @@ fn print_columns(recipe: &ablate::recipe::Recipe) -> anyhow::Result<()> {
 /// `ablate summary`: the results table, optionally paired against a baseline.
 pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
     let sweep = args.target.load()?;
-    print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, args.baseline.as_deref())?);
+    use ablate::run::summary::Pairing;
+    let pairing = match (&args.baseline, args.ladder) {
+        (Some(b), _) => Some(Pairing::Baseline(b)),
+        (None, true) => Some(Pairing::Ladder),
+        (None, false) => None,
+    };
+    print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, pairing)?);
     Ok(())
 }
 

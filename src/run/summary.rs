@@ -60,21 +60,55 @@ impl Table {
     }
 }
 
-/// The summary of `dir` as markdown: the per-variant table, then, with `baseline` (`heads=1`,
-/// `transformer.heads=1` or a variant's label), the paired comparison against it.
-pub fn summary_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Result<String> {
-    let tables = summary_tables(dir, recipe, baseline)?;
+/// What the paired table compares, seed by seed: every variant with one baseline (`heads=1`,
+/// `transformer.heads=1` or a variant's label), or each variant with the one listed before it (a ladder,
+/// each rung adding one thing to the rung below).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pairing<'a> {
+    Baseline(&'a str),
+    Ladder,
+}
+
+/// A [`Pairing`] resolved to the variants of a runs.csv.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reference {
+    Baseline(usize),
+    Ladder,
+}
+
+impl Reference {
+    /// The comparisons (variant, the variant it is paired against), in variant order: one family for Holm.
+    fn pairs(self, variants: usize) -> Vec<(usize, usize)> {
+        match self {
+            Reference::Baseline(base) => (0..variants).filter(|&i| i != base).map(|i| (i, base)).collect(),
+            Reference::Ladder => (1..variants).map(|i| (i, i - 1)).collect(),
+        }
+    }
+}
+
+/// The summary of `dir` as markdown: the per-variant table, then, with a `pairing`, the paired comparisons.
+pub fn summary_table(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<String> {
+    let tables = summary_tables(dir, recipe, pairing)?;
     Ok(tables.iter().map(Table::markdown).collect::<Vec<_>>().join("\n"))
 }
 
 /// [`summary_table`]'s tables.
-pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Result<Vec<Table>> {
+pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<Vec<Table>> {
     let path = dir.join("runs.csv");
     let runs = read_runs(&path).with_context(|| format!("no results to summarise in {}", dir.display()))?;
     let metrics = headline_metrics(recipe, &runs);
     let variants = variants_of(&runs);
     // Resolve the baseline before anything else, so a bad one is one line and no table.
-    let baseline = baseline.map(|b| find_baseline(&runs, &variants, b)).transpose()?;
+    let reference = match pairing {
+        Some(Pairing::Baseline(b)) => Some(Reference::Baseline(find_baseline(&runs, &variants, b)?)),
+        Some(Pairing::Ladder) if variants.len() < 2 => bail!("--ladder needs at least two variants"),
+        Some(Pairing::Ladder) => Some(Reference::Ladder),
+        None => None,
+    };
+    let baseline = match reference {
+        Some(Reference::Baseline(base)) => Some(base),
+        _ => None,
+    };
     let confidence = 100.0 * CONFIDENCE;
     let note = format!(
         "Per variant: n runs (seeds), then each metric as mean ± sample std [{confidence:.0}% confidence interval \
@@ -107,8 +141,8 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, baseline: Option<&str>) -> Re
     if let Some(tuning) = &recipe.tuning {
         tables.push(tuning_cost(&path, tuning)?);
     }
-    if let Some(base) = baseline {
-        tables.push(paired_table(&runs, &variants, base, &metrics));
+    if let Some(reference) = reference {
+        tables.push(paired_table(&runs, &variants, reference, &metrics));
     }
     if let Some((check, settings)) = &recipe.scale_check {
         let check_dir = dir.join("scale_check");
@@ -239,18 +273,29 @@ fn tuning_cost(runs_csv: &Path, tuning: &crate::recipe::Tuning) -> Result<Table>
     Ok(Table { note, header, rows })
 }
 
-/// Paired differences (variant − baseline) over the seeds both ran, per headline metric, with each p-value
-/// raw and Holm-adjusted over its family: the comparisons of one metric against the baseline (one per
-/// other variant). A difference is called better or worse only where the adjusted p is below `ALPHA`.
-fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, metrics: &[Metric]) -> Table {
-    let base_label = &variants[base].0;
+/// Paired differences (variant − its reference) over the seeds both ran, per headline metric, with each
+/// p-value raw and Holm-adjusted over its family: the comparisons of one metric (one per compared variant).
+/// A difference is called better or worse only where the adjusted p is below `ALPHA`.
+fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], reference: Reference, metrics: &[Metric]) -> Table {
     let confidence = 100.0 * CONFIDENCE;
-    let others = variants.len() - 1;
+    let pairs = reference.pairs(variants.len());
+    let others = pairs.len();
+    let (what, family) = match reference {
+        Reference::Baseline(base) => (
+            format!("Paired against `{}`: per seed the difference variant − baseline", variants[base].0),
+            "with the baseline",
+        ),
+        Reference::Ladder => (
+            "As a ladder: each variant paired with the one listed before it, per seed the difference variant − \
+             previous"
+                .to_string(),
+            "along the ladder",
+        ),
+    };
     let note = format!(
-        "Paired against `{base_label}`: per seed the difference variant − baseline; mean difference \
-         [{confidence:.0}% CI]; two-sided paired t-test p-value, raw and Holm–Bonferroni-adjusted over the \
-         family of the {others} comparison(s) of that metric with the baseline; marked better or worse where \
-         the adjusted p is below {ALPHA}. Fewer than two shared seeds: no test."
+        "{what}; mean difference [{confidence:.0}% CI]; two-sided paired t-test p-value, raw and \
+         Holm–Bonferroni-adjusted over the family of the {others} comparison(s) of that metric {family}; marked \
+         better or worse where the adjusted p is below {ALPHA}. Fewer than two shared seeds: no test."
     );
     let header = [
         "variant",
@@ -267,15 +312,19 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], base: usize, m
     // Every comparison first, so that each metric's family is adjusted together.
     let compared: Vec<Vec<(usize, Option<Paired>)>> = metrics
         .iter()
-        .map(|m| against_baseline(runs, variants, base, m.column_name().expect("filtered to columns")))
+        .map(|m| compare(runs, variants, &pairs, m.column_name().expect("filtered to columns")))
         .collect();
     let adjusted: Vec<Vec<f64>> = compared.iter().map(|family| holm_adjusted(family)).collect();
     let mut rows = Vec::new();
-    for (k, label) in variants.iter().enumerate().filter(|&(i, _)| i != base).map(|(_, (l, _))| l).enumerate() {
+    for (k, &(v, against)) in pairs.iter().enumerate() {
+        let label = match reference {
+            Reference::Baseline(_) => variants[v].0.clone(),
+            Reference::Ladder => format!("{} vs {}", variants[v].0, variants[against].0),
+        };
         for (j, m) in metrics.iter().enumerate() {
             let (shared, comparison) = &compared[j][k];
             rows.push(match comparison {
-                Some(p) => paired_row(label, m, p, adjusted[j][k]),
+                Some(p) => paired_row(&label, m, p, adjusted[j][k]),
                 None => {
                     vec![label.clone(), m.axis(), shared.to_string(), "–".into(), "–".into(), "–".into(), "–".into()]
                 }
@@ -290,21 +339,31 @@ fn holm_adjusted(family: &[(usize, Option<Paired>)]) -> Vec<f64> {
     holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>())
 }
 
-/// Each other variant's comparison with variant `base` in `column`, in variant order: the seeds they share,
-/// and the paired test over them (`None` below two shared seeds).
+/// Each other variant's comparison with variant `base` in `column`, in variant order (see [`compare`]).
 fn against_baseline(
     runs: &[Row],
     variants: &[(String, Vec<String>)],
     base: usize,
     column: &str,
 ) -> Vec<(usize, Option<Paired>)> {
-    let b = seed_values(runs, &variants[base].1, column);
-    (0..variants.len())
-        .filter(|&i| i != base)
-        .map(|i| {
-            let v = seed_values(runs, &variants[i].1, column);
-            let shared = v.iter().filter(|(s, _)| b.iter().any(|(bs, _)| bs == s)).count();
-            (shared, paired(&b, &v))
+    compare(runs, variants, &Reference::Baseline(base).pairs(variants.len()), column)
+}
+
+/// For each (variant, reference) of `pairs`, in `column`: the seeds they share, and the paired test of
+/// variant − reference over them (`None` below two shared seeds).
+fn compare(
+    runs: &[Row],
+    variants: &[(String, Vec<String>)],
+    pairs: &[(usize, usize)],
+    column: &str,
+) -> Vec<(usize, Option<Paired>)> {
+    pairs
+        .iter()
+        .map(|&(v, against)| {
+            let r = seed_values(runs, &variants[against].1, column);
+            let v = seed_values(runs, &variants[v].1, column);
+            let shared = v.iter().filter(|(s, _)| r.iter().any(|(rs, _)| rs == s)).count();
+            (shared, paired(&r, &v))
         })
         .collect()
 }
@@ -497,10 +556,10 @@ mod tests {
     }
     use super::*;
 
-    /// Three variants against a baseline, three seeds each, one metric: the adjusted column is Holm over the
-    /// three raw p-values, and only an adjusted p below 0.05 earns a direction.
-    #[test]
-    fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
+    type Variants = Vec<(String, Vec<String>)>;
+
+    /// Four variants, three seeds each, one metric (test loss).
+    fn four_variants() -> (Vec<Row>, Variants, Metric) {
         let values = [
             ("base", [1.00, 1.10, 0.95]),
             ("small", [0.97, 1.085, 0.925]),
@@ -523,8 +582,15 @@ mod tests {
             }
         }
         let variants = variants_of(&runs);
-        let metric = Metric::column("test_loss", "test loss", "nats", false);
-        let table = paired_table(&runs, &variants, 0, &[metric]);
+        (runs, variants, Metric::column("test_loss", "test loss", "nats", false))
+    }
+
+    /// Three variants against a baseline: the adjusted column is Holm over the three raw p-values, and only
+    /// an adjusted p below 0.05 earns a direction.
+    #[test]
+    fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
+        let (runs, variants, metric) = four_variants();
+        let table = paired_table(&runs, &variants, Reference::Baseline(0), &[metric]);
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
         let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
         let adjusted: Vec<f64> = table.rows.iter().map(|r| r[5].parse().unwrap()).collect();
@@ -541,6 +607,25 @@ mod tests {
             raw[0] < ALPHA && adjusted[0] >= ALPHA,
             "the small gain is significant raw but not after Holm: {raw:?} {adjusted:?}"
         );
+    }
+
+    #[test]
+    fn a_ladder_pairs_each_variant_with_the_one_before_it_and_adjusts_along_the_ladder() {
+        let (runs, variants, metric) = four_variants();
+        // Each variant meets the one before it: small − base, clear − small, noise − clear, Holm over those
+        // three. clear − small is −0.07, −0.095, −0.065 (mean −0.0767, sd 0.0161: t = −8.25, two
+        // degrees of freedom, p = 0.0144 by p = 1 − |t|/√(t² + 2)).
+        let ladder = paired_table(&runs, &variants, Reference::Ladder, &[metric]);
+        let labels: Vec<&str> = ladder.rows.iter().map(|r| r[0].as_str()).collect();
+        assert_eq!(labels, ["small vs base", "clear vs small", "noise vs clear"]);
+        assert!(ladder.rows[1][3].starts_with("-0.0767"), "{:?}", ladder.rows[1]);
+        assert_eq!(ladder.rows[1][4], "0.014");
+        let raw: Vec<f64> = ladder.rows.iter().map(|r| r[4].parse().unwrap()).collect();
+        let adjusted: Vec<f64> = ladder.rows.iter().map(|r| r[5].parse().unwrap()).collect();
+        for (a, e) in adjusted.iter().zip(&holm(&raw)) {
+            assert!((a - e).abs() < 2e-3, "{adjusted:?} against Holm of {raw:?}");
+        }
+        assert!(ladder.note.contains("3 comparison(s) of that metric along the ladder"), "{}", ladder.note);
     }
 
     #[test]
