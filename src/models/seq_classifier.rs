@@ -38,6 +38,7 @@ impl SeqClassifier {
         let final_norm = layers::final_norm(vs / "final_norm", d, spec, 1e-5);
         let stack = Stack::new(spec, positions, global_tokens, layers, final_norm);
         let head = nn::linear(vs / "head", d, classes, Default::default());
+        // Value embeddings' tables come last, so that every other parameter draws as it did before them.
         let stack = stack.with_value_embeddings(ValueEmbeddings::new(&(vs / "value_embeddings"), spec, vocab + 2));
         Self { embedding, stack, head, pool, vocab, logit_softcap: spec.logit_softcap }
     }
