@@ -298,3 +298,97 @@ fn padding_changes_no_class_score_under_any_pattern_position_scheme_or_pooling()
         }
     }
 }
+
+/// The best share of `examples` that one threshold on a one-number summary classifies correctly (either
+/// side of the threshold may be the positive one).
+fn best_threshold_accuracy(examples: &[(f64, u32)]) -> f64 {
+    let mut sorted = examples.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let positives = sorted.iter().filter(|e| e.1 == 1).count();
+    let n = sorted.len();
+    // Below the threshold every example is called negative, above it positive: sweep the threshold up
+    // through the sorted values, moving one example at a time (ties moved together).
+    let mut right = positives; // everything called positive
+    let mut best = right.max(n - right);
+    let mut i = 0;
+    while i < n {
+        let v = sorted[i].0;
+        while i < n && sorted[i].0 == v {
+            if sorted[i].1 == 1 {
+                right -= 1
+            } else {
+                right += 1
+            }
+            i += 1;
+        }
+        best = best.max(right.max(n - right));
+    }
+    best as f64 / n as f64
+}
+
+#[test]
+fn the_threshold_helper_finds_a_perfect_split_and_none_in_noise() {
+    let split: Vec<(f64, u32)> = (0..100).map(|i| (i as f64, u32::from(i >= 40))).collect();
+    assert_eq!(best_threshold_accuracy(&split), 1.0);
+    let reversed: Vec<(f64, u32)> = (0..100).map(|i| (i as f64, u32::from(i < 40))).collect();
+    assert_eq!(best_threshold_accuracy(&reversed), 1.0);
+    let constant: Vec<(f64, u32)> = (0..100).map(|i| (1.0, (i % 2) as u32)).collect();
+    assert_eq!(best_threshold_accuracy(&constant), 0.5);
+}
+
+#[test]
+fn no_one_number_summary_of_the_dots_gives_a_pathfinder_label_away() {
+    // Positives mark the two ends of one contour of bounded length, so their dots were close together and a
+    // negative's (ends of two contours) anywhere: one threshold on the dots' distance classified 74.5% of
+    // a first generator's images (and the dots' mean row 61.8%). Both classes now start from the ends of
+    // one contour and keep an image only if it completes either way. 2,000 images: the best threshold on
+    // a summary that carries nothing stays within about 3 points of half at this size.
+    let n = 32;
+    let spec = pathfinder::Spec::sized(n, 14);
+    let examples = lra::try_examples_of(12, Split::Train, 2000, |r| pathfinder::generate(r, &spec)).unwrap();
+    let centre = (n as f64 - 1.0) / 2.0;
+    // Lit pixels within 3 pixels of a dot, the dot itself left out.
+    let near = |px: &[u32], (r, c): (usize, usize)| {
+        let rows = r.saturating_sub(3)..=(r + 3).min(n - 1);
+        rows.flat_map(|rr| (c.saturating_sub(3)..=(c + 3).min(n - 1)).map(move |cc| (rr, cc)))
+            .filter(|&(rr, cc)| (rr.abs_diff(r) > 1 || cc.abs_diff(c) > 1) && px[rr * n + cc] > 0)
+            .count() as f64
+    };
+    type Summary =
+        (&'static str, fn(&[u32], (usize, usize), (usize, usize), &dyn Fn(&[u32], (usize, usize)) -> f64, f64) -> f64);
+    let summaries: [Summary; 10] = [
+        ("Euclidean distance between the dots", |_, a, b, _, _| {
+            ((a.0 as f64 - b.0 as f64).powi(2) + (a.1 as f64 - b.1 as f64).powi(2)).sqrt()
+        }),
+        ("Chebyshev distance between the dots", |_, a, b, _, _| a.0.abs_diff(b.0).max(a.1.abs_diff(b.1)) as f64),
+        ("lit pixels", |px, _, _, _, _| px.iter().filter(|&&p| p > 0).count() as f64),
+        ("mean row of the dots", |_, a, b, _, _| (a.0 + b.0) as f64 / 2.0),
+        ("mean column of the dots", |_, a, b, _, _| (a.1 + b.1) as f64 / 2.0),
+        ("distance of the dots' midpoint from the centre", |_, a, b, _, centre| {
+            (((a.0 + b.0) as f64 / 2.0 - centre).powi(2) + ((a.1 + b.1) as f64 / 2.0 - centre).powi(2)).sqrt()
+        }),
+        ("nearer dot's distance from the centre", |_, a, b, _, centre| {
+            let d = |p: (usize, usize)| ((p.0 as f64 - centre).powi(2) + (p.1 as f64 - centre).powi(2)).sqrt();
+            d(a).min(d(b))
+        }),
+        ("lit pixels near both dots", |px, a, b, near, _| near(px, a) + near(px, b)),
+        ("fewer lit pixels near one dot", |px, a, b, near, _| near(px, a).min(near(px, b))),
+        ("more lit pixels near one dot", |px, a, b, near, _| near(px, a).max(near(px, b))),
+    ];
+    let mut failures = Vec::new();
+    for (name, summary) in summaries {
+        let values: Vec<(f64, u32)> = examples
+            .iter()
+            .map(|e| {
+                let d = dots(&e.tokens, n);
+                (summary(&e.tokens, d[0], d[1], &near, centre), e.label)
+            })
+            .collect();
+        let best = best_threshold_accuracy(&values);
+        eprintln!("{name}: {best:.3}");
+        if best > 0.60 {
+            failures.push(format!("{name}: {best:.3}"));
+        }
+    }
+    assert!(failures.is_empty(), "one threshold classifies more than 60% of the images by {failures:?}");
+}
