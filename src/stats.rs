@@ -217,11 +217,7 @@ fn noncentral_t_cdf(x: f64, df: f64, ncp: f64) -> f64 {
 /// `effect` standard deviations of the differences (Cohen's d of the differences); statsmodels'
 /// `TTestPower().power`.
 pub fn paired_t_power(effect: f64, n: usize) -> f64 {
-    assert!(n >= 2, "a paired t-test needs two pairs");
-    let df = n as f64 - 1.0;
-    let ncp = effect * (n as f64).sqrt();
-    let critical = StudentsT::new(0.0, 1.0, df).expect("df > 0").inverse_cdf(1.0 - ALPHA / 2.0);
-    1.0 - noncentral_t_cdf(critical, df, ncp) + noncentral_t_cdf(-critical, df, ncp)
+    paired_t_power_at(effect, n, ALPHA)
 }
 
 /// The smallest effect (in standard deviations of the paired differences) that `n` pairs detect with
@@ -270,6 +266,180 @@ pub fn seeds_needed(effect: f64) -> Option<usize> {
         }
     }
     Some(hi)
+}
+
+/// Schuirmann's two one-sided tests (TOST, 1987) of equivalence on paired differences: both "mean ≤ −δ" and
+/// "mean ≥ +δ" rejected at level α means the mean difference lies within ±δ. The p-value is the larger of
+/// the two one-sided p-values (statsmodels' `ttost_paired(variant, baseline, -delta, delta)[0]`). NaN below
+/// two pairs; with no spread, 0 when the mean lies strictly inside the margin and 1 otherwise.
+pub fn tost_p(differences: &[f64], delta: f64) -> f64 {
+    assert!(delta > 0.0, "an equivalence margin is positive");
+    if differences.len() < 2 {
+        return f64::NAN;
+    }
+    let e = Estimate::of(differences);
+    let se = e.std / (e.n as f64).sqrt();
+    if se == 0.0 {
+        return if e.mean.abs() < delta { 0.0 } else { 1.0 };
+    }
+    let t = StudentsT::new(0.0, 1.0, e.n as f64 - 1.0).expect("df > 0");
+    let p_lower = 1.0 - t.cdf((e.mean + delta) / se);
+    let p_upper = t.cdf((e.mean - delta) / se);
+    p_lower.max(p_upper)
+}
+
+/// The power of a two-sided paired t-test at level `alpha` with `n` pairs to detect a mean difference of
+/// `effect` standard deviations of the differences.
+pub fn paired_t_power_at(effect: f64, n: usize, alpha: f64) -> f64 {
+    assert!(n >= 2, "a paired t-test needs two pairs");
+    let df = n as f64 - 1.0;
+    let ncp = effect * (n as f64).sqrt();
+    let critical = StudentsT::new(0.0, 1.0, df).expect("df > 0").inverse_cdf(1.0 - alpha / 2.0);
+    1.0 - noncentral_t_cdf(critical, df, ncp) + noncentral_t_cdf(-critical, df, ncp)
+}
+
+/// A lower bound on the power of TOST at level `alpha` with `n` pairs, margin ±`margin` and a true mean
+/// difference of 0 (both in standard deviations of the differences): each one-sided test's power from the
+/// noncentral t, joined by P(A ∩ B) ≥ P(A) + P(B) − 1. The bound is tight where the power is high, which
+/// is where seeds are planned (0.8), and errs towards more seeds.
+pub fn tost_power_lower_bound(margin: f64, n: usize, alpha: f64) -> f64 {
+    assert!(n >= 2, "a paired test needs two pairs");
+    let df = n as f64 - 1.0;
+    let ncp = margin * (n as f64).sqrt();
+    let critical = StudentsT::new(0.0, 1.0, df).expect("df > 0").inverse_cdf(1.0 - alpha);
+    // P(T_lower > t_c) with T_lower ~ t(df, +ncp); by symmetry P(T_upper < −t_c) is the same.
+    let one_sided = 1.0 - noncentral_t_cdf(critical, df, ncp);
+    (2.0 * one_sided - 1.0).max(0.0)
+}
+
+/// The most seeds a plan or a verdict names; beyond it a comparison is called unsettleable here.
+pub const MOST_SEEDS: usize = 10_000;
+
+/// The pairs (seeds) that settle a comparison whose paired differences have standard deviation `sd`, at
+/// the smallest effect that matters `delta`, tested at level `alpha` (a family's Bonferroni level, the first
+/// step of Holm): enough that the paired t-test detects a difference of δ with power `POWER`, and that TOST
+/// declares equivalence within ±δ with power `POWER` when there is no difference. Whichever way the truth
+/// lies, a verdict is then likely. It reads the spread and δ only, never the observed difference, so
+/// adding these seeds after a pilot leaves the tests' error rates as they were (an internal pilot: Wittes
+/// & Brittain 1990). `None` above `MOST_SEEDS` (or with no spread to plan from).
+pub fn seeds_to_settle(sd: f64, delta: f64, alpha: f64) -> Option<usize> {
+    if !(sd.is_finite() && sd > 0.0 && delta.is_finite() && delta > 0.0) {
+        return None;
+    }
+    let effect = delta / sd;
+    let enough =
+        |n: usize| paired_t_power_at(effect, n, alpha) >= POWER && tost_power_lower_bound(effect, n, alpha) >= POWER;
+    let (mut lo, mut hi) = (1, 2);
+    while !enough(hi) {
+        if hi >= MOST_SEEDS {
+            return None;
+        }
+        (lo, hi) = (hi, (hi * 2).min(MOST_SEEDS));
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if enough(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
+/// What a comparison settles to, by fixed rules over one family of comparisons (Holm-adjusted):
+/// better or worse when the difference test's adjusted p is below `ALPHA`; equivalent within ±δ when
+/// TOST's adjusted p is; otherwise inconclusive, with the seeds that would settle it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// Significantly better; `negligible` when the whole difference also lies within ±δ (TOST rejects
+    /// too): real, but smaller than what matters.
+    Better {
+        negligible: bool,
+    },
+    Worse {
+        negligible: bool,
+    },
+    /// No difference larger than δ either way.
+    Equivalent,
+    /// Neither: `seeds` (in total, per arm) would settle it, `None` above `MOST_SEEDS`.
+    Inconclusive {
+        seeds: Option<usize>,
+    },
+    /// Fewer than two shared seeds: no test.
+    Untested,
+}
+
+impl Verdict {
+    /// Decides from the mean difference (variant − reference), whether higher is better, the two
+    /// Holm-adjusted p-values and the seeds-to-settle rule's answer.
+    pub fn decide(
+        mean: f64,
+        higher_is_better: bool,
+        p_difference: f64,
+        p_equivalence: f64,
+        seeds: Option<usize>,
+    ) -> Verdict {
+        if p_difference.is_nan() || p_equivalence.is_nan() {
+            return Verdict::Untested;
+        }
+        let negligible = p_equivalence < ALPHA;
+        if p_difference < ALPHA {
+            if (mean > 0.0) == higher_is_better {
+                Verdict::Better { negligible }
+            } else {
+                Verdict::Worse { negligible }
+            }
+        } else if negligible {
+            Verdict::Equivalent
+        } else {
+            Verdict::Inconclusive { seeds }
+        }
+    }
+
+    /// The word a table prints, with δ: `better`, `worse`, `equivalent (±0.01)`, `inconclusive (≈ 11 seeds)`.
+    pub fn describe(&self, delta: &str) -> String {
+        match self {
+            Verdict::Better { negligible: false } => "better".into(),
+            Verdict::Worse { negligible: false } => "worse".into(),
+            Verdict::Better { negligible: true } => format!("better, by less than ±{delta}"),
+            Verdict::Worse { negligible: true } => format!("worse, by less than ±{delta}"),
+            Verdict::Equivalent => format!("equivalent (±{delta})"),
+            Verdict::Inconclusive { seeds: Some(n) } => format!("inconclusive (about {n} seeds would settle it)"),
+            Verdict::Inconclusive { seeds: None } => {
+                format!("inconclusive (more than {MOST_SEEDS} seeds would be needed)")
+            }
+            Verdict::Untested => "untested (fewer than two shared seeds)".into(),
+        }
+    }
+
+    /// The verdict's class in one word (for counting and for `verdicts.csv`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Verdict::Better { .. } => "better",
+            Verdict::Worse { .. } => "worse",
+            Verdict::Equivalent => "equivalent",
+            Verdict::Inconclusive { .. } => "inconclusive",
+            Verdict::Untested => "untested",
+        }
+    }
+
+    pub fn is_decided(&self) -> bool {
+        matches!(self, Verdict::Better { .. } | Verdict::Worse { .. } | Verdict::Equivalent)
+    }
+}
+
+/// Whether a comparison decided at two scales agrees: `holds at both` (the same decided direction, or
+/// equivalent at both), `sign differs` (better at one, worse at the other), else `one scale only` (decided at
+/// one, or decided differently short of a reversal), or `inconclusive at both`.
+pub fn across_scales(here: Verdict, there: Verdict) -> &'static str {
+    use Verdict::*;
+    match (here, there) {
+        (Better { .. }, Better { .. }) | (Worse { .. }, Worse { .. }) | (Equivalent, Equivalent) => "holds at both",
+        (Better { .. }, Worse { .. }) | (Worse { .. }, Better { .. }) => "sign differs",
+        (a, b) if !a.is_decided() && !b.is_decided() => "inconclusive at both",
+        _ => "one scale only",
+    }
 }
 
 #[cfg(test)]
@@ -390,5 +560,88 @@ mod tests {
         assert!(!agreement(&[], &[1.0]).reproduces);
         assert_eq!(format_p(0.0004), "< 0.001");
         assert_eq!(format_p(0.04321), "0.043");
+    }
+
+    // Reference values computed once with statsmodels 0.15.0:
+    //   statsmodels.stats.weightstats.ttost_paired(variant, baseline, -delta, delta)[0]
+    //   TTestPower().power(effect_size=1.0, nobs=10, alpha=0.0125, alternative="two-sided")
+    // and TOST's power by simulation (numpy, 400,000 draws of n standard normal differences, seed 0).
+    #[test]
+    fn tost_matches_statsmodels_ttost_paired() {
+        let baseline = [2.41, 2.45, 2.38, 2.50];
+        let variant = [2.30, 2.39, 2.33, 2.41];
+        let d: Vec<f64> = variant.iter().zip(&baseline).map(|(v, b)| v - b).collect();
+        for (delta, expected) in [(0.05, 0.9301511301831376), (0.1, 0.10037268807121019), (0.2, 0.0014973559084275865)]
+        {
+            assert!(close(tost_p(&d, delta), expected, 1e-6), "δ {delta}: {}", tost_p(&d, delta));
+        }
+        let d: Vec<f64> = [1.002, 1.097, 0.953].iter().zip(&[1.00, 1.10, 0.95]).map(|(v, b)| v - b).collect();
+        assert!(close(tost_p(&d, 0.01), 0.01867008507923033, 1e-6));
+        assert!(close(tost_p(&d, 0.02), 0.004544882459784162, 1e-6));
+        assert!(tost_p(&[0.1], 0.5).is_nan());
+        assert_eq!((tost_p(&[0.1, 0.1], 0.5), tost_p(&[0.6, 0.6], 0.5)), (0.0, 1.0));
+    }
+
+    #[test]
+    fn holm_of_mixed_p_values_matches_statsmodels() {
+        let adjusted = holm(&[0.0123, 0.2, 0.0004, 0.049]);
+        for (a, e) in adjusted.iter().zip([0.0369, 0.2, 0.0016, 0.098]) {
+            assert!(close(*a, e, 1e-12), "{adjusted:?}");
+        }
+    }
+
+    #[test]
+    fn power_at_a_family_level_and_tost_power_bound_against_references() {
+        assert!((paired_t_power_at(1.0, 10, 0.0125) - 0.5473318804488909).abs() < 1e-6);
+        // The bound never exceeds the simulated power and is within 0.03 of it where power is high.
+        for (margin, n, alpha, simulated) in
+            [(1.0, 10, 0.05, 0.7951), (1.5, 6, 0.05, 0.8628), (1.0, 14, 0.0125, 0.7412)]
+        {
+            let bound = tost_power_lower_bound(margin, n, alpha);
+            assert!(
+                bound <= simulated + 0.003 && bound >= simulated - 0.03,
+                "{margin} {n} {alpha}: {bound} vs {simulated}"
+            );
+        }
+    }
+
+    #[test]
+    fn seeds_to_settle_read_the_spread_and_delta_only() {
+        // The rule has no argument for the observed difference; it scales with (sd/δ) and grows with the
+        // family (a smaller level).
+        let n = seeds_to_settle(0.01, 0.01, ALPHA).unwrap();
+        assert_eq!(seeds_to_settle(0.02, 0.02, ALPHA), Some(n), "only the ratio matters");
+        assert!(n >= seeds_needed(1.0).unwrap(), "at least what detection alone needs");
+        assert!(paired_t_power(1.0, n) >= POWER && tost_power_lower_bound(1.0, n, ALPHA) >= POWER);
+        assert!(tost_power_lower_bound(1.0, n - 1, ALPHA) < POWER || paired_t_power(1.0, n - 1) < POWER);
+        assert!(seeds_to_settle(0.02, 0.01, ALPHA).unwrap() > n);
+        assert!(seeds_to_settle(0.01, 0.01, ALPHA / 4.0).unwrap() > n);
+        assert_eq!(seeds_to_settle(0.0, 0.01, ALPHA), None);
+        assert_eq!(seeds_to_settle(1.0, 1e-4, ALPHA), None, "beyond the cap");
+    }
+
+    #[test]
+    fn verdicts_follow_the_fixed_rules() {
+        let decide = Verdict::decide;
+        assert_eq!(decide(-0.05, false, 0.01, 0.9, Some(9)), Verdict::Better { negligible: false });
+        assert_eq!(decide(-0.05, true, 0.01, 0.9, Some(9)), Verdict::Worse { negligible: false });
+        assert_eq!(decide(0.002, false, 0.01, 0.01, None), Verdict::Worse { negligible: true });
+        assert_eq!(decide(0.002, false, 0.3, 0.01, None), Verdict::Equivalent);
+        assert_eq!(decide(0.002, false, 0.3, 0.2, Some(12)), Verdict::Inconclusive { seeds: Some(12) });
+        assert_eq!(decide(0.002, false, f64::NAN, f64::NAN, None), Verdict::Untested);
+        assert_eq!(Verdict::Equivalent.describe("0.01"), "equivalent (±0.01)");
+        assert!(!Verdict::Inconclusive { seeds: Some(5) }.describe("0.01").contains("distinguishable"));
+        let (b, w, e, i) = (
+            Verdict::Better { negligible: false },
+            Verdict::Worse { negligible: true },
+            Verdict::Equivalent,
+            Verdict::Inconclusive { seeds: None },
+        );
+        assert_eq!(across_scales(b, b), "holds at both");
+        assert_eq!(across_scales(e, e), "holds at both");
+        assert_eq!(across_scales(b, w), "sign differs");
+        assert_eq!(across_scales(b, i), "one scale only");
+        assert_eq!(across_scales(b, e), "one scale only");
+        assert_eq!(across_scales(i, Verdict::Untested), "inconclusive at both");
     }
 }

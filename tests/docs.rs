@@ -205,3 +205,73 @@ fn docs_testing_md_indexes_every_test_file_and_test() {
         "docs/testing.md's test index differs from tests/: regenerate it with `ABLATE_BLESS=1 cargo test --release --test docs`"
     );
 }
+
+/// A committed verdict block's command, split into words (double quotes keep a baseline with spaces whole).
+fn words(command: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    for c in command.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+/// The verdict block of a results README as its marker's command writes it from today's CSVs.
+fn regenerated(command: &str) -> String {
+    use ablate::run::summary::Pairing;
+    let w = words(command);
+    assert!(w.len() >= 5 && w[0] == "ablate" && w[1] == "summary" && w[3] == "--out", "{command}");
+    let recipe = ablate::recipe::load(&root().join(&w[2]), false).unwrap_or_else(|e| panic!("{command}: {e}"));
+    let baseline = w.iter().position(|a| a == "--baseline").map(|i| w[i + 1].clone());
+    let pairing = match (&baseline, w.iter().any(|a| a == "--ladder")) {
+        (Some(b), _) => Some(Pairing::Baseline(b.as_str())),
+        (None, true) => Some(Pairing::Ladder),
+        (None, false) => None,
+    };
+    ablate::run::verdicts::block(&root().join(&w[4]), &recipe, pairing, command)
+        .unwrap_or_else(|e| panic!("{command}: {e:#}"))
+}
+
+/// Every results directory that holds comparisons (a `runs.csv` of two or more variants) carries a verdict
+/// block, and every committed block is what its command writes from the CSVs today: prose may explain a
+/// verdict, but the verdicts themselves are never typed by hand.
+#[test]
+fn every_results_readme_carries_the_verdicts_its_csvs_give() {
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root().join("results")).unwrap() {
+        let dir = entry.unwrap().path();
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap_or_default();
+        match ablate::run::verdicts::committed(&readme) {
+            Some((block, command)) => {
+                assert!(
+                    block == regenerated(&command),
+                    "{}: the verdict block differs from what its command writes today: run `target/release/{command}`",
+                    dir.display()
+                );
+                checked += 1;
+            }
+            None => {
+                let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).ok();
+                if runs.is_some_and(|r| ablate::run::results::variants_of(&r).len() >= 2) {
+                    missing.push(dir.file_name().unwrap().to_string_lossy().to_string());
+                }
+            }
+        }
+    }
+    missing.sort();
+    assert!(missing.is_empty(), "results directories without a verdict block: {missing:?}");
+    assert!(checked > 0);
+}

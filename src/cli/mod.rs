@@ -68,6 +68,11 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
+    /// The recipe as given on the command line.
+    pub fn recipe(&self) -> &std::path::Path {
+        &self.recipe
+    }
+
     /// The training recipe with its overrides, and its output directory (as a full run writes it).
     fn load(&self) -> anyhow::Result<target::Sweep> {
         target::Sweep::load(&self.recipe, false, &self.overrides.parse()?, self.out.clone())

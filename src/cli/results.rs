@@ -31,6 +31,10 @@ pub struct SummaryArgs {
     /// whose every rung adds one thing to the rung below (recipes/modern_lm.yaml).
     #[arg(long, conflicts_with = "baseline")]
     ladder: bool,
+    /// Write the verdicts into the results directory's README.md, between markers that name this command
+    /// (replacing the block written before), instead of printing the tables.
+    #[arg(long)]
+    readme: bool,
 }
 
 #[derive(clap::Args)]
@@ -83,6 +87,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
     };
     let (path, recipe) = (&sweep.path, &sweep.recipe);
     ablate::tasks::memory::check_runs_fit(&path.display().to_string(), &recipe.runs)?;
+    ablate::run::summary::check_compare(recipe)?;
     if args.columns {
         return print_columns(recipe);
     }
@@ -136,6 +141,20 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
         (None, true) => Some(Pairing::Ladder),
         (None, false) => None,
     };
+    if args.readme {
+        let mut command = format!("ablate summary {} --out {}", args.target.recipe().display(), sweep.out.display());
+        match (&args.baseline, args.ladder) {
+            (Some(b), _) if b.contains(' ') => command.push_str(&format!(" --baseline \"{b}\"")),
+            (Some(b), _) => command.push_str(&format!(" --baseline {b}")),
+            (None, true) => command.push_str(" --ladder"),
+            (None, false) => {}
+        }
+        command.push_str(" --readme");
+        let block = ablate::run::verdicts::block(&sweep.out, &sweep.recipe, pairing, &command)?;
+        ablate::run::verdicts::write_block(&sweep.out, &block)?;
+        eprintln!("ablate: wrote the verdicts into {}", sweep.out.join("README.md").display());
+        return Ok(());
+    }
     print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, pairing)?);
     Ok(())
 }

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+pub mod compare;
 pub mod convert;
 pub mod keys;
 pub mod lines;
@@ -91,6 +92,8 @@ struct RecipeFile {
     /// into `<out>/scale_check/`.
     #[serde(default)]
     scale_check: Mapping,
+    /// The comparisons the results answer and the smallest effect that matters per metric.
+    compare: Option<compare::CompareFile>,
 }
 
 /// The sections as their structs, read straight from the text only to report a mistake in them at its
@@ -116,6 +119,7 @@ struct TypedSections {
     smoke: Option<Value>,
     tune: Option<Value>,
     scale_check: Option<Value>,
+    compare: Option<Value>,
 }
 
 /// The config sections of a recipe file, in schema order.
@@ -158,6 +162,8 @@ pub struct Recipe {
     /// With `scale_check:`, the same recipe at the second scale (its settings applied to every run as
     /// overrides are), and those settings as `key=value` text.
     pub scale_check: Option<(Box<Recipe>, Vec<String>)>,
+    /// With `compare:`, the comparisons its results answer and their margins.
+    pub compare: Option<compare::Compare>,
 }
 
 impl Recipe {
@@ -381,6 +387,7 @@ fn parse_one_scale(
         None => (None, runs),
     };
     let second = second_scale(&src, &parsed, &sweep_keys)?;
+    let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c)).transpose()?;
     let recipe = Recipe {
         file: file.into(),
         name: parsed.name.unwrap_or_else(|| stem.to_string()),
@@ -392,6 +399,7 @@ fn parse_one_scale(
         overrides: overrides.clone(),
         tuning,
         scale_check: None,
+        compare,
     };
     Ok((recipe, second))
 }

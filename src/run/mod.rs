@@ -11,10 +11,12 @@ pub mod report;
 pub mod reproduce;
 pub mod results;
 pub mod scale;
+pub mod settle;
 pub mod summary;
 pub mod sweep;
 pub mod tensorboard;
 pub mod tune;
+pub mod verdicts;
 
 /// What every finished results directory gets from its CSVs, in this order: the plots, the TensorBoard
 /// event files of any run that has none yet (runs finished by an earlier, interrupted sweep or merged from

@@ -7,9 +7,11 @@ use std::path::Path;
 
 use super::results::{read_runs, variants_of};
 use crate::metrics::Metric;
+use crate::recipe::compare::{default_delta, Comparison, Delta};
 use crate::recipe::Recipe;
 use crate::stats::{
-    format_p, holm, minimum_detectable_effect, paired, seeds_needed, Estimate, Paired, ALPHA, CONFIDENCE, POWER,
+    across_scales, format_p, holm, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, tost_p, Estimate,
+    Paired, Verdict, ALPHA, CONFIDENCE, POWER,
 };
 use crate::tasks::recipe_metrics;
 
@@ -70,18 +72,26 @@ pub enum Pairing<'a> {
 }
 
 /// A [`Pairing`] resolved to the variants of a runs.csv.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Reference {
     Baseline(usize),
     Ladder,
+    /// `key=value` of one swept key in a grid: every variant with another value of `key` is paired with
+    /// the variant that has `value` and the same values of every other swept key (a simple effect within
+    /// each level of the others).
+    Within {
+        baseline: String,
+        pairs: Vec<(usize, usize)>,
+    },
 }
 
 impl Reference {
     /// The comparisons (variant, the variant it is paired against), in variant order: one family for Holm.
-    fn pairs(self, variants: usize) -> Vec<(usize, usize)> {
+    fn pairs(&self, variants: usize) -> Vec<(usize, usize)> {
         match self {
-            Reference::Baseline(base) => (0..variants).filter(|&i| i != base).map(|i| (i, base)).collect(),
+            Reference::Baseline(base) => (0..variants).filter(|i| i != base).map(|i| (i, *base)).collect(),
             Reference::Ladder => (1..variants).map(|i| (i, i - 1)).collect(),
+            Reference::Within { pairs, .. } => pairs.clone(),
         }
     }
 }
@@ -98,17 +108,9 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     let runs = read_runs(&path).with_context(|| format!("no results to summarise in {}", dir.display()))?;
     let metrics = headline_metrics(recipe, &runs);
     let variants = variants_of(&runs);
-    // Resolve the baseline before anything else, so a bad one is one line and no table.
-    let reference = match pairing {
-        Some(Pairing::Baseline(b)) => Some(Reference::Baseline(find_baseline(&runs, &variants, b)?)),
-        Some(Pairing::Ladder) if variants.len() < 2 => bail!("--ladder needs at least two variants"),
-        Some(Pairing::Ladder) => Some(Reference::Ladder),
-        None => None,
-    };
-    let baseline = match reference {
-        Some(Reference::Baseline(base)) => Some(base),
-        _ => None,
-    };
+    // Resolve the comparison (the command line's, else the recipe's `compare:`) before anything else, so a
+    // bad baseline is one line and no table.
+    let reference = resolve_pairing(&runs, recipe, pairing)?;
     let confidence = 100.0 * CONFIDENCE;
     let note = format!(
         "Per variant: n runs (seeds), then each metric as mean ± sample std [{confidence:.0}% confidence interval \
@@ -141,91 +143,400 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     if let Some(tuning) = &recipe.tuning {
         tables.push(tuning_cost(&path, tuning)?);
     }
-    if let Some(reference) = reference {
-        tables.push(paired_table(&runs, &variants, reference, &metrics));
+    if let Some(reference) = &reference {
+        let deltas: Vec<Delta> = metrics.iter().map(|m| delta_of(recipe, m)).collect();
+        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas));
     }
     if let Some((check, settings)) = &recipe.scale_check {
         let check_dir = dir.join("scale_check");
         if check_dir.join("runs.csv").is_file() {
-            let mut at_check = summary_tables(&check_dir, check, None)?;
+            let mut at_check = summary_tables(&check_dir, check, pairing)?;
             if let Some(first) = at_check.first_mut() {
                 first.note = format!("At the second scale ({}): {}", settings.join(" "), first.note);
             }
             tables.extend(at_check);
-            if let Some(base) = baseline {
+            if let Some(reference) = reference {
                 let check_runs = read_runs(&check_dir.join("runs.csv"))?;
-                let scales = [
-                    (&runs, base),
-                    (&check_runs, find_baseline(&check_runs, &variants_of(&check_runs), &variants[base].0)?),
-                ];
-                tables.push(effects_at_both_scales(scales, &metrics, &settings.join(" ")));
+                let check_reference = second_scale_reference(&reference, &variants, &check_runs, check, pairing)?;
+                let scales = [(&runs, reference), (&check_runs, check_reference)];
+                tables.push(effects_at_both_scales(scales, &metrics, recipe, &settings.join(" ")));
             }
         }
     }
     Ok(tables)
 }
 
-/// Per variant and headline metric, the paired effect against the baseline at the recipe's scale and at
-/// its second scale (each Holm-adjusted over its own scale's family), and whether it holds: the same sign
-/// at both and significant (adjusted p < `ALPHA`) at both.
-fn effects_at_both_scales(scales: [(&Vec<Row>, usize); 2], metrics: &[Metric], settings: &str) -> Table {
-    let confidence = 100.0 * CONFIDENCE;
+/// One comparison of one metric, judged: its name in the tables, the metric, the verdict.
+#[derive(Debug, Clone)]
+pub struct JudgedRow {
+    pub comparison: String,
+    /// The two arms' labels: the variant and the one it is paired against.
+    pub arms: (String, String),
+    pub metric: Metric,
+    pub judged: Judged,
+}
+
+/// Every comparison a results directory answers, judged at its scale and (with `scale_check/`) at the
+/// second; `None` when neither the command line nor the recipe's `compare:` names a comparison.
+#[derive(Debug, Clone)]
+pub struct Judgements {
+    /// What the comparisons pair: `paired against `heads=1` by seed` or the ladder.
+    pub pairing: String,
+    pub rows: Vec<JudgedRow>,
+    /// The second scale's settings and rows.
+    pub second: Option<(String, Vec<JudgedRow>)>,
+}
+
+/// The [`Judgements`] of `dir` (see [`summary_tables`] for how `pairing` and the recipe's `compare:`
+/// choose the comparison).
+pub fn judgements(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<Option<Judgements>> {
+    let runs = read_runs(&dir.join("runs.csv")).with_context(|| format!("no results to judge in {}", dir.display()))?;
+    let metrics = headline_metrics(recipe, &runs);
+    let Some(reference) = resolve_pairing(&runs, recipe, pairing)? else { return Ok(None) };
+    let judge_all = |runs: &[Row], reference: &Reference| judge_rows(runs, reference, &metrics, recipe);
+    let variants = variants_of(&runs);
+    let rows = judge_all(&runs, &reference);
+    let mut second = None;
+    if let Some((check, settings)) = &recipe.scale_check {
+        let check_csv = dir.join("scale_check").join("runs.csv");
+        if check_csv.is_file() {
+            let check_runs = read_runs(&check_csv)?;
+            let check_reference = second_scale_reference(&reference, &variants, &check_runs, check, pairing)?;
+            second = Some((settings.join(" "), judge_all(&check_runs, &check_reference)));
+        }
+    }
+    Ok(Some(Judgements { pairing: describe_reference(&reference, &variants), rows, second }))
+}
+
+/// The second scale's comparison: the same baseline variant (by label), the ladder, or the same grouping.
+fn second_scale_reference(
+    reference: &Reference,
+    variants: &[(String, Vec<String>)],
+    check_runs: &[Row],
+    check: &Recipe,
+    pairing: Option<Pairing>,
+) -> Result<Reference> {
+    Ok(match reference {
+        Reference::Baseline(base) => {
+            Reference::Baseline(find_baseline(check_runs, &variants_of(check_runs), &variants[*base].0)?)
+        }
+        Reference::Ladder => Reference::Ladder,
+        Reference::Within { .. } => resolve_pairing(check_runs, check, pairing)?.expect("the same comparison"),
+    })
+}
+
+/// Every comparison of `runs` under `reference`, each headline metric judged as one family.
+fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &Recipe) -> Vec<JudgedRow> {
+    let variants = variants_of(runs);
+    let pairs = reference.pairs(variants.len());
+    let families: Vec<Vec<Judged>> =
+        metrics.iter().map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m))).collect();
+    let mut rows = Vec::new();
+    for (k, &(v, against)) in pairs.iter().enumerate() {
+        for (j, m) in metrics.iter().enumerate() {
+            rows.push(JudgedRow {
+                comparison: comparison_label(reference, &variants, v, against),
+                arms: (variants[v].0.clone(), variants[against].0.clone()),
+                metric: m.clone(),
+                judged: families[j][k].clone(),
+            });
+        }
+    }
+    rows
+}
+
+/// The comparisons of the rows of `runs.csv` whose seed is one of `seeds` (the recipe's own, before any
+/// were added to settle a comparison), judged by the recipe's `compare:`; `None` without one.
+pub fn judge_pilot(dir: &Path, recipe: &Recipe, seeds: &[u64]) -> Result<Option<Vec<JudgedRow>>> {
+    let runs: Vec<Row> = read_runs(&dir.join("runs.csv"))?
+        .into_iter()
+        .filter(|r| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| seeds.contains(&s)))
+        .collect();
+    let metrics = headline_metrics(recipe, &runs);
+    let Some(reference) = resolve_pairing(&runs, recipe, None)? else { return Ok(None) };
+    Ok(Some(judge_rows(&runs, &reference, &metrics, recipe)))
+}
+
+/// The comparison of `runs`: the command line's `pairing`, else the recipe's `compare:`, else none.
+fn resolve_pairing(runs: &[Row], recipe: &Recipe, pairing: Option<Pairing>) -> Result<Option<Reference>> {
+    let variants = variants_of(runs);
+    let pairing = pairing.or(match recipe.compare.as_ref().map(|c| &c.comparison) {
+        Some(Comparison::Baseline(b)) => Some(Pairing::Baseline(b)),
+        Some(Comparison::Ladder) => Some(Pairing::Ladder),
+        None => None,
+    });
+    Ok(match pairing {
+        Some(Pairing::Baseline(b)) => Some(match find_baseline(runs, &variants, b) {
+            Ok(base) => Reference::Baseline(base),
+            // `key=value` shared by several variants of a grid: paired within the levels of the other keys.
+            Err(e) => within(runs, recipe, &variants, b).ok_or(e)?,
+        }),
+        Some(Pairing::Ladder) if variants.len() < 2 => bail!("--ladder needs at least two variants"),
+        Some(Pairing::Ladder) => Some(Reference::Ladder),
+        None => None,
+    })
+}
+
+/// Per comparison and headline metric, the verdict at the recipe's scale and at its second scale (each
+/// judged over its own scale's family) and what the two say together: `holds at both` (the same decided
+/// direction, or equivalent at both), `sign differs`, `one scale only`, `inconclusive at both`.
+fn effects_at_both_scales(
+    scales: [(&Vec<Row>, Reference); 2],
+    metrics: &[Metric],
+    recipe: &Recipe,
+    settings: &str,
+) -> Table {
     let note = format!(
-        "Effects at both scales, paired against `{}` by seed: mean difference [{confidence:.0}% CI] and the \
-         Holm-adjusted p over that scale's comparisons of the metric; \"holds\" where the sign is the same and \
-         the adjusted p is below {ALPHA} at both. Second scale: {settings}.",
-        variants_of(scales[0].0)[scales[0].1].0
+        "Verdicts at both scales ({}): at each scale the paired difference [{:.0}% CI] and its verdict over that \
+         scale's family; then whether they agree. Second scale: {settings}.",
+        describe_reference(&scales[0].1, &variants_of(scales[0].0)),
+        100.0 * CONFIDENCE
     );
-    let header = ["variant", "metric", "this scale", "second scale", "verdict"].iter().map(|s| s.to_string()).collect();
-    // (variant label, metric) -> (difference, adjusted p) at each scale.
-    let effects: Vec<BTreeMap<(String, String), (Estimate, f64)>> = scales
+    let header =
+        ["comparison", "metric", "this scale", "second scale", "across scales"].iter().map(|s| s.to_string()).collect();
+    // (comparison label, metric column) -> the judged comparison, at each scale.
+    let judged: Vec<BTreeMap<(String, String), Judged>> = scales
         .iter()
-        .map(|(runs, base)| {
+        .map(|(runs, reference)| {
             let variants = variants_of(runs);
+            let pairs = reference.pairs(variants.len());
             let mut out = BTreeMap::new();
             for m in metrics {
-                let column = m.column_name().expect("filtered to columns");
-                let family = against_baseline(runs, &variants, *base, column);
-                let adjusted = holm_adjusted(&family);
-                let labels = variants.iter().enumerate().filter(|(i, _)| i != base).map(|(_, (l, _))| l);
-                for ((label, (_, p)), adj) in labels.zip(family).zip(adjusted) {
-                    if let Some(p) = p {
-                        out.insert((label.clone(), column.to_string()), (p.difference, adj));
-                    }
+                for j in judge(runs, &variants, &pairs, m, delta_of(recipe, m)) {
+                    out.insert((comparison_label(reference, &variants, j.variant, j.against), column_of(m)), j);
                 }
             }
             out
         })
         .collect();
-    let cell = |e: &Estimate, p: f64, m: &Metric| format!("{} (p {})", format_difference(e, m.digits), format_p(p));
+    let variants = variants_of(scales[0].0);
     let mut rows = Vec::new();
-    // In the recipe's variant order, each variant's metrics in the summary's order.
-    let labels: Vec<String> = variants_of(scales[0].0).into_iter().map(|(l, _)| l).collect();
-    for label in &labels {
+    for (v, against) in scales[0].1.pairs(variants.len()) {
+        let label = comparison_label(&scales[0].1, &variants, v, against);
         for m in metrics {
-            let column = m.column_name().expect("filtered to columns").to_string();
-            let Some((here, p_here)) = effects[0].get(&(label.clone(), column.clone())) else { continue };
-            let Some((there, p_there)) = effects[1].get(&(label.clone(), column.clone())) else { continue };
-            let verdict = scale_verdict((here.mean, *p_here), (there.mean, *p_there));
-            rows.push(vec![label.clone(), m.axis(), cell(here, *p_here, m), cell(there, *p_there, m), verdict.into()]);
+            let key = (label.clone(), column_of(m));
+            let (Some(here), Some(there)) = (judged[0].get(&key), judged[1].get(&key)) else { continue };
+            rows.push(vec![
+                label.clone(),
+                m.axis(),
+                here.cell(m),
+                there.cell(m),
+                across_scales(here.verdict, there.verdict).into(),
+            ]);
         }
     }
     Table { note, header, rows }
 }
 
-/// Whether an effect (mean difference, adjusted p) at one scale holds at another: the same sign, and
-/// significant at both.
-pub fn scale_verdict(here: (f64, f64), there: (f64, f64)) -> &'static str {
-    let same_sign = (here.0 > 0.0) == (there.0 > 0.0);
-    let (significant_here, significant_there) = (here.1 < ALPHA, there.1 < ALPHA);
-    match (same_sign, significant_here, significant_there) {
-        (true, true, true) => "holds",
-        (true, true, false) => "same sign; significant here only",
-        (true, false, true) => "same sign; significant at the second scale only",
-        (true, false, false) => "same sign; significant at neither",
-        (false, true, true) => "reverses (significant at both)",
-        (false, _, _) => "sign differs",
+fn column_of(m: &Metric) -> String {
+    m.column_name().expect("headline metrics are columns").to_string()
+}
+
+/// A comparison's name in the tables: the variant (against a baseline) or `variant vs previous` (a ladder).
+fn comparison_label(reference: &Reference, variants: &[(String, Vec<String>)], v: usize, against: usize) -> String {
+    match reference {
+        Reference::Baseline(_) => variants[v].0.clone(),
+        Reference::Ladder | Reference::Within { .. } => format!("{} vs {}", variants[v].0, variants[against].0),
     }
+}
+
+fn describe_reference(reference: &Reference, variants: &[(String, Vec<String>)]) -> String {
+    match reference {
+        Reference::Baseline(base) => format!("paired against `{}` by seed", variants[*base].0),
+        Reference::Ladder => "each variant paired with the one before it, by seed".into(),
+        Reference::Within { baseline, .. } => format!(
+            "each variant paired by seed with the variant that has `{baseline}` and the same values of the other swept keys"
+        ),
+    }
+}
+
+/// [`Reference::Within`] for `spec` (`key=value` of a swept key, or of the `variant` list), from the swept
+/// values the recipe gives each label; `None` when `spec` names no swept key or pairs nothing.
+fn within(runs: &[Row], recipe: &Recipe, variants: &[(String, Vec<String>)], spec: &str) -> Option<Reference> {
+    let (key, value) = spec.split_once('=')?;
+    let (key, value) = (key.trim(), value.trim());
+    let swept = |label: &str| -> Option<&Vec<(String, String)>> {
+        recipe.runs.iter().find(|r| r.label == label).map(|r| &r.swept)
+    };
+    let matches_key = |k: &str| k == key || k.ends_with(&format!(".{key}"));
+    let same_value =
+        |a: &str| a == value || matches!((a.parse::<f64>(), value.parse::<f64>()), (Ok(x), Ok(y)) if x == y);
+    let mut pairs = Vec::new();
+    for (v, (label, _)) in variants.iter().enumerate() {
+        let mine = swept(label)?;
+        let (_, my_value) = mine.iter().find(|(k, _)| matches_key(k))?;
+        if same_value(my_value) {
+            continue;
+        }
+        let reference = variants.iter().position(|(other, _)| {
+            swept(other).is_some_and(|theirs| {
+                theirs.iter().zip(mine).all(|((k, a), (_, b))| if matches_key(k) { same_value(a) } else { a == b })
+            })
+        });
+        if let Some(r) = reference {
+            pairs.push((v, r));
+        }
+    }
+    let _ = runs;
+    (!pairs.is_empty()).then(|| Reference::Within { baseline: format!("{key}={value}"), pairs })
+}
+
+/// The smallest effect that matters for `m` in `recipe`: its `compare.delta` entry, else the default of its
+/// kind of metric.
+pub fn delta_of(recipe: &Recipe, m: &Metric) -> Delta {
+    let column = column_of(m);
+    recipe
+        .compare
+        .as_ref()
+        .and_then(|c| c.delta.get(&column).copied())
+        .unwrap_or_else(|| default_delta(&column, m.unit))
+}
+
+/// Refuses, in one line, a `compare.delta` entry that names no headline metric of the recipe's kinds, and
+/// a `compare.baseline` that names no variant (or no level of a swept key) of the recipe's runs.
+pub fn check_compare(recipe: &Recipe) -> Result<()> {
+    let Some(compare) = &recipe.compare else { return Ok(()) };
+    if let Comparison::Baseline(b) = &compare.comparison {
+        // The rows runs.csv will have (metrics empty), final runs only: resolved as the summary will.
+        let untrained = crate::train::RunOutcome {
+            metrics: Default::default(),
+            diverged_at: None,
+            resumed_from: 0,
+            curves: Vec::new(),
+            sample: String::new(),
+        };
+        let rows: Vec<Row> = recipe
+            .runs
+            .iter()
+            .filter(|r| r.tune.is_none_or(|t| t.rung.is_none()))
+            .map(|r| {
+                let header = super::results::run_header(r);
+                header.into_iter().zip(super::results::run_row(r, &untrained)).collect()
+            })
+            .collect();
+        if let Err(e) = resolve_pairing(&rows, recipe, Some(Pairing::Baseline(b))) {
+            bail!("{}: compare.baseline: {e:#}", recipe.file);
+        }
+    }
+    let metrics: Vec<String> = crate::tasks::recipe_metrics(recipe)
+        .iter()
+        .filter(|m| m.headline)
+        .filter_map(|m| m.column_name().map(String::from))
+        .collect();
+    for column in compare.delta.keys() {
+        if !metrics.contains(column) {
+            bail!(
+                "{}: compare.delta.{column}: no headline metric `{column}` in this recipe; its metrics are {}",
+                recipe.file,
+                metrics.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One comparison of a family, judged: the paired test, the equivalence test at ±δ, both Holm-adjusted over
+/// the family, and the verdict.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub variant: usize,
+    pub against: usize,
+    /// Seeds both ran.
+    pub shared: usize,
+    pub paired: Option<Paired>,
+    pub p_holm: f64,
+    pub equivalence_p_holm: f64,
+    /// δ in the metric's unit, and as declared (`0.01`, `5%`).
+    pub delta: f64,
+    pub delta_text: String,
+    pub verdict: Verdict,
+}
+
+impl Judged {
+    /// `−0.0123 [−0.02, −0.005]: better` for a scale's cell.
+    fn cell(&self, m: &Metric) -> String {
+        match &self.paired {
+            Some(p) => {
+                format!("{}: {}", format_difference(&p.difference, m.digits), self.verdict.describe(&self.delta_text))
+            }
+            None => self.verdict.describe(&self.delta_text),
+        }
+    }
+}
+
+/// Judges a family of comparisons (`pairs`, one metric): each paired test's p and TOST's p at ±δ, each
+/// Holm-adjusted over the family, and the verdict by [`Verdict::decide`]. An inconclusive comparison names
+/// the seeds that would settle it at the family's Bonferroni level α/m (Holm's first step), from the
+/// paired spread and δ alone.
+pub fn judge(
+    runs: &[Row],
+    variants: &[(String, Vec<String>)],
+    pairs: &[(usize, usize)],
+    m: &Metric,
+    delta: Delta,
+) -> Vec<Judged> {
+    let column = column_of(m);
+    let compared = compare(runs, variants, pairs, &column);
+    let margins: Vec<f64> = pairs
+        .iter()
+        .map(|&(_, against)| {
+            let reference: Vec<f64> =
+                seed_values(runs, &variants[against].1, &column).into_iter().map(|(_, v)| v).collect();
+            delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean })
+        })
+        .collect();
+    let raw: Vec<f64> = compared.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect();
+    let equivalence: Vec<f64> = compared
+        .iter()
+        .zip(&margins)
+        .map(|((_, p), &d)| match p {
+            Some(p) if d.is_finite() && d > 0.0 => tost_p(&p.differences, d),
+            _ => f64::NAN,
+        })
+        .collect();
+    let (p_holm, equivalence_holm) = (holm(&raw), holm(&equivalence));
+    let family = raw.iter().filter(|p| !p.is_nan()).count().max(1);
+    compared
+        .into_iter()
+        .zip(pairs)
+        .enumerate()
+        .map(|(k, ((shared, paired), &(variant, against)))| {
+            let verdict = match &paired {
+                Some(p) => Verdict::decide(
+                    p.difference.mean,
+                    m.higher_is_better,
+                    p_holm[k],
+                    equivalence_holm[k],
+                    seeds_to_settle(p.difference.std, margins[k], ALPHA / family as f64),
+                ),
+                None => Verdict::Untested,
+            };
+            let delta_text = match delta {
+                Delta::Absolute(_) => delta.text(),
+                Delta::Relative(_) => format!("{} = {}", delta.text(), format_margin(margins[k])),
+            };
+            Judged {
+                variant,
+                against,
+                shared,
+                paired,
+                p_holm: p_holm[k],
+                equivalence_p_holm: equivalence_holm[k],
+                delta: margins[k],
+                delta_text,
+                verdict,
+            }
+        })
+        .collect()
+}
+
+/// A margin resolved from a share: three significant digits.
+fn format_margin(x: f64) -> String {
+    if !x.is_finite() {
+        return "–".into();
+    }
+    let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.digits$}")
 }
 
 /// A paired difference with its interval: `+0.0123 [+0.0050, +0.0196]`.
@@ -273,16 +584,23 @@ fn tuning_cost(runs_csv: &Path, tuning: &crate::recipe::Tuning) -> Result<Table>
     Ok(Table { note, header, rows })
 }
 
-/// Paired differences (variant − its reference) over the seeds both ran, per headline metric, with each
-/// p-value raw and Holm-adjusted over its family: the comparisons of one metric (one per compared variant).
-/// A difference is called better or worse only where the adjusted p is below `ALPHA`.
-fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], reference: Reference, metrics: &[Metric]) -> Table {
+/// Paired differences (variant − its reference) over the seeds both ran, per headline metric: the paired
+/// t-test's p raw and Holm-adjusted over its family (the comparisons of one metric), TOST's p at ±δ
+/// Holm-adjusted over the same family, and the verdict: better / worse, equivalent within ±δ, or
+/// inconclusive with the seeds that would settle it.
+fn paired_table(
+    runs: &[Row],
+    variants: &[(String, Vec<String>)],
+    reference: &Reference,
+    metrics: &[Metric],
+    deltas: &[Delta],
+) -> Table {
     let confidence = 100.0 * CONFIDENCE;
     let pairs = reference.pairs(variants.len());
     let others = pairs.len();
     let (what, family) = match reference {
         Reference::Baseline(base) => (
-            format!("Paired against `{}`: per seed the difference variant − baseline", variants[base].0),
+            format!("Paired against `{}`: per seed the difference variant − baseline", variants[*base].0),
             "with the baseline",
         ),
         Reference::Ladder => (
@@ -291,52 +609,49 @@ fn paired_table(runs: &[Row], variants: &[(String, Vec<String>)], reference: Ref
                 .to_string(),
             "along the ladder",
         ),
+        Reference::Within { baseline, .. } => (
+            format!(
+                "Within each level of the other swept keys: each variant paired with the one that has `{baseline}`, \
+                 per seed the difference variant − that one"
+            ),
+            "",
+        ),
     };
     let note = format!(
-        "{what}; mean difference [{confidence:.0}% CI]; two-sided paired t-test p-value, raw and \
-         Holm–Bonferroni-adjusted over the family of the {others} comparison(s) of that metric {family}; marked \
-         better or worse where the adjusted p is below {ALPHA}. Fewer than two shared seeds: no test."
+        "{what}; mean difference [{confidence:.0}% CI]; the two-sided paired t-test's p, raw and \
+         Holm–Bonferroni-adjusted over the family of the {others} comparison(s) of that metric {family}; the \
+         equivalence test's p (TOST at ±δ, Holm-adjusted over the same family). Verdict: better or worse where \
+         the adjusted t-test p is below {ALPHA}; equivalent where the adjusted TOST p is (no difference larger than \
+         δ either way); otherwise inconclusive, with the seeds that would give power {POWER} to both tests at δ \
+         (from the paired spread and δ only, at the family's level α/m). δ per metric: the recipe's \
+         `compare.delta`, else its kind's default. Fewer than two shared seeds: no test."
     );
     let header = [
-        "variant",
+        "comparison",
         "metric",
         "pairs",
         &format!("mean difference [{confidence:.0}% CI]"),
         "p",
         "p (Holm)",
+        "δ",
+        "p equivalent (Holm)",
+        "verdict",
         "per-seed differences",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    // Every comparison first, so that each metric's family is adjusted together.
-    let compared: Vec<Vec<(usize, Option<Paired>)>> = metrics
-        .iter()
-        .map(|m| compare(runs, variants, &pairs, m.column_name().expect("filtered to columns")))
-        .collect();
-    let adjusted: Vec<Vec<f64>> = compared.iter().map(|family| holm_adjusted(family)).collect();
+    // Every comparison first, so that each metric's family is judged together.
+    let judged: Vec<Vec<Judged>> =
+        metrics.iter().zip(deltas).map(|(m, &d)| judge(runs, variants, &pairs, m, d)).collect();
     let mut rows = Vec::new();
     for (k, &(v, against)) in pairs.iter().enumerate() {
-        let label = match reference {
-            Reference::Baseline(_) => variants[v].0.clone(),
-            Reference::Ladder => format!("{} vs {}", variants[v].0, variants[against].0),
-        };
+        let label = comparison_label(reference, variants, v, against);
         for (j, m) in metrics.iter().enumerate() {
-            let (shared, comparison) = &compared[j][k];
-            rows.push(match comparison {
-                Some(p) => paired_row(&label, m, p, adjusted[j][k]),
-                None => {
-                    vec![label.clone(), m.axis(), shared.to_string(), "–".into(), "–".into(), "–".into(), "–".into()]
-                }
-            });
+            rows.push(paired_row(&label, m, &judged[j][k]));
         }
     }
     Table { note, header, rows }
-}
-
-/// Holm-adjusted p-values of a family of comparisons ([`against_baseline`]'s), NaN where one had no test.
-fn holm_adjusted(family: &[(usize, Option<Paired>)]) -> Vec<f64> {
-    holm(&family.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect::<Vec<_>>())
 }
 
 /// Each other variant's comparison with variant `base` in `column`, in variant order (see [`compare`]).
@@ -368,16 +683,14 @@ fn compare(
         .collect()
 }
 
-/// One row of the paired table: the mean difference with its interval, marked by direction where the
-/// Holm-adjusted p-value is below `ALPHA`, both p-values, and the per-seed differences.
-fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String> {
+/// One row of the paired table.
+fn paired_row(label: &str, m: &Metric, j: &Judged) -> Vec<String> {
     let digits = m.digits;
-    let better = if adjusted.is_nan() || adjusted >= ALPHA {
-        ""
-    } else if (p.difference.mean > 0.0) == m.higher_is_better {
-        " (better)"
-    } else {
-        " (worse)"
+    let Some(p) = &j.paired else {
+        let mut row = vec![label.to_string(), m.axis(), j.shared.to_string()];
+        row.extend(["–", "–", "–"].map(String::from));
+        row.extend([j.delta_text.clone(), "–".into(), j.verdict.describe(&j.delta_text), "–".into()]);
+        return row;
     };
     let diffs: Vec<String> =
         p.seeds.iter().zip(&p.differences).map(|(s, d)| format!("seed {s}: {d:+.digits$}")).collect();
@@ -385,9 +698,12 @@ fn paired_row(label: &str, m: &Metric, p: &Paired, adjusted: f64) -> Vec<String>
         label.to_string(),
         m.axis(),
         p.seeds.len().to_string(),
-        format!("{}{better}", format_difference(&p.difference, digits)),
+        format_difference(&p.difference, digits),
         format_p(p.p),
-        format_p(adjusted),
+        format_p(j.p_holm),
+        j.delta_text.clone(),
+        format_p(j.equivalence_p_holm),
+        j.verdict.describe(&j.delta_text),
         diffs.join(", "),
     ]
 }
@@ -543,17 +859,6 @@ fn find_baseline(runs: &[Row], variants: &[(String, Vec<String>)], spec: &str) -
 #[cfg(test)]
 mod tests {
 
-    #[test]
-    fn an_effect_holds_only_with_one_sign_and_significance_at_both_scales() {
-        assert_eq!(scale_verdict((-0.03, 0.01), (-0.02, 0.04)), "holds");
-        assert_eq!(scale_verdict((-0.03, 0.01), (-0.02, 0.2)), "same sign; significant here only");
-        assert_eq!(scale_verdict((-0.03, 0.3), (-0.02, 0.01)), "same sign; significant at the second scale only");
-        assert_eq!(scale_verdict((0.03, 0.3), (0.02, 0.2)), "same sign; significant at neither");
-        assert_eq!(scale_verdict((-0.03, 0.01), (0.02, 0.01)), "reverses (significant at both)");
-        assert_eq!(scale_verdict((-0.03, 0.01), (0.02, 0.5)), "sign differs");
-        // A missing p (fewer than two pairs) is never significant.
-        assert_eq!(scale_verdict((-0.03, f64::NAN), (-0.02, 0.01)), "same sign; significant at the second scale only");
-    }
     use super::*;
 
     type Variants = Vec<(String, Vec<String>)>;
@@ -590,7 +895,7 @@ mod tests {
     #[test]
     fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
         let (runs, variants, metric) = four_variants();
-        let table = paired_table(&runs, &variants, Reference::Baseline(0), &[metric]);
+        let table = paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)]);
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
         let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
         let adjusted: Vec<f64> = table.rows.iter().map(|r| r[5].parse().unwrap()).collect();
@@ -601,7 +906,7 @@ mod tests {
         }
         for (row, (&p, &q)) in table.rows.iter().zip(raw.iter().zip(&adjusted)) {
             assert!(q >= p, "{row:?}");
-            assert_eq!(row[3].ends_with("(better)"), q < ALPHA, "{row:?}");
+            assert_eq!(row[8] == "better", q < ALPHA, "{row:?}");
         }
         assert!(
             raw[0] < ALPHA && adjusted[0] >= ALPHA,
@@ -615,7 +920,7 @@ mod tests {
         // Each variant meets the one before it: small − base, clear − small, noise − clear, Holm over those
         // three. clear − small is −0.07, −0.095, −0.065 (mean −0.0767, sd 0.0161: t = −8.25, two
         // degrees of freedom, p = 0.0144 by p = 1 − |t|/√(t² + 2)).
-        let ladder = paired_table(&runs, &variants, Reference::Ladder, &[metric]);
+        let ladder = paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)]);
         let labels: Vec<&str> = ladder.rows.iter().map(|r| r[0].as_str()).collect();
         assert_eq!(labels, ["small vs base", "clear vs small", "noise vs clear"]);
         assert!(ladder.rows[1][3].starts_with("-0.0767"), "{:?}", ladder.rows[1]);
@@ -626,6 +931,39 @@ mod tests {
             assert!((a - e).abs() < 2e-3, "{adjusted:?} against Holm of {raw:?}");
         }
         assert!(ladder.note.contains("3 comparison(s) of that metric along the ladder"), "{}", ladder.note);
+    }
+
+    /// Against the baseline at δ = 0.1 and 0.01: the paired and equivalence p-values, Holm-adjusted, as
+    /// statsmodels' `ttest_rel`, `ttost_paired(variant, base, -δ, δ)` and `multipletests(method="holm")`
+    /// give them (values computed once with statsmodels 0.15.0 and SciPy).
+    #[test]
+    fn verdicts_are_better_equivalent_or_inconclusive_with_the_seeds_that_would_settle_it() {
+        let (runs, variants, metric) = four_variants();
+        let pairs = Reference::Baseline(0).pairs(variants.len());
+        let wide = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.1));
+        let expected_p = [0.06781643, 0.00995028, 0.85997199];
+        let expected_equivalence = [0.0049377, 0.5, 0.02846345];
+        for (j, (p, e)) in wide.iter().zip(expected_p.iter().zip(expected_equivalence)) {
+            assert!((j.p_holm - p).abs() < 1e-6 && (j.equivalence_p_holm - e).abs() < 1e-6, "{j:?}");
+        }
+        let words: Vec<String> = wide.iter().map(|j| j.verdict.describe(&j.delta_text)).collect();
+        assert_eq!(words, ["equivalent (±0.1)", "better", "equivalent (±0.1)"]);
+        // At δ = 0.01 nothing is equivalent: the small gain and the noise are inconclusive, each naming the
+        // seeds its spread needs at the family's level 0.05/3, more for the noisier one.
+        let narrow = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.01));
+        assert!(narrow.iter().all(|j| j.equivalence_p_holm == 1.0));
+        let seeds = |j: &Judged| match j.verdict {
+            Verdict::Inconclusive { seeds: Some(n) } => n,
+            v => panic!("{v:?}"),
+        };
+        let (small, noise) = (seeds(&narrow[0]), seeds(&narrow[2]));
+        let sd = |j: &Judged| j.paired.as_ref().unwrap().difference.std;
+        assert_eq!(Some(small), seeds_to_settle(sd(&narrow[0]), 0.01, ALPHA / 3.0));
+        assert!(noise > small, "{noise} vs {small}");
+        assert_eq!(narrow[1].verdict, Verdict::Better { negligible: false });
+        // A share of the reference's mean: 5% of the baseline's 1.0167.
+        let relative = judge(&runs, &variants, &pairs, &metric, Delta::Relative(0.05));
+        assert!((relative[0].delta - 0.05 * 3.05 / 3.0).abs() < 1e-12 && relative[0].delta_text == "5% = 0.0508");
     }
 
     #[test]

@@ -1,0 +1,154 @@
+//! The `compare:` section: which comparisons a recipe's results answer (every variant against a baseline,
+//! or a ladder), the smallest effect that matters per metric (δ), predictions written before the run, and
+//! `until_settled`, the cap on seeds added to settle inconclusive comparisons. `ablate summary`, the README
+//! blocks and `--until-settled` read it; a difference smaller than δ is called equivalent, never a finding.
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use super::{RecipeError, Source};
+
+/// The `compare:` section as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CompareFile {
+    /// The variant every other is paired against by seed: `heads=1` (a swept key, by its last part or its
+    /// full name) or a variant's label.
+    baseline: Option<String>,
+    /// Pair each variant with the one listed before it instead (a ladder: each rung adds one thing).
+    #[serde(default)]
+    ladder: bool,
+    /// The smallest difference that matters, per metric column: a number in the metric's unit
+    /// (`test_loss: 0.02`), or a share of the reference's mean (`tokens_per_s: 5%`). Unlisted metrics take
+    /// the default of their kind (docs/results.md: 0.01 for a loss in nats or bits, 0.005 for an accuracy,
+    /// 0.5 BLEU, 5% for throughput and utilisation).
+    #[serde(default)]
+    delta: BTreeMap<String, serde_yaml::Value>,
+}
+
+/// The smallest effect that matters for one metric.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Delta {
+    /// In the metric's unit.
+    Absolute(f64),
+    /// A fraction of the reference variant's mean (0.05 for 5%).
+    Relative(f64),
+}
+
+impl Delta {
+    /// The margin in the metric's unit, given the reference's mean.
+    pub fn resolve(self, reference_mean: f64) -> f64 {
+        match self {
+            Delta::Absolute(d) => d,
+            Delta::Relative(f) => f * reference_mean.abs(),
+        }
+    }
+
+    /// As written: `0.01` or `5%`.
+    pub fn text(self) -> String {
+        match self {
+            Delta::Absolute(d) => format!("{d}"),
+            Delta::Relative(f) => format!("{}%", f * 100.0),
+        }
+    }
+}
+
+/// What the variants are compared with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Comparison {
+    Baseline(String),
+    Ladder,
+}
+
+/// A recipe's comparisons and margins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compare {
+    pub comparison: Comparison,
+    /// Metric column -> δ as declared (the metric's default where absent).
+    pub delta: BTreeMap<String, Delta>,
+}
+
+/// `5%` as 0.05, `0.02` as itself; `None` when it is neither.
+fn parse_delta(v: &serde_yaml::Value) -> Option<Delta> {
+    match v {
+        serde_yaml::Value::Number(n) => n.as_f64().map(Delta::Absolute),
+        serde_yaml::Value::String(s) => {
+            s.trim().strip_suffix('%')?.trim().parse::<f64>().ok().map(|p| Delta::Relative(p / 100.0))
+        }
+        _ => None,
+    }
+}
+
+/// Checks the section: a baseline or a ladder (not both), and every δ a positive finite number or share.
+/// Whether each δ names a metric of the recipe's kinds is checked where the metrics are known, before
+/// anything trains (`run::summary::check_compare`).
+pub(super) fn expand(src: &Source, file: &CompareFile) -> Result<Compare, RecipeError> {
+    let comparison = match (&file.baseline, file.ladder) {
+        (Some(_), true) => {
+            return Err(src.at("compare.ladder", "compare: give a baseline or ladder: true, not both".into()))
+        }
+        (Some(b), false) => Comparison::Baseline(b.clone()),
+        (None, true) => Comparison::Ladder,
+        (None, false) => {
+            return Err(src.at(
+                "compare",
+                "compare: name the comparison: `baseline: <variant>` (e.g. heads=1) or `ladder: true`".into(),
+            ))
+        }
+    };
+    let mut delta = BTreeMap::new();
+    for (metric, value) in &file.delta {
+        let at = format!("compare.delta.{metric}");
+        let d = parse_delta(value).ok_or_else(|| {
+            src.at(&at, format!("{at}: give a number in the metric's unit (0.01) or a share of the reference (5%)"))
+        })?;
+        let (Delta::Absolute(x) | Delta::Relative(x)) = d;
+        if !(x.is_finite() && x > 0.0) {
+            return Err(
+                src.at(&at, format!("{at}: the smallest effect that matters must be above 0, got {}", d.text()))
+            );
+        }
+        delta.insert(metric.clone(), d);
+    }
+    Ok(Compare { comparison, delta })
+}
+
+/// The default δ of a metric by its kind: its column and unit.
+pub fn default_delta(column: &str, unit: &str) -> Delta {
+    let is = |suffixes: &[&str]| suffixes.iter().any(|s| column.ends_with(s));
+    if unit.starts_with("nats") || unit.starts_with("bits") || column.contains("loss") || column.contains("bits") {
+        Delta::Absolute(0.01)
+    } else if column.contains("bleu") {
+        Delta::Absolute(0.5)
+    } else if is(&["accuracy", "f1", "exact_match"]) {
+        Delta::Absolute(0.005)
+    } else {
+        // Throughput, utilisation, FLOP/s, memory: 5% of the reference.
+        Delta::Relative(0.05)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_by_kind_of_metric() {
+        assert_eq!(default_delta("test_loss", "nats/token"), Delta::Absolute(0.01));
+        assert_eq!(default_delta("test_bits_per_dim", "bits/pixel"), Delta::Absolute(0.01));
+        assert_eq!(default_delta("test_accuracy", ""), Delta::Absolute(0.005));
+        assert_eq!(default_delta("test_f1", ""), Delta::Absolute(0.005));
+        assert_eq!(default_delta("test_bleu", ""), Delta::Absolute(0.5));
+        assert_eq!(default_delta("tokens_per_s", "tokens/s"), Delta::Relative(0.05));
+        assert_eq!(Delta::Relative(0.05).resolve(-2000.0), 100.0);
+        assert_eq!(Delta::Relative(0.05).text(), "5%");
+    }
+
+    #[test]
+    fn a_delta_is_a_number_or_a_percentage() {
+        let v = |s: &str| serde_yaml::from_str::<serde_yaml::Value>(s).unwrap();
+        assert_eq!(parse_delta(&v("0.02")), Some(Delta::Absolute(0.02)));
+        assert_eq!(parse_delta(&v("5%")), Some(Delta::Relative(0.05)));
+        assert_eq!(parse_delta(&v("five")), None);
+        assert_eq!(parse_delta(&v("[1]")), None);
+    }
+}

@@ -1,0 +1,199 @@
+//! The verdict block of a results README: every comparison its `runs.csv` answers, judged by
+//! [`super::summary::judgements`] (better / worse / equivalent within ±δ / inconclusive with the seeds that
+//! would settle it, and across scales), written between two markers by `ablate summary … --readme`. The
+//! opening marker holds the command that wrote it, so a test can regenerate every committed block from its
+//! CSVs and fail when one differs: prose around a block may explain it, never outrun it.
+use anyhow::{bail, Result};
+use std::path::Path;
+
+use super::summary::{judgements, JudgedRow, Judgements, Pairing};
+use crate::files::write_atomically;
+use crate::metrics::cost;
+use crate::recipe::Recipe;
+use crate::stats::{across_scales, Verdict, ALPHA};
+
+/// The opening marker's start; the command that wrote the block follows it.
+pub const BEGIN: &str = "<!-- verdicts: written by `";
+/// The closing marker.
+pub const END: &str = "<!-- end of verdicts -->";
+
+/// Whether a metric measures the model (loss, accuracy) rather than the machine (throughput, MFU).
+pub fn is_quality(row: &JudgedRow) -> bool {
+    let machine: Vec<String> = cost("", 2).iter().filter_map(|m| m.column_name().map(String::from)).collect();
+    row.metric.column_name().is_some_and(|c| !machine.iter().any(|m| m == c))
+}
+
+/// How many of `rows` (quality metrics only) ended in each verdict: `(better, worse, equivalent,
+/// inconclusive, untested)`.
+pub fn counts(rows: &[JudgedRow]) -> [usize; 5] {
+    let mut out = [0; 5];
+    for r in rows.iter().filter(|r| is_quality(r)) {
+        let i = match r.judged.verdict {
+            Verdict::Better { .. } => 0,
+            Verdict::Worse { .. } => 1,
+            Verdict::Equivalent => 2,
+            Verdict::Inconclusive { .. } => 3,
+            Verdict::Untested => 4,
+        };
+        out[i] += 1;
+    }
+    out
+}
+
+fn count_line(rows: &[JudgedRow]) -> String {
+    let [better, worse, equivalent, inconclusive, untested] = counts(rows);
+    let total = better + worse + equivalent + inconclusive + untested;
+    let tested = total - untested;
+    if tested == 0 {
+        return format!("{total} comparison(s) of model quality, all untested (one seed per variant: no paired test)");
+    }
+    let share = 100.0 * inconclusive as f64 / tested as f64;
+    let mut line = format!(
+        "{total} comparison(s) of model quality: {better} better, {worse} worse, {equivalent} equivalent within \
+         ±δ, {inconclusive} inconclusive ({share:.0}% of those tested)"
+    );
+    if untested > 0 {
+        line.push_str(&format!(", {untested} untested (one seed)"));
+    }
+    line
+}
+
+fn difference(row: &JudgedRow) -> String {
+    let digits = row.metric.digits;
+    match &row.judged.paired {
+        Some(p) => match p.difference.half_width {
+            Some(h) => format!(
+                "{:+.digits$} [{:+.digits$}, {:+.digits$}]",
+                p.difference.mean,
+                p.difference.mean - h,
+                p.difference.mean + h
+            ),
+            None => format!("{:+.digits$}", p.difference.mean),
+        },
+        None => "–".into(),
+    }
+}
+
+fn verdict(row: &JudgedRow) -> String {
+    row.judged.verdict.describe(&row.judged.delta_text)
+}
+
+/// The block's text (markers included) for `dir`, written by `command`.
+pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &str) -> Result<String> {
+    let Some(j) = judgements(dir, recipe, pairing)? else {
+        bail!(
+            "{}: no comparison to judge: give --baseline or --ladder, or a `compare:` section in the recipe",
+            recipe.file
+        );
+    };
+    Ok(render(&j, command))
+}
+
+fn render(j: &Judgements, command: &str) -> String {
+    let mut out = format!("{BEGIN}{command}`; do not edit by hand -->\n");
+    out.push_str(&format!(
+        "**Verdicts** ({}; every headline metric's comparisons are one family, Holm-adjusted at α = {ALPHA}): \
+         *better*/*worse* where the paired t-test holds, *equivalent* where the equivalence test (TOST) at ±δ \
+         holds, else *inconclusive* with the seeds (per arm) that would give both tests power 0.8 at δ. \
+         δ: the recipe's `compare.delta`, else the metric's default (docs/results.md).\n\n",
+        j.pairing
+    ));
+    out.push_str(&format!("{}.\n\n", count_line(&j.rows)));
+    match &j.second {
+        None => {
+            out.push_str("| comparison | metric | difference [95% CI] | δ | verdict |\n|---|---|---|---|---|\n");
+            for r in &j.rows {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} |\n",
+                    r.comparison,
+                    r.metric.axis(),
+                    difference(r),
+                    r.judged.delta_text,
+                    verdict(r)
+                ));
+            }
+        }
+        Some((settings, second)) => {
+            out.push_str(&format!("At the second scale ({settings}): {}.\n\n", count_line(second)));
+            out.push_str(
+                "| comparison | metric | this scale | second scale | across scales |\n|---|---|---|---|---|\n",
+            );
+            for r in &j.rows {
+                let there = second.iter().find(|s| s.comparison == r.comparison && s.metric.column == r.metric.column);
+                let (cell, across) = match there {
+                    Some(s) => (
+                        format!("{}: {}", difference(s), verdict(s)),
+                        across_scales(r.judged.verdict, s.judged.verdict).to_string(),
+                    ),
+                    None => ("–".into(), "–".into()),
+                };
+                out.push_str(&format!(
+                    "| {} | {} | {}: {} | {} | {} |\n",
+                    r.comparison,
+                    r.metric.axis(),
+                    difference(r),
+                    verdict(r),
+                    cell,
+                    across
+                ));
+            }
+        }
+    }
+    out.push_str(END);
+    out.push('\n');
+    out
+}
+
+/// The block committed in `readme` (markers included) and the command its marker names; `None` without one.
+pub fn committed(readme: &str) -> Option<(String, String)> {
+    let start = readme.find(BEGIN)?;
+    let end = start + readme[start..].find(END)? + END.len();
+    let command_end = readme[start + BEGIN.len()..].find('`')?;
+    let command = readme[start + BEGIN.len()..start + BEGIN.len() + command_end].to_string();
+    let mut text = readme[start..end].to_string();
+    text.push('\n');
+    Some((text, command))
+}
+
+/// Writes `block` into `dir/README.md`: in place of the committed block, else before the first `## `
+/// heading, else at the end (a README is created if there is none).
+pub fn write_block(dir: &Path, block: &str) -> Result<()> {
+    let path = dir.join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap_or_default();
+    let updated = match (readme.find(BEGIN), readme.find(END)) {
+        (Some(start), Some(end)) if end > start => {
+            let mut after = end + END.len();
+            if readme[after..].starts_with('\n') {
+                after += 1;
+            }
+            format!("{}{block}{}", &readme[..start], &readme[after..])
+        }
+        _ => match readme.find("\n## ") {
+            Some(i) => format!("{}\n{block}{}", &readme[..i + 1], &readme[i..]),
+            None if readme.is_empty() => block.to_string(),
+            None => format!("{}\n\n{block}", readme.trim_end()),
+        },
+    };
+    write_atomically(&path, updated.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_found_with_its_command_and_replaced_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let block = |n: usize| format!("{BEGIN}ablate summary x --readme`; do not edit by hand -->\nbody {n}\n{END}\n");
+        std::fs::write(dir.path().join("README.md"), "# x\n\nintro\n\n## Results\n\ntext\n").unwrap();
+        write_block(dir.path(), &block(1)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
+        assert_eq!(text, format!("# x\n\nintro\n\n{}\n## Results\n\ntext\n", block(1)));
+        write_block(dir.path(), &block(2)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
+        assert_eq!(text, format!("# x\n\nintro\n\n{}\n## Results\n\ntext\n", block(2)));
+        let (found, command) = committed(&text).unwrap();
+        assert_eq!((found, command.as_str()), (block(2), "ablate summary x --readme"));
+        assert!(committed("no block").is_none());
+    }
+}
