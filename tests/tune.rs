@@ -170,3 +170,46 @@ fn a_scale_check_that_cannot_work_is_refused_in_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tiny tuned recipe of every kind, shrunk as `--smoke` shrinks: its tuning rows carry no test metric of
+/// any kind (a tuning run reads validation only) and its final rows carry the kind's test metrics.
+#[test]
+fn tuning_runs_of_every_kind_read_no_test_split() {
+    use ablate::recipe::Kind;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("tune-no-test");
+    for kind in Kind::ALL {
+        let base = match kind {
+            Kind::Lm => "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ntrain: {eval_lengths: [2]}\n",
+            Kind::Bert => "kind: bert\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ndata: {tokenizer: wordpiece, vocab_size: 100}\nbert: {task: spam, pretrain_steps: 2}\n",
+            Kind::Translate => "kind: translate\ntransformer: {d_model: 16, heads: 2, block_size: 16}\ndata: {tokenizer: bpe, vocab_size: 300}\ntranslate: {encoder_layers: 1, decoder_layers: 1, eval_sentences: 4}\n",
+            Kind::Vit => "kind: vit\ntransformer: {d_model: 16, layers: 1, heads: 2}\nvision: {patch_size: 7}\n",
+            Kind::Swin => "kind: swin\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [1, 1], window: 7}\n",
+            Kind::Davit => "kind: davit\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [2, 1], window: 7}\n",
+            Kind::ImageGpt => "kind: image_gpt\ntransformer: {d_model: 16, layers: 1, heads: 2}\nvision: {patch_size: 4}\nimage_gpt: {palette: 8}\n",
+            Kind::Cnn => "kind: cnn\ncnn: {channels: [4, 8]}\n",
+            Kind::SeqClassify => "kind: seq_classify\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\nseq_classify: {task: listops, min_length: 8, max_length: 16}\n",
+        };
+        let text = format!("{base}seeds: [0]\ntune:\n  keys:\n    train.lr: [1.0e-3, 3.0e-3]\n  seeds: [7]\n");
+        let recipe = parse(&text, "tuned.yaml", "tuned", true).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let out = dir.join(kind.to_string());
+        run_recipe(&recipe, &opts(&out, None)).unwrap_or_else(|e| panic!("{kind}: {e:#}"));
+        let all = read_all_runs(&out.join("runs.csv")).unwrap();
+        let test_columns: Vec<&String> = all[0].keys().filter(|c| c.starts_with("test_")).collect();
+        assert!(!test_columns.is_empty(), "{kind}");
+        for row in &all {
+            let filled: Vec<&&String> = test_columns.iter().filter(|c| !row[c.as_str()].is_empty()).collect();
+            match row["phase"].as_str() {
+                "tune" => assert!(filled.is_empty(), "{kind}: a tuning row carries {filled:?}"),
+                "final" => assert!(
+                    filled.len() == test_columns.len()
+                        || kind == Kind::Translate && filled.len() + 1 == test_columns.len(),
+                    "{kind}: a final row leaves {:?} empty",
+                    test_columns.iter().filter(|c| row[c.as_str()].is_empty()).collect::<Vec<_>>()
+                ),
+                other => panic!("{kind}: phase {other}"),
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

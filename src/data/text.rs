@@ -131,6 +131,15 @@ impl Dataset {
         }
     }
 
+    /// How many batches of `batch` windows of `block` tokens the final test evaluation reads: `asked`, capped
+    /// at the windows the test split holds without overlapping (a copy task draws as many as asked).
+    pub fn test_batches(&self, asked: i64, batch: i64, block: i64) -> i64 {
+        match self {
+            Dataset::Text(d) => asked.min(((d.test.numel() as i64 - 1) / (block * batch)).max(1)),
+            Dataset::Copy(_) => asked,
+        }
+    }
+
     /// A prompt to sample from after training: a validation character, or a copy task's first half.
     pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
         match self {

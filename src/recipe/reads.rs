@@ -58,6 +58,21 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "steps" if cfg.train.budget.is_some() => {
                 Some("train.budget ends the run instead (the budget and the steps are exclusive)".into())
             }
+            "test_batches" => match kind {
+                Kind::SeqClassify => Some(
+                    "kind seq_classify reads its whole test split (seq_classify.eval_examples sets its size)".into(),
+                ),
+                Kind::Lm
+                    if cfg.data.task == Task::Copy
+                        && matches!(cfg.train.test_batches, Some(super::schema::TestBatches::All(_))) =>
+                {
+                    Some("the copy task draws its test sequences at random, so there is no whole split to read; give a number of batches".into())
+                }
+                Kind::Bert if cfg.bert().task != BertTask::Pretrain && cfg.bert().pretrain_steps == 0 => Some(
+                    "this bert task scores its whole labelled test split and does not pre-train; test_batches sizes a pre-training test set".into(),
+                ),
+                _ => None,
+            },
             "eval_lengths" => (kind != Kind::Lm).then(|| {
                 format!("length generalisation evaluates a decoder on longer text windows (kind lm); this run is kind {kind}")
             }),
@@ -104,6 +119,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
+        "train.test_batches" => cfg.train.test_batches.is_none(),
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,
         "transformer.mup_base_width" => t.mup_base_width == 64,

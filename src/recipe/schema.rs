@@ -1089,6 +1089,12 @@ pub struct TrainConfig {
     pub eval_interval: i64,
     /// Batches averaged per evaluation.
     pub eval_batches: i64,
+    /// Batches the final test evaluation reads, spread evenly over the test split, or `all` for the whole
+    /// split (`null`: `eval_batches`, as every run did before this key). More batches shrink the test
+    /// estimate's own noise, which the between-seed spread otherwise carries (results/eval_noise measures
+    /// it); a count is capped at what the split holds. Read by lm, translate, vit, swin, davit, cnn,
+    /// image_gpt and bert's pre-training; the other tasks read their whole labelled test split.
+    pub test_batches: Option<TestBatches>,
     /// Record training loss (and gradient norm) every this many steps.
     pub log_interval: i64,
     /// Record attention entropy and maximum weight per evaluation (one extra forward pass).
@@ -1212,6 +1218,7 @@ impl Default for TrainConfig {
             muon_momentum: 0.95,
             eval_interval: 250,
             eval_batches: 20,
+            test_batches: None,
             log_interval: 10,
             probe_attention: false,
             seed: 0,
@@ -1228,10 +1235,35 @@ impl Default for TrainConfig {
     }
 }
 
+/// How much of the test split the final evaluation reads: a number of batches, or `all` of it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum TestBatches {
+    Count(i64),
+    All(WholeSplit),
+}
+
+/// `all`: the whole split.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WholeSplit {
+    All,
+}
+
 impl TrainConfig {
     /// Examples of one optimisation step over all data-parallel processes.
     pub fn global_batch(&self) -> i64 {
         self.batch_size * self.world_size
+    }
+
+    /// Batches of the final test evaluation: `test_batches`, else `eval_batches`; `all` is 2^31, which
+    /// every task caps at what its test split holds.
+    pub fn test_batches(&self) -> i64 {
+        match self.test_batches {
+            None => self.eval_batches,
+            Some(TestBatches::Count(n)) => n,
+            Some(TestBatches::All(_)) => 1 << 31,
+        }
     }
 
     /// The learning rate of optimisation step `step` (0-based) after `elapsed` seconds of training: under a

@@ -440,6 +440,7 @@ impl Config {
             ("train.batch_size", t.batch_size),
             ("train.eval_interval", t.eval_interval),
             ("train.eval_batches", t.eval_batches),
+            ("train.test_batches", if let Some(super::schema::TestBatches::Count(n)) = t.test_batches { n } else { 1 }),
             ("train.log_interval", t.log_interval),
             ("train.checkpoint_every", t.checkpoint_every.unwrap_or(1)),
             ("train.world_size", t.world_size),

@@ -1078,7 +1078,9 @@ fn train_bert(
     let eval_fraction = b.eval_mask_fraction.unwrap_or(b.mask_fraction);
     let (count, batch) = (t.eval_batches * t.global_batch(), t.global_batch());
     tch::manual_seed(0x3a5c);
-    pretraining.test = pretraining.held_out(&data.test, count, batch, eval_fraction);
+    // At most as many test examples as the split holds without overlapping (`train.test_batches: all`).
+    let test_count = (t.test_batches() * batch).min((data.test.numel() as i64 / pretraining.example_span()).max(1));
+    pretraining.test = pretraining.held_out(&data.test, test_count, batch, eval_fraction);
     pretraining.validation = pretraining.held_out(&data.validation, count, batch, eval_fraction);
     tch::manual_seed(t.seed as i64);
 

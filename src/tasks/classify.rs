@@ -224,7 +224,7 @@ impl Task for Classification {
             model: model.as_ref(),
             task,
             validation: task.held_out_batches(HeldOut::Validation, t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
-            test: task.held_out_batches(HeldOut::Test, t.eval_batches * EVAL_BATCH, EVAL_BATCH, device),
+            test: task.held_out_batches(HeldOut::Test, t.test_batches() * EVAL_BATCH, EVAL_BATCH, device),
             batch: t.batch_size,
             device,
             probe_attention: t.probe_attention,

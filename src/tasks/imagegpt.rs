@@ -269,7 +269,8 @@ impl Task for ImageGpt {
         model.set_palette(&palette.to_device(device));
         let tokens_of = |split: HeldOut| -> (Tensor, Vec<Tensor>) {
             let set = task.held_out(split);
-            let count = (t.eval_batches * EVAL_BATCH).min(set.len());
+            let batches = if split == HeldOut::Test { t.test_batches() } else { t.eval_batches };
+            let count = (batches * EVAL_BATCH).min(set.len());
             let images = set.images.narrow(0, 0, count);
             let batches = (0..count)
                 .step_by(EVAL_BATCH as usize)
@@ -292,7 +293,8 @@ impl Task for ImageGpt {
         let images_per_s = (run.steps_done * t.global_batch()) as f64 / run.train_time.max(1e-9);
         let tokens = model.grid * model.grid;
         let mut probe_accuracy = f64::NAN;
-        if run.diverged_at.is_none() {
+        // A tuning run reads no test split: no probe scored on test images, no completions of them.
+        if run.diverged_at.is_none() && !t.skip_test {
             tch::manual_seed(t.seed as i64);
             let n = g.probe_images.min(task.train_count);
             let train_x = features_of(&model, &task.train.images.narrow(0, 0, n), device);

@@ -234,7 +234,13 @@ impl Task for LanguageModel {
             model: &model,
             data,
             validation: data.held_out_batches(HeldOut::Validation, t.eval_batches, t.global_batch(), block, device),
-            test: data.held_out_batches(HeldOut::Test, t.eval_batches, t.global_batch(), block, device),
+            test: data.held_out_batches(
+                HeldOut::Test,
+                data.test_batches(t.test_batches(), t.global_batch(), block),
+                t.global_batch(),
+                block,
+                device,
+            ),
             batch: t.batch_size,
             block,
             device,
@@ -246,9 +252,12 @@ impl Task for LanguageModel {
         let _autocast = precision::autocast(t.precision, device);
         // Length generalisation: the same number of test tokens, in windows k times longer. A learned
         // position table cannot read them: those cells stay empty.
+        // A tuning run reads no test split: not the longer windows, not the per-character loss.
+        let reads_test = !t.skip_test && run.diverged_at.is_none();
         let lengths: Vec<(i64, (f64, f64))> = t
             .eval_lengths
             .iter()
+            .filter(|_| !t.skip_test)
             .map(|&k| {
                 let (long, batch) = (block * k, (t.global_batch() / k).max(1));
                 let scores = match model.covers(long) {
@@ -272,7 +281,7 @@ impl Task for LanguageModel {
         };
         drop(_autocast);
         let per_text = match data {
-            Dataset::Text(_) if run.diverged_at.is_none() => Some(text_loss(&model, &objective.test, data.tokenizer())),
+            Dataset::Text(_) if reads_test => Some(text_loss(&model, &objective.test, data.tokenizer())),
             _ => None,
         };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));

@@ -305,7 +305,10 @@ impl Task for SequenceClassification {
         let tokens_per_s = per_s * cfg.seq_classify().positions() as f64;
         let model_flops = per_s * 6.0 * forward_macs(cfg);
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
-        outcome.set("test_majority_accuracy", sequences.majority_accuracy);
+        // The majority class's accuracy is measured on the test labels: a tuning run reads none.
+        if !t.skip_test {
+            outcome.set("test_majority_accuracy", sequences.majority_accuracy);
+        }
         Ok(Trained { outcome, vs, tokenizer: None })
     }
 }

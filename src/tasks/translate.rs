@@ -296,11 +296,11 @@ impl Task for Translation {
         tch::manual_seed(t.seed as i64);
         let mut vs = nn::VarStore::new(device);
         let model = Seq2Seq::new(&vs.root(), &model_spec(cfg, vocab));
-        let batches = |pairs: &[Pair]| -> Vec<PairBatch> {
-            let picked: Vec<&Pair> = pairs.iter().take((t.eval_batches * t.global_batch()) as usize).collect();
+        let batches = |pairs: &[Pair], count: i64| -> Vec<PairBatch> {
+            let picked: Vec<&Pair> = pairs.iter().take(count.saturating_mul(t.global_batch()) as usize).collect();
             picked.chunks(t.global_batch() as usize).map(|c| data.batch(c, device)).collect()
         };
-        let (validation, test) = (batches(&data.validation), batches(&data.test));
+        let (validation, test) = (batches(&data.validation, t.eval_batches), batches(&data.test, t.test_batches()));
         let objective = Translating {
             model: &model,
             data,
@@ -315,7 +315,9 @@ impl Task for Translation {
         let tokens_per_s = run.steps_done as f64 * t.global_batch() as f64 * tokens_per_pair / run.train_time.max(1e-9);
 
         let (mut bleu_score, mut exact, mut greedy_bleu, mut sample) = (f64::NAN, f64::NAN, f64::NAN, String::new());
-        if run.diverged_at.is_none() {
+        // A tuning run reads no test split: no decoding of test verses, no test bits per byte.
+        let reads_test = !t.skip_test && run.diverged_at.is_none();
+        if reads_test {
             let n = (tr.eval_sentences as usize).min(data.test.len());
             let max_len = cfg.transformer.block_size as usize;
             let refs: Vec<String> = data.test_text.iter().take(n).map(|(_, es)| es.clone()).collect();
@@ -352,10 +354,7 @@ impl Task for Translation {
         let per_token =
             6.0 * (params - lookups) as f64 + generator + 12.0 * (attention_layers * inner) as f64 * mean_length;
         let model_flops = tokens_per_s * per_token;
-        let bits_per_byte = match run.diverged_at {
-            None => objective.bits_per_byte(&objective.test),
-            Some(_) => f64::NAN,
-        };
+        let bits_per_byte = if reads_test { objective.bits_per_byte(&objective.test) } else { f64::NAN };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
         outcome.set("test_bits_per_byte", bits_per_byte);
         outcome.set("test_bleu", bleu_score);
