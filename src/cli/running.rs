@@ -47,6 +47,14 @@ pub struct RunArgs {
     /// Intra-op CPU threads of this process (of each worker with --workers/--devices).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// After the recipe's seeds, add seeds to the arms whose comparisons (the recipe's `compare:`) are
+    /// inconclusive, as many as the pilot's paired spread says settle them at δ, up to --max-seeds; then
+    /// recompute the verdicts. The number added never reads the observed difference.
+    #[arg(long, conflicts_with_all = ["shard", "workers", "devices"])]
+    until_settled: bool,
+    /// The most seeds an arm may end with under --until-settled (default 10).
+    #[arg(long, requires = "until_settled")]
+    max_seeds: Option<usize>,
 }
 
 impl RunArgs {
@@ -143,7 +151,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     };
     let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
-    if let Some((devices, threads)) = worker_devices(args, &sweep.recipe, device)? {
+    if args.until_settled {
+        let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet: args.quiet, shard: None };
+        until_settled(args, &sweep, &opts)?;
+    } else if let Some((devices, threads)) = worker_devices(args, &sweep.recipe, device)? {
         run_on_workers(args, &sweep, devices, threads)?;
     } else {
         let quiet = args.quiet || rank != 0;
@@ -154,6 +165,49 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     ablate::run::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet)
+}
+
+/// `--until-settled`: the recipe's seeds (the pilot), then the seeds its inconclusive comparisons need
+/// (`run::settle`), trained into the same directory; rows of seeds added by an earlier call are kept.
+fn until_settled(args: &RunArgs, sweep: &Sweep, opts: &SweepOptions) -> anyhow::Result<()> {
+    use ablate::run::settle;
+    let cap = args.max_seeds.unwrap_or(10);
+    let recipe = &sweep.recipe;
+    settle::check(recipe, cap)?;
+    let pool = settle::seed_pool(&recipe.seeds, cap);
+    let mut overrides = args.overrides.parse()?;
+    overrides.seeds = Some((pool.clone(), format!("--until-settled --max-seeds {cap}")));
+    let full = ablate::recipe::load_with(&sweep.path, args.smoke, &overrides)?;
+    let pilot = recipe.seeds.len();
+    let finished: std::collections::HashSet<String> = ablate::run::results::read_runs(&sweep.out.join("runs.csv"))
+        .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
+        .unwrap_or_default();
+    let only = |keep: &dyn Fn(&ablate::recipe::RunSpec) -> bool| ablate::recipe::Recipe {
+        runs: full.runs.iter().filter(|r| keep(r) || finished.contains(&r.id)).cloned().collect(),
+        ..full.clone()
+    };
+    let no_targets = Default::default();
+    run_recipe(&only(&|r| settle::keeps(r, &pool, pilot, &no_targets)), opts)?;
+    let targets = settle::targets(&sweep.out, recipe, cap)?;
+    let settling = only(&|r| settle::keeps(r, &pool, pilot, &targets));
+    let added: Vec<String> =
+        targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect();
+    if !args.quiet {
+        match added.is_empty() {
+            true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
+            false => eprintln!("ablate: --until-settled (at most {cap} seeds per arm): {}", added.join(", ")),
+        }
+    }
+    run_recipe(&settling, opts)?;
+    if !args.quiet {
+        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &settling, None)? {
+            let [better, worse, equivalent, inconclusive, untested] = ablate::run::verdicts::counts(&j.rows);
+            eprintln!(
+                "ablate: verdicts over every seed: {better} better, {worse} worse, {equivalent} equivalent, {inconclusive} inconclusive, {untested} untested (model quality)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A recipe run by a lone process must not ask for several data-parallel processes.

@@ -1,0 +1,117 @@
+//! `--until-settled`: the seeds added to an inconclusive comparison come from the pilot's spread and δ
+//! alone (the same for any observed difference), land on both arms of the comparison up to the cap, and a
+//! second call trains nothing more; what the flag cannot do is refused before training with one line.
+mod common;
+
+use ablate::recipe::parse;
+use ablate::run::results::read_runs;
+use common::scratch;
+use std::path::Path;
+use std::process::Command;
+
+fn recipe_text(dir: &Path, delta: f64) -> String {
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "to be or not to be, that is the question. ".repeat(80)).unwrap();
+    format!(
+        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 24\n  lr: 0.01\n  \
+         batch_size: 8\n  warmup_steps: 3\n  eval_interval: 8\n  eval_batches: 2\n  log_interval: 4\nsweep:\n  \
+         transformer.heads: [1, 2]\nseeds: [0, 1, 2]\ncompare:\n  baseline: heads=1\n  delta:\n    test_loss: {delta}\n    test_accuracy: 0.5\n",
+        data.display()
+    )
+}
+
+/// A pilot's `runs.csv`: `heads=1` at `base` and `heads=2` at `base` plus `differences`, per seed.
+fn write_pilot(dir: &Path, base: [f64; 3], differences: [f64; 3]) {
+    let mut csv = String::from("run_id,label,seed,config_hash,status,transformer.heads,test_loss,test_accuracy\n");
+    for (seed, (b, d)) in base.iter().zip(differences).enumerate() {
+        csv.push_str(&format!("transformer.heads=1 seed={seed},heads=1,{seed},x,ok,1,{b},0.5\n"));
+        csv.push_str(&format!("transformer.heads=2 seed={seed},heads=2,{seed},x,ok,2,{},0.5\n", b + d));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("runs.csv"), csv).unwrap();
+}
+
+#[test]
+fn the_seeds_added_read_the_spread_and_delta_never_the_difference() {
+    let dir = scratch("settle-rule");
+    let recipe = parse(&recipe_text(&dir, 0.01), "settle.yaml", "settle", false).unwrap();
+    let base = [2.0, 2.1, 1.9];
+    // The same spread of paired differences (sd 0.01) around two different means, both inconclusive.
+    let (near, far) = (dir.join("near"), dir.join("far"));
+    write_pilot(&near, base, [-0.009, 0.001, 0.011]);
+    write_pilot(&far, base, [-0.006, 0.004, 0.014]);
+    let targets = |d: &Path| ablate::run::settle::targets(d, &recipe, 50).unwrap();
+    let (a, b) = (targets(&near), targets(&far));
+    assert_eq!(a, b, "the observed difference moved the plan");
+    let n = a["heads=1"];
+    assert_eq!(a["heads=2"], n, "both arms of the comparison");
+    // The rule's number for sd 0.01 and δ 0.01 at the family's level (one comparison: α = 0.05).
+    assert_eq!(Some(n), ablate::stats::seeds_to_settle(0.01, 0.01, 0.05));
+    // A wider spread asks for more; the cap holds.
+    let wide = dir.join("wide");
+    write_pilot(&wide, base, [-0.018, 0.002, 0.022]);
+    assert!(targets(&wide)["heads=1"] > n);
+    assert_eq!(ablate::run::settle::targets(&wide, &recipe, 5).unwrap()["heads=1"], 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn ablate(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ablate")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[test]
+fn until_settled_adds_seeds_to_both_arms_up_to_the_cap_and_a_second_call_trains_nothing() {
+    let dir = scratch("settle-run");
+    let path = dir.join("settle.yaml");
+    // δ tiny: any spread asks for more seeds than the cap of 4.
+    std::fs::write(&path, recipe_text(&dir, 1e-6)).unwrap();
+    let out = dir.join("out");
+    let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--quiet", "--until-settled", "--max-seeds", "4"]);
+    assert!(ok, "{err}");
+    let rows = read_runs(&out.join("runs.csv")).unwrap();
+    for label in ["heads=1", "heads=2"] {
+        let mut seeds: Vec<u64> =
+            rows.iter().filter(|r| r["label"] == label).map(|r| r["seed"].parse().unwrap()).collect();
+        seeds.sort();
+        assert_eq!(seeds, [0, 1, 2, 3], "{label}");
+    }
+    let before = std::fs::read_to_string(out.join("runs.csv")).unwrap();
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "4"]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_to_string(out.join("runs.csv")).unwrap(), before, "nothing retrained");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn what_until_settled_cannot_do_is_refused_before_training_with_one_line() {
+    let dir = scratch("settle-refuse");
+    let path = dir.join("settle.yaml");
+    let text = recipe_text(&dir, 0.01);
+    std::fs::write(&path, &text).unwrap();
+    let out = dir.join("out");
+    let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "2"]);
+    assert!(
+        !ok && err.trim().lines().count() == 1 && err.contains("--max-seeds 2 is below the recipe's own 3 seeds"),
+        "{err}"
+    );
+    let no_compare = dir.join("plain.yaml");
+    std::fs::write(&no_compare, &text[..text.find("compare:").unwrap()]).unwrap();
+    let (ok, err) = ablate(&[no_compare.to_str().unwrap(), "--out", o, "--device", "cpu", "--until-settled"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("add a `compare:` section"), "{err}");
+    let bad_metric = dir.join("bad.yaml");
+    std::fs::write(&bad_metric, text.replace("test_accuracy: 0.5", "test_bleu: 0.5")).unwrap();
+    let (ok, err) = ablate(&[bad_metric.to_str().unwrap(), "--out", o, "--device", "cpu"]);
+    assert!(
+        !ok && err.trim().lines().count() == 1 && err.contains("compare.delta.test_bleu: no headline metric"),
+        "{err}"
+    );
+    let bad_baseline = dir.join("base.yaml");
+    std::fs::write(&bad_baseline, text.replace("baseline: heads=1", "baseline: heads=3")).unwrap();
+    let (ok, err) = ablate(&[bad_baseline.to_str().unwrap(), "--out", o, "--device", "cpu"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("compare.baseline"), "{err}");
+    assert!(!out.join("runs.csv").exists(), "nothing trained");
+    let _ = std::fs::remove_dir_all(&dir);
+}
