@@ -280,6 +280,8 @@ fn train_and_record(
 /// ends; then the plots, TensorBoard files and report. A tuned recipe trains in passes ([`super::tune`]).
 /// Other ranks of a data-parallel launch follow rank 0.
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
+    // A margin on a metric the recipe does not measure is refused before anything trains.
+    super::summary::check_compare(recipe)?;
     if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
         follow_rank0(recipe, opts, group)?;
         return run_second_scale(recipe, opts);
