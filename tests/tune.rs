@@ -180,9 +180,9 @@ fn tuning_runs_of_every_kind_read_no_test_split() {
     let dir = scratch("tune-no-test");
     for kind in Kind::ALL {
         let base = match kind {
-            Kind::Lm => "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ntrain: {eval_lengths: [2]}\n",
+            Kind::Lm => "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16, pe: rope}\ntrain: {eval_lengths: [2]}\n",
             Kind::Bert => "kind: bert\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ndata: {tokenizer: wordpiece, vocab_size: 100}\nbert: {task: spam, pretrain_steps: 2}\n",
-            Kind::Translate => "kind: translate\ntransformer: {d_model: 16, heads: 2, block_size: 16}\ndata: {tokenizer: bpe, vocab_size: 300}\ntranslate: {encoder_layers: 1, decoder_layers: 1, eval_sentences: 4}\n",
+            Kind::Translate => "kind: translate\ntransformer: {d_model: 16, heads: 2, block_size: 64}\ndata: {tokenizer: bpe, vocab_size: 300}\ntranslate: {encoder_layers: 1, decoder_layers: 1, eval_sentences: 4}\n",
             Kind::Vit => "kind: vit\ntransformer: {d_model: 16, layers: 1, heads: 2}\nvision: {patch_size: 7}\n",
             Kind::Swin => "kind: swin\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [1, 1], window: 7}\n",
             Kind::Davit => "kind: davit\ntransformer: {d_model: 16, heads: 2}\nvision: {patch_size: 2, depths: [2, 1], window: 7}\n",
