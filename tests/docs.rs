@@ -29,6 +29,19 @@ fn docs_cli_md_is_what_the_binary_prints() {
     assert_generated("docs/cli.md", "cli-reference");
 }
 
+/// A change that makes a committed reference stale (a new key with no silent default, a changed default, a
+/// variant added) fails here until results/stale.md, which the README's recipe table points to, says so.
+#[test]
+fn results_stale_md_lists_every_stale_reference() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ablate")).arg("stale").current_dir(root()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let committed = std::fs::read_to_string(root().join("results/stale.md")).unwrap_or_default();
+    assert!(
+        committed == String::from_utf8(out.stdout).unwrap(),
+        "results/stale.md differs from `ablate stale`: a committed reference became stale (or fresh); regenerate it with `target/release/ablate stale > results/stale.md`"
+    );
+}
+
 #[test]
 fn docs_keys_md_is_what_the_binary_prints() {
     assert_generated("docs/keys.md", "keys");

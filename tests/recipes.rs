@@ -277,7 +277,10 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert!(resolved.contains("overrides:\n- train.steps=7\n- --seeds 0\n"), "{resolved}");
     let verdicts = ablate::run::reproduce::compare(&longer, &elsewhere, &out).unwrap().unwrap();
     assert!(
-        verdicts.iter().all(|v| v.verdict == "not comparable" && v.rule.contains("train.steps 7 vs 6")),
+        verdicts.iter().all(|v| v.verdict == "stale"
+            && v.rule.contains("train.steps 7 now, 6 in the reference")
+            && v.rule.contains("with this command's overrides")
+            && v.rule.contains("min of training when it was made")),
         "{verdicts:?}"
     );
 

@@ -102,6 +102,9 @@ enum Command {
     /// Compare a run directory with reference results (default: the committed results/<name>): per variant,
     /// whether its final metrics reproduce the reference's, and by which test. Writes reproduction.csv.
     Reproduce(results::ReproduceArgs),
+    /// List every shipped recipe's committed reference (recipes/*.yaml against results/<name>/) as comparable
+    /// or stale, naming what changed and what a refresh costs, as Markdown: results/stale.md is this output.
+    Stale,
     /// Redraw a recipe's plots and its HTML report from the CSV files in its output directory, and write any
     /// missing TensorBoard event files.
     Plot(results::PlotArgs),
@@ -165,6 +168,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Summary(args)) => results::summary(&args),
         Some(Command::Plan(args)) => results::plan(&args),
         Some(Command::Reproduce(args)) => results::reproduce(&args),
+        Some(Command::Stale) => results::stale(),
         Some(Command::Plot(args)) => results::plot(&args),
         Some(Command::Merge(args)) => running::merge(&args),
         Some(Command::Slurm(args)) => running::slurm(&args),

@@ -1,8 +1,10 @@
 //! After a run: does each variant reproduce the committed reference results of its recipe? Per variant and
 //! per headline quality metric, the rerun's values over seeds are tested against the reference's with the
 //! rule of [`crate::stats::agreement`] (Welch's t-test, a prediction interval, or a stated tolerance for
-//! single runs). Only runs with the reference's configuration (seed apart) are compared. The verdicts are
-//! printed and written to `reproduction.csv` beside the results.
+//! single runs). Only runs with the reference's configuration (seed apart; a tuned arm at the value the
+//! reference chose) are compared; a reference made with another configuration is *stale*, in one line
+//! naming the change and what a refresh costs. The verdicts are printed and written to
+//! `reproduction.csv` beside the results.
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,7 +25,8 @@ pub struct Verdict {
     pub metric: String,
     pub reference: Option<Estimate>,
     pub rerun: Option<Estimate>,
-    /// `reproduces`, `differs` or `not comparable`.
+    /// `reproduces`, `differs` or `stale` (the reference was made with another configuration: the rule
+    /// names the change and what a refresh costs).
     pub verdict: &'static str,
     pub rule: String,
 }
@@ -44,6 +47,96 @@ fn finite(rows: &[&Row], column: &str) -> Vec<f64> {
     rows.iter().filter_map(|r| r.get(column)?.parse::<f64>().ok()).filter(|v| v.is_finite()).collect()
 }
 
+/// How a reference's rows meet a recipe's variant: the rows made with a configuration the recipe can train
+/// for it (a tuned arm: any of its candidates, so the value the reference chose), or why none are.
+enum Match<'a> {
+    Rows(Vec<&'a Row>),
+    /// One line naming what changed since the reference was made.
+    Stale(String),
+}
+
+/// The reference rows of variant `label` that the recipe's runs reproduce: those whose config columns
+/// (seed apart) equal one of the recipe's final runs of that label.
+fn match_reference<'a>(recipe: &Recipe, label: &str, theirs: &[&'a Row]) -> Match<'a> {
+    if theirs.is_empty() {
+        return Match::Stale(format!("the reference has no variant `{label}` (the recipe gained it since)"));
+    }
+    let candidates: Vec<Vec<(String, String)>> = recipe
+        .runs
+        .iter()
+        .filter(|r| r.label == label && r.tune.is_none_or(|t| t.rung.is_none()))
+        .map(|r| columns(&r.config).into_iter().filter(|(k, _)| k != "train.seed").collect())
+        .collect();
+    let Some(first) = candidates.first() else {
+        return Match::Stale(format!("the recipe has no variant `{label}` any more"));
+    };
+    for config in &candidates {
+        let rows: Vec<&Row> =
+            theirs.iter().copied().filter(|r| config.iter().all(|(k, v)| r.get(k) == Some(v))).collect();
+        if !rows.is_empty() {
+            return Match::Rows(rows);
+        }
+    }
+    // Name what differs from the first candidate (for a tuned arm, its tuned keys aside when another
+    // candidate would have matched them).
+    let tuned: Vec<&str> =
+        recipe.tuning.as_ref().map(|t| t.keys.iter().map(String::as_str).collect()).unwrap_or_default();
+    let differences: Vec<String> = first
+        .iter()
+        .filter(|(k, _)| !tuned.contains(&k.as_str()))
+        .filter(|(k, v)| theirs[0].get(k) != Some(v))
+        .take(3)
+        .map(|(k, v)| match theirs[0].get(k) {
+            None => format!("the reference predates `{k}` (now {v})"),
+            Some(old) => format!("{k} {v} now, {old} in the reference"),
+        })
+        .collect();
+    let changed = if differences.is_empty() {
+        "its tuned values are not among the candidates".to_string()
+    } else {
+        differences.join(", ")
+    };
+    let by = if recipe.overrides.is_empty() { String::new() } else { " (with this command's overrides)".into() };
+    Match::Stale(format!("configuration changed since the reference was made{by}: {changed}"))
+}
+
+/// What refreshing the reference in `reference` costs: the wall time its rows record (tuning runs
+/// included), as a phrase.
+pub fn refresh_cost(reference: &Path) -> String {
+    let minutes: f64 = super::results::read_all_runs(&reference.join("runs.csv"))
+        .map(|rows| rows.iter().filter_map(|r| r.get("wall_s")?.parse::<f64>().ok()).sum::<f64>() / 60.0)
+        .unwrap_or(f64::NAN);
+    if minutes.is_finite() {
+        format!("refreshing it took {minutes:.0} min of training when it was made")
+    } else {
+        "its cost is not recorded".into()
+    }
+}
+
+/// Why `recipe`'s committed reference in `reference` cannot be compared with a rerun today, one line per
+/// stale variant (empty when every variant matches); `None` without a reference `runs.csv`.
+pub fn staleness(recipe: &Recipe, reference: &Path) -> Result<Option<Vec<String>>> {
+    let reference_csv = reference.join("runs.csv");
+    if !reference_csv.exists() {
+        return Ok(None);
+    }
+    let rows = read_runs(&reference_csv)?;
+    let mut labels: Vec<&str> = Vec::new();
+    for r in recipe.runs.iter().filter(|r| r.tune.is_none_or(|t| t.rung.is_none())) {
+        if !labels.contains(&r.label.as_str()) {
+            labels.push(&r.label);
+        }
+    }
+    let mut out = Vec::new();
+    for label in labels {
+        let theirs: Vec<&Row> = rows.iter().filter(|r| r["label"] == label).collect();
+        if let Match::Stale(why) = match_reference(recipe, label, &theirs) {
+            out.push(format!("{label}: {why}"));
+        }
+    }
+    Ok(Some(out))
+}
+
 /// Compares the runs in `dir` with the reference results in `reference` (`None` when there is no
 /// reference `runs.csv`).
 pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<Vec<Verdict>>> {
@@ -60,46 +153,41 @@ pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<V
             labels.push(&r["label"]);
         }
     }
+    let tuned: Vec<String> = recipe.tuning.as_ref().map(|t| t.keys.clone()).unwrap_or_default();
     let mut verdicts = Vec::new();
     for label in labels {
         let mine: Vec<&Row> = rows.iter().filter(|r| r["label"] == label).collect();
         let theirs: Vec<&Row> = reference_rows.iter().filter(|r| r["label"] == label).collect();
-        let not_comparable = |rule: String| {
-            metrics
-                .iter()
-                .map(|m| Verdict {
+        let matching = match match_reference(recipe, label, &theirs) {
+            Match::Rows(rows) => rows,
+            Match::Stale(why) => {
+                let rule = format!("{why}; {}", refresh_cost(reference));
+                verdicts.extend(metrics.iter().map(|m| Verdict {
                     variant: label.to_string(),
                     metric: m.label.to_string(),
                     reference: None,
                     rerun: None,
-                    verdict: "not comparable",
+                    verdict: "stale",
                     rule: rule.clone(),
-                })
-                .collect::<Vec<_>>()
+                }));
+                continue;
+            }
         };
-        if theirs.is_empty() {
-            verdicts.extend(not_comparable("the reference has no such variant".into()));
-            continue;
-        }
-        // The reference runs with this variant's configuration, the seed apart.
-        let Some(spec) = recipe.runs.iter().find(|r| r.label == label) else { continue };
-        let config: Vec<(String, String)> =
-            columns(&spec.config).into_iter().filter(|(k, _)| k != "train.seed").collect();
-        let same = |r: &Row| config.iter().all(|(k, v)| r.get(k) == Some(v));
-        let matching: Vec<&Row> = theirs.iter().copied().filter(|r| same(r)).collect();
-        if matching.is_empty() {
-            let differences: Vec<String> = config
+        // A tuned arm re-tunes in the rerun: say whether it chose what the reference chose.
+        let choice = |rows: &[&Row]| -> String {
+            tuned
                 .iter()
-                .filter(|(k, v)| theirs[0].get(k) != Some(v))
-                .take(3)
-                .map(|(k, v)| format!("{k} {v} vs {}", theirs[0].get(k).map_or("(absent)", String::as_str)))
-                .collect();
-            verdicts.extend(not_comparable(format!(
-                "configuration differs from the reference: {}",
-                differences.join(", ")
-            )));
-            continue;
-        }
+                .map(|k| format!("{k}={}", rows.first().and_then(|r| r.get(k)).map_or("?", String::as_str)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let retuned = match tuned.is_empty() {
+            true => String::new(),
+            false if choice(&mine) == choice(&matching) => {
+                format!("; re-tuned to the reference's choice {}", choice(&mine))
+            }
+            false => format!("; re-tuned to {} where the reference chose {}", choice(&mine), choice(&matching)),
+        };
         for m in &metrics {
             let column = m.column_name().expect("quality metrics are columns");
             let (new, old) = (finite(&mine, column), finite(&matching, column));
@@ -113,7 +201,7 @@ pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<V
                 reference: Some(Estimate::of(&old)),
                 rerun: Some(Estimate::of(&new)),
                 verdict: if a.reproduces { "reproduces" } else { "differs" },
-                rule: a.rule,
+                rule: format!("{}{retuned}", a.rule),
             });
         }
     }
@@ -139,8 +227,8 @@ pub fn lines(verdicts: &[Verdict], reference: &Path) -> Vec<String> {
         seen.push(&v.variant);
         let mine: Vec<&Verdict> = verdicts.iter().filter(|w| w.variant == v.variant).collect();
         let worst = mine.iter().find(|w| w.verdict != "reproduces").unwrap_or(&mine[0]);
-        let line = if worst.verdict == "not comparable" {
-            format!("  {}: not comparable ({})", v.variant, worst.rule)
+        let line = if worst.verdict == "stale" {
+            format!("  {}: stale reference ({})", v.variant, worst.rule)
         } else {
             format!(
                 "  {}: {} ({} {} vs reference {}; {})",
