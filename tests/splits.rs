@@ -138,3 +138,72 @@ fn translation_pairs_fall_in_exactly_one_split() {
     assert_eq!((train.len(), validation.len(), test.len()), (342, 38, 20));
     assert!(train.is_disjoint(&validation) && train.is_disjoint(&test) && validation.is_disjoint(&test));
 }
+
+/// A model of `width` weights whose training loss first draws a batch of indices, as every kind's objective
+/// does, and records it.
+struct Recording<'a> {
+    w: &'a Tensor,
+    drawn: std::cell::RefCell<Vec<Vec<i64>>>,
+}
+
+impl Objective for Recording<'_> {
+    fn training_loss(&self, _shard: &BatchShard) -> Tensor {
+        let batch = Tensor::randint(1000, [8], (Kind::Int64, Device::Cpu));
+        self.drawn.borrow_mut().push(Vec::<i64>::try_from(&batch).unwrap());
+        // Dropout-like draws of a size that depends on the model come after the batch.
+        let _noise = Tensor::rand(self.w.size(), (Kind::Float, Device::Cpu));
+        (self.w * self.w).sum(Kind::Float)
+    }
+
+    fn evaluate(&self, _step: i64) -> anyhow::Result<Evaluation> {
+        Ok(Evaluation::default().with("val/loss", 1.0))
+    }
+
+    fn test(&self) -> anyhow::Result<Evaluation> {
+        Ok(Evaluation::default())
+    }
+}
+
+/// Common random numbers: arms with the same seed see the same data in the same order whatever their
+/// models (each step's generator is seeded from (seed, step), and every objective draws its batch first),
+/// and, where their parameters have the same shapes, start from the same weights (heads and activation
+/// change no shape). A paired difference then leaves out the noise both arms share.
+#[test]
+fn arms_with_one_seed_share_the_data_order_and_where_shapes_agree_the_initial_weights() {
+    let batches = |width: i64, seed: u64| {
+        tch::manual_seed(seed as i64);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let w = vs.root().randn("w", &[width], 0.0, 1.0);
+        let objective = Recording { w: &w, drawn: Default::default() };
+        let t = TrainConfig { steps: 5, eval_interval: 5, log_interval: 1, seed, ..Default::default() };
+        optimise(&t, &objective, &mut vs, Device::Cpu, &mut |_, _| {}, None).unwrap();
+        objective.drawn.into_inner()
+    };
+    let (small, large) = (batches(3, 4), batches(300, 4));
+    assert_eq!(small.len(), 5);
+    assert_eq!(small, large, "a model of another size saw other data");
+    assert_ne!(small, batches(3, 5), "another seed, other data");
+    use ablate::recipe::parse;
+    let weights = |text: &str| {
+        let recipe = parse(text, "crn.yaml", "crn", false).unwrap();
+        let cfg = &recipe.runs[0].config;
+        tch::manual_seed(cfg.train.seed as i64);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _model = ablate::tasks::task(cfg.kind).build(cfg, &vs.root(), 50);
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    };
+    let base = "kind: lm\ntransformer: {d_model: 32, layers: 2, block_size: 16, heads: 1, activation: gelu}\n";
+    let reference = weights(base);
+    for other in [base.replace("heads: 1", "heads: 4"), base.replace("gelu", "relu")] {
+        let theirs = weights(&other);
+        assert_eq!(reference.len(), theirs.len());
+        for ((name, a), (their_name, b)) in reference.iter().zip(&theirs) {
+            assert_eq!(name, their_name);
+            assert!(a.equal(b), "{other}: {name} starts elsewhere");
+        }
+    }
+    let wider = weights(&base.replace("d_model: 32", "d_model: 48"));
+    assert!(reference.iter().zip(&wider).any(|((_, a), (_, b))| a.size() != b.size()), "shapes differ there");
+}
