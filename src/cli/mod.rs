@@ -105,6 +105,9 @@ enum Command {
     /// List every shipped recipe's committed reference (recipes/*.yaml against results/<name>/) as comparable
     /// or stale, naming what changed and what a refresh costs, as Markdown: results/stale.md is this output.
     Stale,
+    /// The README's table of shipped recipes and what they found, generated from every results directory's
+    /// verdicts (the decided comparisons of model quality, and how many stay inconclusive) and reference state.
+    Findings,
     /// Redraw a recipe's plots and its HTML report from the CSV files in its output directory, and write any
     /// missing TensorBoard event files.
     Plot(results::PlotArgs),
@@ -169,6 +172,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Plan(args)) => results::plan(&args),
         Some(Command::Reproduce(args)) => results::reproduce(&args),
         Some(Command::Stale) => results::stale(),
+        Some(Command::Findings) => results::findings(),
         Some(Command::Plot(args)) => results::plot(&args),
         Some(Command::Merge(args)) => running::merge(&args),
         Some(Command::Slurm(args)) => running::slurm(&args),

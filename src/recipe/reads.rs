@@ -119,7 +119,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_steps" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_steps == 0),
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
-
+        "train.test_batches" => cfg.train.test_batches.is_none(),
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,
         "transformer.mup_base_width" => t.mup_base_width == 64,
