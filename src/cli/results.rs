@@ -241,7 +241,11 @@ pub fn findings() -> anyhow::Result<()> {
             .iter()
             .filter(|r| is_quality(r) && r.judged.verdict.is_decided())
             .map(|r| {
-                let d = r.judged.paired.as_ref().map_or(String::new(), |p| format!(" {:+.*}", r.metric.digits, p.difference.mean));
+                let d = r
+                    .judged
+                    .paired
+                    .as_ref()
+                    .map_or(String::new(), |p| format!(" {:+.*}", r.metric.digits, p.difference.mean));
                 format!("{}: {}{d} {}", r.comparison, r.metric.label, r.judged.verdict.word())
             })
             .collect();
@@ -263,7 +267,8 @@ pub fn findings() -> anyhow::Result<()> {
                 .iter()
                 .filter(|r| is_quality(r))
                 .filter_map(|r| {
-                    let s = second.iter().find(|s| s.comparison == r.comparison && s.metric.column == r.metric.column)?;
+                    let s =
+                        second.iter().find(|s| s.comparison == r.comparison && s.metric.column == r.metric.column)?;
                     (ablate::stats::across_scales(r.judged.verdict, s.judged.verdict) == "holds at both")
                         .then(|| format!("{}: {}", r.comparison, r.metric.label))
                 })
