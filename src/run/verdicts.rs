@@ -169,7 +169,7 @@ pub fn write_block(dir: &Path, block: &str) -> Result<()> {
             format!("{}{block}{}", &readme[..start], &readme[after..])
         }
         _ => match readme.find("\n## ") {
-            Some(i) => format!("{}\n{block}{}", &readme[..i + 1], &readme[i..]),
+            Some(i) => format!("{}{block}{}", &readme[..i + 1], &readme[i..]),
             None if readme.is_empty() => block.to_string(),
             None => format!("{}\n\n{block}", readme.trim_end()),
         },
