@@ -246,17 +246,20 @@ pub fn seeds_needed(effect: f64) -> Option<usize> {
     if effect.is_nan() || effect == 0.0 || effect.is_infinite() {
         return None;
     }
-    // Power grows with the pairs: double until it is reached, then halve the gap.
-    const MOST: usize = 10_000;
-    let enough = |n: usize| paired_t_power(effect, n) >= POWER;
+    fewest_pairs(|n| paired_t_power(effect, n) >= POWER)
+}
+
+/// The fewest pairs (from 2) for which `enough` holds, `enough` growing with the pairs; `None` above
+/// `MOST_SEEDS`. Power grows with the pairs: double until it is reached, then halve the gap.
+fn fewest_pairs(enough: impl Fn(usize) -> bool) -> Option<usize> {
     let (mut lo, mut hi) = (1, 2);
     while !enough(hi) {
-        if hi >= MOST {
+        if hi >= MOST_SEEDS {
             return None;
         }
-        (lo, hi) = (hi, (hi * 2).min(MOST));
+        (lo, hi) = (hi, (hi * 2).min(MOST_SEEDS));
     }
-    // Power is reached at `hi` and not at `lo` (or `lo` is below a test's two pairs).
+    // Reached at `hi` and not at `lo` (or `lo` is below a test's two pairs).
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if enough(mid) {
@@ -327,24 +330,7 @@ pub fn seeds_to_settle(sd: f64, delta: f64, alpha: f64) -> Option<usize> {
         return None;
     }
     let effect = delta / sd;
-    let enough =
-        |n: usize| paired_t_power_at(effect, n, alpha) >= POWER && tost_power_lower_bound(effect, n, alpha) >= POWER;
-    let (mut lo, mut hi) = (1, 2);
-    while !enough(hi) {
-        if hi >= MOST_SEEDS {
-            return None;
-        }
-        (lo, hi) = (hi, (hi * 2).min(MOST_SEEDS));
-    }
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if enough(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Some(hi)
+    fewest_pairs(|n| paired_t_power_at(effect, n, alpha) >= POWER && tost_power_lower_bound(effect, n, alpha) >= POWER)
 }
 
 /// What a comparison settles to, by fixed rules over one family of comparisons (Holm-adjusted):

@@ -269,7 +269,7 @@ fn resolve_pairing(runs: &[Row], recipe: &Recipe, pairing: Option<Pairing>) -> R
         Some(Pairing::Baseline(b)) => Some(match find_baseline(runs, &variants, b) {
             Ok(base) => Reference::Baseline(base),
             // `key=value` shared by several variants of a grid: paired within the levels of the other keys.
-            Err(e) => within(runs, recipe, &variants, b).ok_or(e)?,
+            Err(e) => within(recipe, &variants, b).ok_or(e)?,
         }),
         Some(Pairing::Ladder) if variants.len() < 2 => bail!("--ladder needs at least two variants"),
         Some(Pairing::Ladder) => Some(Reference::Ladder),
@@ -352,7 +352,7 @@ fn describe_reference(reference: &Reference, variants: &[(String, Vec<String>)])
 
 /// [`Reference::Within`] for `spec` (`key=value` of a swept key, or of the `variant` list), from the swept
 /// values the recipe gives each label; `None` when `spec` names no swept key or pairs nothing.
-fn within(runs: &[Row], recipe: &Recipe, variants: &[(String, Vec<String>)], spec: &str) -> Option<Reference> {
+fn within(recipe: &Recipe, variants: &[(String, Vec<String>)], spec: &str) -> Option<Reference> {
     let (key, value) = spec.split_once('=')?;
     let (key, value) = (key.trim(), value.trim());
     let swept = |label: &str| -> Option<&Vec<(String, String)>> {
@@ -377,7 +377,6 @@ fn within(runs: &[Row], recipe: &Recipe, variants: &[(String, Vec<String>)], spe
             pairs.push((v, r));
         }
     }
-    let _ = runs;
     (!pairs.is_empty()).then(|| Reference::Within { baseline: format!("{key}={value}"), pairs })
 }
 
