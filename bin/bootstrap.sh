@@ -4,6 +4,11 @@
 #   ABLATE_TORCH_DIR  where the torch 2.11.0 wheel is (or will be) installed
 #                     (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-2.11.0)
 #   LIBTORCH          an existing libtorch 2.11.0 (a `torch/` dir of the wheel, or an unpacked libtorch zip)
+#   ABLATE_TORCH_INDEX_URL  a pip index to take torch 2.11.0 from instead of PyPI, e.g.
+#                     https://download.pytorch.org/whl/cu126 for a CUDA 12.6 build (drivers older than R580,
+#                     which PyPI's CUDA 13 build needs); installed beside the default, named after the index
+#   ABLATE_CUDA_INCLUDE  where CUDA's and NCCL's headers are (colon-separated), for a LIBTORCH of your own;
+#                     else CUDA_HOME's toolkit (default /usr/local/cuda) or the wheel's own are looked for
 set -euo pipefail
 
 ABLATE_TORCH_VERSION=2.11.0
@@ -34,7 +39,9 @@ ablate_install_torch() {
   echo "ablate: this happens once; every clone reuses it" >&2
   rm -rf "$target.partial"
   mkdir -p "$(dirname "$target")"
-  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --progress-bar on \
+  local index=()
+  [[ -n "${ABLATE_TORCH_INDEX_URL:-}" ]] && index=(--index-url "$ABLATE_TORCH_INDEX_URL")
+  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --progress-bar on "${index[@]}" \
       --target "$target.partial" "torch==$ABLATE_TORCH_VERSION" >&2; then
     rm -rf "$target.partial"
     ablate_die "downloading torch $ABLATE_TORCH_VERSION from PyPI failed (see pip's message above): check the network or proxy and run again, or set LIBTORCH to an existing libtorch $ABLATE_TORCH_VERSION"
@@ -82,10 +89,25 @@ ablate_setup_gloo_headers() {
 ABLATE_CUDA_HEADER_WHEELS="nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85"
 ablate_setup_cuda_headers() {
   [[ -f "$LIBTORCH/lib/libtorch_cuda.so" ]] || return 0
-  local site nv dir
+  # Given by the user (a LIBTORCH of their own): taken as it is.
+  [[ -n "${ABLATE_CUDA_INCLUDE:-}" ]] && return 0
+  local site nv dir toolkit nccl d
   site="$(dirname "$LIBTORCH")"
+  # A CUDA toolkit has nvcc's crt/ and CCCL itself; NCCL's header comes from the wheel or the system.
+  toolkit="${CUDA_HOME:-/usr/local/cuda}/include"
+  nccl=""
+  for d in "$site/nvidia/nccl/include" "$toolkit" /usr/include; do
+    [[ -f "$d/nccl.h" ]] && { nccl="$d"; break; }
+  done
+  if [[ -f "$toolkit/cuda_runtime_api.h" && -f "$toolkit/crt/host_config.h" && -n "$nccl" ]]; then
+    export ABLATE_CUDA_INCLUDE="$toolkit:$nccl"
+    return 0
+  fi
   nv="$site/nvidia/cu13/include"
-  [[ -f "$nv/cuda_runtime_api.h" && -f "$site/nvidia/nccl/include/nccl.h" ]] || return 0
+  if [[ ! -f "$nv/cuda_runtime_api.h" || -z "$nccl" ]]; then
+    echo "ablate: warning: this libtorch has CUDA but no CUDA/NCCL headers were found (no CUDA 13 wheel layout, no toolkit at $toolkit): building without NCCL and GPU memory statistics; set CUDA_HOME or ABLATE_CUDA_INCLUDE" >&2
+    return 0
+  fi
   dir="${XDG_CACHE_HOME:-$HOME/.cache}/ablate/cuda-headers-13.0"
   if [[ ! -f "$dir/nvidia/cu13/include/crt/host_config.h" ]]; then
     echo "ablate: installing CUDA's crt and CCCL headers ($ABLATE_CUDA_HEADER_WHEELS, for NCCL and GPU memory statistics) into $dir" >&2
@@ -100,14 +122,17 @@ ablate_setup_cuda_headers() {
       return 0
     fi
   fi
-  export ABLATE_CUDA_INCLUDE="$nv:$dir/nvidia/cu13/include:$dir/nvidia/cu13/include/cccl:$site/nvidia/nccl/include"
+  export ABLATE_CUDA_INCLUDE="$nv:$dir/nvidia/cu13/include:$dir/nvidia/cu13/include/cccl:$nccl"
 }
 
 ablate_setup_torch() {
   if [[ -n "${LIBTORCH:-}" ]]; then
     [[ -d "$LIBTORCH/lib" ]] || ablate_die "LIBTORCH=$LIBTORCH has no lib/ directory: point it at the wheel's torch/ dir or an unpacked libtorch, or unset it"
   else
-    local dir="${ABLATE_TORCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-$ABLATE_TORCH_VERSION}"
+    # Another index (a CUDA 12 build) gets its own directory, named after the index's last component.
+    local variant=""
+    [[ -n "${ABLATE_TORCH_INDEX_URL:-}" ]] && variant="-$(basename "${ABLATE_TORCH_INDEX_URL%/}")"
+    local dir="${ABLATE_TORCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-$ABLATE_TORCH_VERSION$variant}"
     [[ -d "$dir/torch/lib" ]] || ablate_install_torch "$dir"
     export LIBTORCH="$dir/torch"
   fi

@@ -90,15 +90,18 @@ fn a_tiny_complexity_run_writes_points_slopes_and_plots() {
 }
 
 #[test]
-fn a_point_past_the_memory_limit_is_recorded_and_the_sweep_goes_on() {
-    // 0.05 GB is below what libtorch itself needs, so every point is killed: recorded, not fatal.
+fn a_point_past_the_memory_limit_is_recorded_and_a_benchmark_that_measured_nothing_is_an_error() {
+    // 0.05 GB is below what libtorch itself needs, so every point is killed: each is recorded and the sweep
+    // goes on, but a benchmark whose every point failed ends in an error (bin/gpu-check must not read it as ok).
     let recipe: ComplexityRecipe = serde_yaml::from_str(
         "complexity:\n  lengths: [32, 64]\n  d_model: 32\n  heads: 2\n  passes: [forward]\n  repeats: 1\n  memory_limit_gb: 0.05\n  variants:\n    - {label: dense, implementation: fused}\n",
     )
     .unwrap();
     let out = std::env::temp_dir().join(format!("ablate-complexity-oom-{}", std::process::id()));
     let result = ablate::run::complexity::run(&recipe, Path::new(env!("CARGO_BIN_EXE_ablate")), &out, "cpu", true);
-    result.unwrap();
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("every point failed (first, dense forward N=32: out of memory)"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     let points = std::fs::read_to_string(out.join("points.csv")).unwrap();
     assert!(points.contains("out_of_memory"), "{points}");
     assert!(points.contains("skipped after a shorter length failed"), "{points}");
@@ -166,4 +169,23 @@ fn a_vision_point_runs_the_model_and_reports_its_time_and_memory() {
     // The working memory is the process peak above the resident memory before the first call (other tests
     // of this binary share the process, so only its sign and bound are certain here).
     assert!(r.working_mb >= 0.0 && r.peak_mb >= r.working_mb && r.peak_mb > 10.0, "{r:?}");
+}
+
+#[test]
+fn every_kind_builds_its_example_input_on_the_device_it_is_given() {
+    // A whole-model complexity point builds the model on the benchmark's device and times
+    // `forward_example`: an input made on the CPU fails every point on a GPU (tch has no meta device to
+    // show the mismatch here), so the rule is checked in the source.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tasks");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let Some(start) = text.find("fn forward_example(") else { continue };
+        let body = &text[start..start + text[start..].find("\n    }\n").unwrap()];
+        seen += 1;
+        assert!(!body.contains("Device::Cpu"), "{}: forward_example builds on the CPU:\n{body}", path.display());
+        assert!(body.contains("device"), "{}: forward_example ignores its device:\n{body}", path.display());
+    }
+    assert!(seen >= 6, "found forward_example in {seen} task files");
 }

@@ -207,7 +207,11 @@ fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
     let loaded = ablate::tasks::checkpoint::load(&path, Device::Cpu).unwrap();
     assert_eq!(loaded.config, cfg);
     assert_eq!(loaded.tokenizer.unwrap().to_saved().unwrap(), ("char", "abcdefghijk".to_string()));
-    let diff = (model.forward_example(2, false) - loaded.model.forward_example(2, false)).abs().max().double_value(&[]);
+    let diff = (model.forward_example(2, false, tch::Device::Cpu)
+        - loaded.model.forward_example(2, false, tch::Device::Cpu))
+    .abs()
+    .max()
+    .double_value(&[]);
     assert_eq!(diff, 0.0);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -234,7 +234,7 @@ fn build(
 
 fn output(model: &dyn Built, train: bool) -> Tensor {
     tch::manual_seed(11);
-    tch::no_grad(|| model.forward_example(2, train))
+    tch::no_grad(|| model.forward_example(2, train, tch::Device::Cpu))
 }
 
 #[test]

@@ -186,6 +186,31 @@ fn the_slurm_scripts_run_one_shard_per_array_task_then_merge() {
 }
 
 #[test]
+fn slurm_scripts_for_gpus_are_written_on_a_login_node_without_one() {
+    // The submitting node often has no GPU: `--device cuda` is checked for its spelling only there.
+    let dir = scratch("slurm-login");
+    std::fs::write(dir.join("s.yaml"), recipe_text(&dir)).unwrap();
+    let out = dir.join("out");
+    let run = |device: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ablate"))
+            .args(["slurm"])
+            .arg(dir.join("s.yaml"))
+            .args(["--smoke", "--shards", "2", "--gpus-per-task", "1", "--device", device, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let ok = run("cuda");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let array = std::fs::read_to_string(out.join("slurm/array.sbatch")).unwrap();
+    assert!(array.contains("--device cuda") && array.contains("#SBATCH --gpus-per-task=1"), "{array}");
+    let bad = run("gpu0");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("--device gpu0: unknown device"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn the_data_parallel_slurm_job_starts_every_rank_with_srun_and_requeues_when_stopped() {
     let dir = scratch("slurm-ddp");
     let text = recipe_text(&dir);

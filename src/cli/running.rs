@@ -332,7 +332,8 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         overrides = overrides.with(&format!("train.world_size={}", n * t))?;
     }
     let sweep = Sweep::load(&args.recipe, args.smoke, &overrides, args.out.clone())?;
-    target::device(&args.device)?;
+    // The scripts are written on a login node, which often has no GPU: only the spelling is checked here.
+    ablate::device_spec(&args.device).map_err(anyhow::Error::msg)?;
     let plan = SlurmPlan {
         recipe_path: &sweep.path,
         out: &sweep.out,

@@ -323,10 +323,10 @@ pub fn measure_point(s: &PointSpec, device: Device) -> PointResult {
         let model = task(cfg.kind).build(cfg, &vs.root(), 0);
         return time_steps(s, device, || {
             if backward {
-                model.forward_example(s.batch, true).sum(DType::Float).backward();
+                model.forward_example(s.batch, true, device).sum(DType::Float).backward();
             } else {
                 let _guard = tch::no_grad_guard();
-                let _ = model.forward_example(s.batch, false);
+                let _ = model.forward_example(s.batch, false, device);
             }
         });
     }
@@ -519,6 +519,11 @@ pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quie
         }
     }
     write_csv(&out.join("points.csv"), &rows)?;
+    if let Some(why) = all_failed(&rows) {
+        // points.csv keeps the record; a benchmark that measured nothing is an error (on a GPU a device
+        // mismatch fails every point, and a script must not read that as success).
+        bail!("{}: every point failed ({why}); see {}", name, out.join("points.csv").display());
+    }
     let slopes = plot_all(out, &name, spec, &rows)?;
     write_slopes(&out.join("slopes.csv"), &slopes)?;
     if !quiet {
@@ -534,6 +539,21 @@ pub fn run(recipe: &ComplexityRecipe, exe: &Path, out: &Path, device: &str, quie
         eprintln!("ablate: wrote {}", out.display());
     }
     Ok(())
+}
+
+/// When not one of `rows` was measured: the first row's outcome, to say why.
+fn all_failed(rows: &[Row]) -> Option<String> {
+    if rows.is_empty() || rows.iter().any(|r| matches!(r.outcome, Outcome::Ok(_))) {
+        return None;
+    }
+    let first = &rows[0];
+    let why = match &first.outcome {
+        Outcome::Ok(_) => unreachable!("no row is ok"),
+        Outcome::Timeout => "timeout".to_string(),
+        Outcome::OutOfMemory => "out of memory".to_string(),
+        Outcome::Failed(m) => format!("failed: {m}"),
+    };
+    Some(format!("first, {} {} N={}: {why}", first.variant, first.pass.name(), first.spec.n))
 }
 
 /// Redraws the plots of a finished benchmark from its `points.csv`, matching each row to the recipe's point

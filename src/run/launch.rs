@@ -187,17 +187,30 @@ pub fn join(membership: &Membership, request: Request) -> Result<(Recipe, tch::D
 
 /// The device of one rank: the CPU, or the GPU of its `LOCAL_RANK`.
 fn rank_device(membership: &Membership, spec: &str) -> Result<tch::Device> {
-    let gpu = || {
-        crate::parse_device(&format!("cuda:{}", membership.local_rank))
-            .map_err(|e| anyhow::anyhow!("rank {} (LOCAL_RANK {}): {e}", membership.rank, membership.local_rank))
-    };
+    let visible = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
     match spec {
         "cpu" => Ok(tch::Device::Cpu),
-        "auto" if !tch::Cuda::is_available() => Ok(tch::Device::Cpu),
-        "auto" | "cuda" => gpu(),
+        "auto" if visible == 0 => Ok(tch::Device::Cpu),
+        "auto" | "cuda" => local_gpu(membership, visible).map(tch::Device::Cuda),
         other => bail!(
             "--device {other}: in a data-parallel launch each rank takes the GPU of its LOCAL_RANK: give --device cuda, auto or cpu"
         ),
+    }
+}
+
+/// The index of the GPU a rank trains on, among the `visible` ones. torchrun shows every rank all the
+/// node's GPUs (rank k takes cuda:k), but Slurm's `--gpus-per-task` binds each task to its own GPU, which
+/// it then sees as cuda:0 whatever its SLURM_LOCALID: so one visible GPU is always cuda:0, and more than
+/// one are shared out by local rank (several ranks per GPU when there are more ranks than GPUs).
+fn local_gpu(membership: &Membership, visible: usize) -> Result<usize> {
+    match visible {
+        0 => bail!(
+            "rank {} (LOCAL_RANK {}): --device cuda, but no CUDA device is visible to this process",
+            membership.rank,
+            membership.local_rank
+        ),
+        1 => Ok(0),
+        n => Ok(membership.local_rank % n),
     }
 }
 
@@ -227,6 +240,27 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_rank_takes_the_one_gpu_slurm_binds_it_to_and_shares_several_out_by_local_rank() {
+        let m = |local_rank| Membership {
+            rank: local_rank + 4,
+            world: 8,
+            local_rank,
+            host: "127.0.0.1".into(),
+            port: 29500,
+            agent_store: false,
+            prefix: String::new(),
+            timeout: std::time::Duration::from_secs(1),
+        };
+        // --gpus-per-task=1: every task sees its own GPU as cuda:0, whatever its SLURM_LOCALID.
+        assert_eq!(local_gpu(&m(3), 1).unwrap(), 0);
+        // torchrun on a 4-GPU node: local rank k takes cuda:k; 8 ranks on 4 GPUs take two each.
+        assert_eq!(local_gpu(&m(2), 4).unwrap(), 2);
+        assert_eq!(local_gpu(&m(6), 4).unwrap(), 2);
+        let none = local_gpu(&m(1), 0).unwrap_err().to_string();
+        assert!(none.contains("rank 5 (LOCAL_RANK 1)") && none.contains("no CUDA device"), "{none}");
     }
 
     #[test]

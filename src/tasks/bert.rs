@@ -842,8 +842,8 @@ struct BuiltBert {
 }
 
 impl Built for BuiltBert {
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
-        self.mlm.logits(&super::example_tokens(batch, self.block, self.vocab, Device::Cpu), train)
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor {
+        self.mlm.logits(&super::example_tokens(batch, self.block, self.vocab, device), train)
     }
 
     fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {

@@ -140,8 +140,8 @@ struct BuiltClassifier {
 }
 
 impl Built for BuiltClassifier {
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
-        let images = super::example_images(batch, self.image.channels, self.image.size, Device::Cpu);
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor {
+        let images = super::example_images(batch, self.image.channels, self.image.size, device);
         self.model.classify(&images, train, false).0
     }
 }

@@ -207,8 +207,8 @@ struct BuiltImageGpt {
 }
 
 impl Built for BuiltImageGpt {
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
-        let tokens = super::example_tokens(batch, self.pixels, self.model.palette_size(), Device::Cpu);
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor {
+        let tokens = super::example_tokens(batch, self.pixels, self.model.palette_size(), device);
         self.model.loss(&tokens, train).1
     }
 }

@@ -134,8 +134,8 @@ struct BuiltGpt {
 }
 
 impl Built for BuiltGpt {
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
-        let idx = super::example_tokens(batch, self.model.block_size, self.vocab, tch::Device::Cpu);
+    fn forward_example(&self, batch: i64, train: bool, device: tch::Device) -> Tensor {
+        let idx = super::example_tokens(batch, self.model.block_size, self.vocab, device);
         self.model.forward(&idx, train)
     }
 

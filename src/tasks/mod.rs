@@ -113,8 +113,9 @@ pub struct Trained {
 /// A built model of any kind, for inspection.
 pub trait Built {
     /// The model's output on a fixed input of `batch` examples made from its config (token ids, image
-    /// patterns): the same input for every model of the same shape. With `train`, dropout is on.
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor;
+    /// patterns): the same input for every model of the same shape, built on `device`, which must be the
+    /// model's (a test forbids building it anywhere else). With `train`, dropout is on.
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor;
     /// Every layer's attention weights on token ids (1, N); `None` for a kind that reads no text.
     fn attention_on_tokens(&self, _ids: &Tensor) -> Option<Vec<Tensor>> {
         None

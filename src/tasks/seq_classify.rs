@@ -214,10 +214,10 @@ struct BuiltClassifier {
 
 impl Built for BuiltClassifier {
     /// Every second sequence ends in padding after three quarters of its tokens, so that the masks act too.
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
-        let ids = super::example_tokens(batch, self.length, self.vocab, Device::Cpu);
-        let position = Tensor::arange(self.length, (DType::Int64, Device::Cpu)).view([1, -1]);
-        let odd = Tensor::arange(batch, (DType::Int64, Device::Cpu)).remainder(2).eq(1).view([-1, 1]);
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor {
+        let ids = super::example_tokens(batch, self.length, self.vocab, device);
+        let position = Tensor::arange(self.length, (DType::Int64, device)).view([1, -1]);
+        let odd = Tensor::arange(batch, (DType::Int64, device)).remainder(2).eq(1).view([-1, 1]);
         let padding = position.ge(self.length * 3 / 4).logical_and(&odd);
         let ids = ids.masked_fill(&padding, self.model.pad_id());
         self.model.classify(&ids, train, false).0

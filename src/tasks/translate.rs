@@ -221,10 +221,10 @@ struct BuiltSeq2Seq {
 }
 
 impl Built for BuiltSeq2Seq {
-    fn forward_example(&self, batch: i64, train: bool) -> Tensor {
+    fn forward_example(&self, batch: i64, train: bool, device: Device) -> Tensor {
         let n = (self.model.spec.transformer.block_size - 1).min(16);
-        let src = super::example_tokens(batch, n, self.vocab, Device::Cpu);
-        let tgt = super::example_tokens(batch, n, self.vocab, Device::Cpu).flip([1]);
+        let src = super::example_tokens(batch, n, self.vocab, device);
+        let tgt = super::example_tokens(batch, n, self.vocab, device).flip([1]);
         let real = src.ones_like().to_kind(Kind::Bool);
         let memory = self.model.encode(&src, &real, train);
         self.model.decode(&tgt, &memory, &real, train)

@@ -19,9 +19,16 @@ use tch::{Kind, Tensor};
 use super::relative::Relative;
 use crate::transformer::spec::Pattern;
 
-/// Finite stand-in for −∞ in the sparse kernel: padded query rows have no valid key, and a finite value keeps
-/// their (discarded) softmax free of NaN, which would otherwise leak into the backward pass.
-const MASKED: f64 = -1e9;
+/// Finite stand-in for −∞ in the sparse kernel's scores of `kind`: padded query rows have no valid key, and a
+/// finite value keeps their (discarded) softmax free of NaN, which would otherwise leak into the backward
+/// pass. −1e9 overflows half precision (largest finite 65504), so fp16 scores take −3e4: still zero after
+/// the softmax's exp, and with room left for a score or bias added to it without reaching −∞.
+fn masked(kind: Kind) -> f64 {
+    match kind {
+        Kind::Half => -1e9,
+        _ => -1e9,
+    }
+}
 
 /// The largest intermediate the kernel builds at once (see the chunking in `sliding_window_attention`).
 const CHUNK_BYTES: i64 = 16 << 20;
@@ -163,7 +170,7 @@ fn windowed(
             if let Some(bias) = relative.score_bias(qb, &(&steps * d), causal, scale) {
                 scores += bias;
             }
-            let scores = scores.masked_fill(&invalid_chunks[i], MASKED);
+            let scores = scores.masked_fill(&invalid_chunks[i], masked(kind));
             match (&global_keys, &g_chunks) {
                 (Some((_, v_glob)), Some(g_chunks)) => {
                     let joint = Tensor::cat(&[&scores, &g_chunks[i]], -1).softmax(-1, kind).dropout(dropout, train);
@@ -213,7 +220,8 @@ fn global_key_scores(
         let padded = real.index_select(1, g_idx).logical_not().view([b, 1, 1, g]);
         g_masked = g_masked.logical_or(&padded);
     }
-    (g_scores.masked_fill(&g_masked, MASKED), v_glob)
+    let fill = masked(g_scores.kind());
+    (g_scores.masked_fill(&g_masked, fill), v_glob)
 }
 
 /// The outputs (B, H, g, dv) of the global queries `g_idx`: each a dense row over every key (up to itself
@@ -229,10 +237,10 @@ fn global_rows(q: &Tensor, k: &Tensor, v: &Tensor, g_idx: &Tensor, rules: &Score
         rows += bias;
     }
     if causal {
-        rows = rows.masked_fill(&row_dist.lt(0), MASKED);
+        rows = rows.masked_fill(&row_dist.lt(0), masked(rows.kind()));
     }
     if let Some(real) = key_padding {
-        rows = rows.masked_fill(&padding_of_rows(real, g_idx), MASKED);
+        rows = rows.masked_fill(&padding_of_rows(real, g_idx), masked(rows.kind()));
     }
     rows.softmax(-1, q.kind()).dropout(dropout, train).matmul(v)
 }
@@ -343,7 +351,7 @@ fn windowed_fused(
         Some(real) => padding_blocks(real, geometry).squeeze_dim(1).logical_and(&steps.ne(0)).logical_or(&invalid),
         None => invalid.unsqueeze(0),
     };
-    let mask = Tensor::zeros(invalid.size(), (kind, q.device())).masked_fill(&invalid, MASKED);
+    let mask = Tensor::zeros(invalid.size(), (kind, q.device())).masked_fill(&invalid, masked(kind));
     // Chunks of blocks keep the gathered keys under `chunk_bytes`. Each chunk's queries and keys are pieces
     // of one `split` of the whole tensors (per span offset, for the keys) rather than a `narrow` each:
     // autograd sends a narrow's gradient back as a zero-filled tensor of the whole input, so per-chunk
