@@ -4,6 +4,7 @@
 // its CUDA runtime and NCCL headers); otherwise distributed.cpp and native.rs say the build has no CUDA extras.
 #include "errors.h"
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 #include <chrono>
 #include <cstring>
@@ -38,6 +39,30 @@ char *ablate_cuda_peak_memory(int device, int64_t *allocated, int64_t *reserved)
 char *ablate_cuda_reset_peak_memory(int device) {
   try {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    return nullptr;
+  } catch (const std::exception &e) {
+    return ablate::error_of(e);
+  }
+}
+
+// Free and total bytes of GPU `device` as the driver reports them (torch.cuda.mem_get_info).
+char *ablate_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes) {
+  try {
+    const auto [free, total] =
+        c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+    *free_bytes = static_cast<int64_t>(free);
+    *total_bytes = static_cast<int64_t>(total);
+    return nullptr;
+  } catch (const std::exception &e) {
+    return ablate::error_of(e);
+  }
+}
+
+// Makes GPU `device` this process's current one (torch.cuda.set_device): NCCL's communicator and any
+// kernel launched without an explicit device go there instead of GPU 0.
+char *ablate_cuda_set_device(int device) {
+  try {
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
     return nullptr;
   } catch (const std::exception &e) {
     return ablate::error_of(e);

@@ -30,6 +30,8 @@
 extern "C" {
 char *ablate_cuda_peak_memory(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
 char *ablate_cuda_reset_peak_memory(int) { return strdup("built without CUDA headers"); }
+char *ablate_cuda_mem_info(int, int64_t *, int64_t *) { return strdup("built without CUDA headers"); }
+char *ablate_cuda_set_device(int) { return strdup("built without CUDA headers"); }
 bool ablate_has_cuda_extras() { return false; }
 }
 #endif
@@ -138,6 +140,22 @@ char *ablate_dist_store_get(AblateGroup *group, const char *key, uint8_t **data,
 void ablate_dist_free_bytes(uint8_t *data) { free(data); }
 
 void ablate_dist_free(AblateGroup *group) { delete group; }
+
+// Ends the group's backend before the process exits (torch.distributed.destroy_process_group): NCCL's
+// watchdog and heartbeat threads must not outlive main. `clean`: a graceful shutdown after a run that
+// finished; otherwise abort, which does not wait on peers that may be gone. Gloo's are no-ops.
+char *ablate_dist_shutdown(AblateGroup *group, bool clean) {
+  try {
+    if (clean) {
+      group->backend->shutdown();
+    } else {
+      group->backend->abort();
+    }
+    return nullptr;
+  } catch (const std::exception &e) {
+    return ablate::error_of(e);
+  }
+}
 }
 
 #else
@@ -159,5 +177,6 @@ char *ablate_dist_store_get(AblateGroup *, const char *, uint8_t **, size_t *) {
 }
 void ablate_dist_free_bytes(uint8_t *data) { free(data); }
 void ablate_dist_free(AblateGroup *) {}
+char *ablate_dist_shutdown(AblateGroup *, bool) { return nullptr; }
 }
 #endif

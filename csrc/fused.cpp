@@ -10,6 +10,34 @@
 
 extern "C" {
 
+// Float32 arithmetic and determinism for the runs that follow (process-wide, as torch.backends sets them):
+// `tf32` lets CUDA matmuls and cuDNN convolutions use TF32 (torch.backends.cuda.matmul.fp32_precision and
+// cudnn.conv.fp32_precision = "tf32", else "ieee"); `deterministic` is torch.use_deterministic_algorithms(True)
+// with cudnn.deterministic and without cuDNN's benchmark search.
+char *ablate_set_math_modes(bool tf32, bool deterministic) {
+  try {
+    auto &ctx = at::globalContext();
+    const auto fp32 = tf32 ? at::Float32Precision::TF32 : at::Float32Precision::IEEE;
+    ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, fp32);
+    ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, fp32);
+    ctx.setDeterministicAlgorithms(deterministic, /*warn_only=*/false);
+    ctx.setDeterministicCuDNN(deterministic);
+    ctx.setBenchmarkCuDNN(false);
+    return nullptr;
+  } catch (const std::exception &e) {
+    return strdup(e.what());
+  }
+}
+
+// What ablate_set_math_modes set, read back from libtorch's context.
+void ablate_math_modes(bool *tf32_matmul, bool *tf32_conv, bool *deterministic) {
+  auto &ctx = at::globalContext();
+  *tf32_matmul = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) == at::Float32Precision::TF32;
+  *tf32_conv = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV) == at::Float32Precision::TF32;
+  *deterministic = ctx.deterministicAlgorithms() && ctx.deterministicCuDNN();
+}
+
+
 // One fused AdamW update (torch.optim.AdamW(fused=True)'s kernel) of the `n` tensors `params` from `grads`,
 // with moments `ms`, `vs` and the step count in the one-element float tensor `step` (already incremented;
 // shared by every tensor, as they are always stepped together).

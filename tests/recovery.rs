@@ -164,3 +164,58 @@ fn a_scaled_gradient_that_overflows_skips_the_update() {
     let report = opt.step(0.1, None, 1024.0);
     assert!(report.applied && (report.grad_norm - 2.0).abs() < 1e-6, "{report:?}");
 }
+
+#[test]
+fn train_deterministic_sets_libtorchs_modes_and_a_cpu_run_under_it_repeats_the_plain_one_bit_for_bit() {
+    // On the CPU ablate's runs already repeat bit for bit; the setting turns on libtorch's check (an op
+    // without a deterministic implementation would stop the run), which the modes read back show, and the
+    // numbers stay those of the plain run. TF32 is a CUDA mode: set off here, read back off.
+    let dir = scratch("deterministic");
+    let corpus = common::corpus_file("deterministic", &"the cat sat on the mat. ".repeat(60));
+    let text = |extra: &str| {
+        format!(
+            "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  heads: 2\n  block_size: 16\ndata:\n  path: {}\n\
+             train:\n  steps: 6\n  batch_size: 4\n  eval_interval: 6\n  eval_batches: 1\n  log_interval: 1\n{extra}",
+            corpus.display()
+        )
+    };
+    let plain = common::config(&text(""));
+    let strict = common::config(&text("  deterministic: true\n"));
+    let (a, _) = common::train(&plain);
+    assert_eq!(ablate::train::native::math_modes(), (false, false, false));
+    let (b, _) = common::train(&strict);
+    assert_eq!(ablate::train::native::math_modes(), (false, false, true));
+    let bits = |t: &ablate::tasks::Trained| {
+        let mut v: Vec<u64> = t.outcome.curves.iter().map(|c| c.value.to_bits()).collect();
+        v.push(t.outcome.metrics["test_loss"].to_bits());
+        v
+    };
+    assert_eq!(bits(&a), bits(&b), "the deterministic run's curves differ from the plain run's");
+    // Recorded when on (it changes which kernels may run), silent at its default (older results keep
+    // their hashes).
+    assert_ne!(ablate::recipe::config_hash(&plain), ablate::recipe::config_hash(&strict));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
+    let dir = scratch("tf32");
+    let corpus = common::corpus_file("tf32", &"the cat sat on the mat. ".repeat(60));
+    let recipe = dir.join("tf32.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  heads: 2\n  block_size: 16\ndata:\n  path: {}\n\
+             train:\n  steps: 2\n  batch_size: 2\n  tf32: true\n",
+            corpus.display()
+        ),
+    )
+    .unwrap();
+    let out = ablate(&recipe, &dir.join("out")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("sets train.tf32") && err.contains("on the CPU, where it would do nothing"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!dir.join("out/runs.csv").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}

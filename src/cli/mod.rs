@@ -192,6 +192,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn exit_code(result: anyhow::Result<()>) -> ExitCode {
+    // A data-parallel rank ends its process group first: gracefully after success, aborted after an error.
+    if let Err(e) = ablate::train::distributed::shutdown(result.is_ok()) {
+        eprintln!("ablate: warning: {e:#}");
+    }
     let Err(e) = result else {
         return ExitCode::SUCCESS;
     };

@@ -86,7 +86,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
         Target::Sweep(sweep) => sweep,
     };
     let (path, recipe) = (&sweep.path, &sweep.recipe);
-    ablate::tasks::memory::check_runs_fit(&path.display().to_string(), &recipe.runs)?;
+    ablate::tasks::memory::check_runs_fit(&path.display().to_string(), &recipe.runs, tch::Device::Cpu)?;
     ablate::run::summary::check_compare(recipe)?;
     if args.columns {
         return print_columns(recipe);

@@ -252,6 +252,15 @@ fn run_on_workers(args: &RunArgs, sweep: &Sweep, devices: Vec<String>, threads: 
         let device = target::device(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
         share_cores &= device == tch::Device::Cpu;
     }
+    if let Some(gpu) = ablate::run::scale::shared_gpu(&devices) {
+        if let Some(run) = sweep.recipe.runs.iter().find(|r| r.config.train.seconds_budget().is_some()) {
+            anyhow::bail!(
+                "{}: run `{}` has a seconds budget, but several workers share GPU {gpu}: a run's steps would depend on which runs happen to share it; give each worker its own GPU (--devices cuda:0,cuda:1,...) or budget tokens or FLOPs",
+                sweep.path.display(),
+                run.id
+            );
+        }
+    }
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = threads.unwrap_or((cores / devices.len()).max(1));
     let plan = WorkerPlan {

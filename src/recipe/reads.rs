@@ -120,6 +120,8 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "vision.pretrain_lr" => cfg.vision.as_ref().is_none_or(|v| v.pretrain_lr.is_none()),
         "train.budget" => cfg.train.budget.is_none(),
         "train.test_batches" => cfg.train.test_batches.is_none(),
+        "train.tf32" => !cfg.train.tf32,
+        "train.deterministic" => !cfg.train.deterministic,
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,
         "transformer.mup_base_width" => t.mup_base_width == 64,

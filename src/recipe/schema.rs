@@ -1109,6 +1109,17 @@ pub struct TrainConfig {
     /// `fp32`; `bf16` or `fp16` autocast (matmuls in the low precision, reductions and weights in float32);
     /// `fp16` adds dynamic loss scaling.
     pub precision: Precision,
+    /// TF32 for float32 matmuls and convolutions on CUDA GPUs (Ampere and later): several times the fp32
+    /// matmul throughput, with products rounded to a 10-bit mantissa, so it changes the arithmetic and is
+    /// recorded. Off, both are IEEE float32 (libtorch's own default leaves convolutions on TF32, so fp32
+    /// CNNs and Transformers would otherwise differ). The CPU has no TF32: refused there.
+    pub tf32: bool,
+    /// libtorch's deterministic algorithms (`torch.use_deterministic_algorithms(True)`, deterministic cuDNN
+    /// without its benchmark search, cuBLAS with `CUBLAS_WORKSPACE_CONFIG=:4096:8`): an op with no
+    /// deterministic implementation stops the run with an error instead of varying. On a GPU this makes a
+    /// run repeat bit for bit on the same GPU and build, at some speed; on the CPU ablate's runs already
+    /// repeat bit for bit, and the setting adds only the check.
+    pub deterministic: bool,
     /// After training, also evaluate on test windows this many times longer than `block_size`.
     pub eval_lengths: Vec<i64>,
     /// Learning-rate schedule after the linear warm-up: `cosine` decay to `min_lr`, or `noam` (Vaswani et
@@ -1225,6 +1236,8 @@ impl Default for TrainConfig {
             checkpoint: false,
             checkpoint_every: None,
             precision: Precision::Fp32,
+            tf32: false,
+            deterministic: false,
             eval_lengths: Vec::new(),
             schedule: Schedule::Cosine,
             world_size: 1,

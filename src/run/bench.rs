@@ -367,8 +367,8 @@ pub fn generation(b: &BenchConfig, new_tokens: usize, cached: bool, device: Devi
     decode(8.min(new_tokens)); // warm-up
     let start = Instant::now();
     let out = decode(new_tokens);
-    if let Device::Cuda(_) = device {
-        tch::Cuda::synchronize(0);
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
     }
     assert_eq!(out.len(), PROMPT + new_tokens);
     new_tokens as f64 / start.elapsed().as_secs_f64()

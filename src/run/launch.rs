@@ -152,6 +152,14 @@ pub struct Request<'a> {
 /// differ from rank 0's.
 pub fn join(membership: &Membership, request: Request) -> Result<(Recipe, tch::Device)> {
     let device = rank_device(membership, request.device)?;
+    if let tch::Device::Cuda(i) = device {
+        // The rank's GPU becomes its current device, so NCCL and any kernel launched without an explicit
+        // device do not all land on GPU 0 (torch.cuda.set_device(local_rank)). Without the CUDA shim the
+        // build has no NCCL either, and Gloo takes explicit devices only.
+        if crate::train::native::has_cuda_extras() {
+            crate::train::native::cuda_set_device(i)?;
+        }
+    }
     if request.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && device == tch::Device::Cpu {
         // The node's cores shared among its ranks (torchrun sets OMP_NUM_THREADS itself).
         let env: HashMap<String, String> = std::env::vars().collect();

@@ -343,6 +343,23 @@ fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
 /// the worker's last line, the one that says why it failed).
 type Worker = (usize, std::process::Child, std::thread::JoinHandle<String>);
 
+/// The first GPU that two of the workers' `devices` would share (`cuda` and `cuda:0` are one; `auto` is
+/// cuda:0 where CUDA is usable), as `cuda:N`. Sharing a GPU is allowed (small models leave one mostly
+/// idle), but a run's speed then depends on its neighbours: seconds budgets are refused, and MFU is
+/// measured against a peak taken while the others run.
+pub fn shared_gpu(devices: &[String]) -> Option<String> {
+    let mut seen = std::collections::HashSet::new();
+    devices
+        .iter()
+        .filter_map(|d| match crate::device_spec(d) {
+            Ok(crate::DeviceSpec::Cuda(i)) => Some(i),
+            Ok(crate::DeviceSpec::Auto) if tch::Cuda::is_available() => Some(0),
+            _ => None,
+        })
+        .find(|i| !seen.insert(*i))
+        .map(|i| format!("cuda:{i}"))
+}
+
 /// Runs the recipe's shards in parallel, one child process per device, then merges them. Each child's
 /// per-run lines are forwarded with a `[worker k]` prefix.
 pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()> {
@@ -657,6 +674,14 @@ pub fn write_slurm_data_parallel_script(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn workers_that_name_one_gpu_twice_share_it() {
+        let list = |d: &[&str]| d.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(super::shared_gpu(&list(&["cuda:0", "cuda:1"])), None);
+        assert_eq!(super::shared_gpu(&list(&["cuda", "cuda:1", "cuda:0"])).as_deref(), Some("cuda:0"));
+        assert_eq!(super::shared_gpu(&list(&["cpu", "cpu"])), None);
+    }
+
     use super::*;
 
     #[test]

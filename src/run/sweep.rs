@@ -203,12 +203,29 @@ fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions, mine: Vec<&'r RunSpec>) -> 
     refuse_foreign_rows(recipe, &finished, &results.dir)?;
     let todo: Vec<&RunSpec> =
         mine.iter().filter(|r| !finished.contains(&(r.id.clone(), r.config_hash.clone()))).copied().collect();
-    if opts.device == Device::Cpu {
-        crate::tasks::memory::check_runs_fit(&recipe.file, todo.iter().copied())?;
-    }
+    check_device_settings(&recipe.file, &todo, opts.device)?;
+    crate::tasks::memory::check_runs_fit(&recipe.file, todo.iter().copied(), opts.device)?;
     let data = prepare_data(recipe, &todo, opts.out, opts.quiet)?;
     let configs = budgeted_configs(recipe, &todo, &data)?;
     Ok(Plan { results, mine, todo, data, configs })
+}
+
+/// The settings that depend on the device, checked (and prepared) before the first step: TF32 exists on
+/// CUDA only; deterministic cuBLAS needs a fixed workspace chosen before its first call.
+pub fn check_device_settings(file: &str, runs: &[&RunSpec], device: Device) -> Result<()> {
+    if device == Device::Cpu {
+        if let Some(run) = runs.iter().find(|r| r.config.train.tf32) {
+            bail!(
+                "{file}: run `{}` sets train.tf32, a float32 matmul mode of CUDA GPUs (Ampere and later); this sweep trains on the CPU, where it would do nothing",
+                run.id
+            );
+        }
+    } else if runs.iter().any(|r| r.config.train.deterministic) && std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none()
+    {
+        // Process-wide, and read by cuBLAS when it creates its handle: set before any run starts.
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    }
+    Ok(())
 }
 
 /// The sweep's progress bar over every step still to train (hidden with --quiet).

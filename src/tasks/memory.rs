@@ -125,8 +125,9 @@ pub fn training_bytes(cfg: &Config) -> f64 {
     state + cfg.train.batch_size as f64 * per_example
 }
 
-/// `Err` with one line when a run cannot fit `limit` bytes (the device's memory).
-pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> {
+/// `Err` with one line when a run cannot fit `limit` bytes (the device's memory, which `what` names: "this
+/// machine has").
+pub fn check_fits(cfg: &Config, limit: f64, what: &str) -> Result<(), String> {
     let needed = training_bytes(cfg);
     if needed <= limit {
         return Ok(());
@@ -136,7 +137,7 @@ pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> 
         _ => format!("d_model {}, {} layers", cfg.transformer.d_model, cfg.transformer.layers),
     };
     Err(format!(
-        "needs about {} to train (estimated: batch of {}, {} positions per example, {model}) but {device} has {}: \
+        "needs about {} to train (estimated: batch of {}, {} positions per example, {model}) but {what} {}: \
          lower train.batch_size, the sequence length or the model's size",
         human(needed),
         cfg.train.batch_size,
@@ -145,17 +146,35 @@ pub fn check_fits(cfg: &Config, limit: f64, device: &str) -> Result<(), String> 
     ))
 }
 
-/// Refuses, before anything is loaded or allocated, the first of `runs` that cannot train in this machine's
-/// memory: one line naming the recipe file, the run and what to lower.
+/// Refuses, before anything is loaded or allocated, the first of `runs` that cannot train in the memory of
+/// `device`: the host's physical memory on the CPU, the GPU's free memory on CUDA (`torch.cuda.mem_get_info`,
+/// where this build has the CUDA shim). One line naming the recipe file, the run and what to lower.
 pub fn check_runs_fit<'a>(
     file: &str,
     runs: impl IntoIterator<Item = &'a crate::recipe::RunSpec>,
+    device: tch::Device,
 ) -> anyhow::Result<()> {
-    let Some(limit) = host_memory_bytes() else {
-        return Ok(());
+    let capacity = match device {
+        tch::Device::Cuda(i) => {
+            crate::train::native::cuda_mem_info(i).ok().map(|(free, _)| (free as f64, format!("GPU cuda:{i} has free")))
+        }
+        _ => host_memory_bytes().map(|bytes| (bytes, "this machine has".to_string())),
     };
+    match capacity {
+        Some((limit, what)) => check_runs_fit_within(file, runs, limit, &what),
+        None => Ok(()),
+    }
+}
+
+/// [`check_runs_fit`] against `limit` bytes, which `what` names ("this machine has", "GPU cuda:0 has free").
+pub fn check_runs_fit_within<'a>(
+    file: &str,
+    runs: impl IntoIterator<Item = &'a crate::recipe::RunSpec>,
+    limit: f64,
+    what: &str,
+) -> anyhow::Result<()> {
     for run in runs {
-        check_fits(&run.config, limit, "this machine").map_err(|e| anyhow::anyhow!("{file}: run `{}` {e}", run.id))?;
+        check_fits(&run.config, limit, what).map_err(|e| anyhow::anyhow!("{file}: run `{}` {e}", run.id))?;
     }
     Ok(())
 }
@@ -222,5 +241,16 @@ mod tests {
         }
         assert_eq!(human(1.6e13), "16.0 TB");
         assert_eq!(human(512e6), "512 MB");
+    }
+
+    #[test]
+    fn a_run_that_cannot_fit_the_device_is_refused_in_one_line_that_names_it() {
+        let recipe = crate::recipe::parse("kind: lm\ntrain:\n  batch_size: 64\n", "m.yaml", "m", false).unwrap();
+        let needed = training_bytes(&recipe.runs[0].config);
+        let what = "GPU cuda:0 has free";
+        check_runs_fit_within("m.yaml", &recipe.runs, needed * 1.01, what).unwrap();
+        let err = check_runs_fit_within("m.yaml", &recipe.runs, needed * 0.5, what).unwrap_err().to_string();
+        assert!(err.starts_with("m.yaml: run `") && err.contains("but GPU cuda:0 has free"), "{err}");
+        assert!(err.contains("lower train.batch_size") && err.lines().count() == 1, "{err}");
     }
 }

@@ -47,6 +47,7 @@ extern "C" {
         len: *mut usize,
     ) -> *mut c_char;
     fn ablate_dist_free_bytes(data: *mut u8);
+    fn ablate_dist_shutdown(group: *mut RawGroup, clean: bool) -> *mut c_char;
     fn ablate_free_error(message: *mut c_char);
 }
 
@@ -118,6 +119,19 @@ pub fn current() -> Option<&'static Group> {
     GROUP.get()
 }
 
+/// Ends this process's group, once, before it exits (`torch.distributed.destroy_process_group`): NCCL's
+/// background threads would otherwise outlive `main`, which torchrun can count as a failed job. `clean`
+/// after a finished run; otherwise the backend is aborted without waiting on peers. Nothing without a group.
+pub fn shutdown(clean: bool) -> Result<()> {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Some(group) = GROUP.get() else { return Ok(()) };
+    if DONE.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    // SAFETY: the group is alive for the whole process (never freed); the shim catches every C++ exception.
+    check(unsafe { ablate_dist_shutdown(group.raw.as_ptr(), clean) }, "shutting the process group down")
+}
+
 /// Processes training together: the group's size, or 1.
 pub fn world_size() -> i64 {
     current().map_or(1, |g| g.world as i64)
@@ -172,8 +186,18 @@ const BUCKET_BYTES: i64 = 25 << 20;
 
 impl Group {
     fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        // NCCL's wait() only makes the GPU's stream wait, not the host: without a synchronisation on both
+        // sides, the compute queued before the collective would be timed as communication and the
+        // collective itself as the next compute. Gloo's collectives block the host already.
+        let settle = || {
+            if let (Backend::Nccl, tch::Device::Cuda(i)) = (self.backend, self.scalars_on) {
+                tch::Cuda::synchronize(i as i64);
+            }
+        };
+        settle();
         let tick = Instant::now();
         let out = f();
+        settle();
         *self.comm_seconds.lock().unwrap_or_else(|e| e.into_inner()) += tick.elapsed().as_secs_f64();
         out
     }

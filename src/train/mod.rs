@@ -476,6 +476,8 @@ pub fn optimise(
     state: Option<&StateFile>,
 ) -> Result<Optimised> {
     let peak = memory::PeakMemory::start(device);
+    // Process-wide modes, set for every run (an earlier run of this process may have set others).
+    native::set_math_modes(t.tf32, t.deterministic)?;
     let mut opt = optimiser(t, vs);
     // A run starts with no scheduled window recorded (an earlier run on this thread may have left one).
     crate::transformer::attention::set_training_step(None);

@@ -27,6 +27,10 @@ extern "C" {
     fn ablate_cuda_peak_memory(device: i32, allocated: *mut i64, reserved: *mut i64) -> *mut c_char;
     fn ablate_cuda_reset_peak_memory(device: i32) -> *mut c_char;
     fn ablate_has_cuda_extras() -> bool;
+    fn ablate_cuda_mem_info(device: i32, free: *mut i64, total: *mut i64) -> *mut c_char;
+    fn ablate_cuda_set_device(device: i32) -> *mut c_char;
+    fn ablate_set_math_modes(tf32: bool, deterministic: bool) -> *mut c_char;
+    fn ablate_math_modes(tf32_matmul: *mut bool, tf32_conv: *mut bool, deterministic: *mut bool);
     fn ablate_profiler_start(cuda: bool) -> *mut c_char;
     fn ablate_profiler_stop(
         on_event: extern "C" fn(*mut std::ffi::c_void, *const c_char, usize, u64, u64, u64, bool),
@@ -115,6 +119,37 @@ pub fn cuda_peak_memory(device: usize) -> anyhow::Result<(i64, i64)> {
 pub fn reset_cuda_peak_memory(device: usize) -> anyhow::Result<()> {
     // SAFETY: a plain value in; the shim catches exceptions.
     cuda_result(unsafe { ablate_cuda_reset_peak_memory(device as i32) }, "resetting the CUDA allocator's peaks")
+}
+
+/// Free and total bytes of GPU `device` (`torch.cuda.mem_get_info`).
+pub fn cuda_mem_info(device: usize) -> anyhow::Result<(i64, i64)> {
+    let (mut free, mut total) = (0i64, 0i64);
+    // SAFETY: a plain value and two out-pointers to locals that outlive the call; the shim catches exceptions.
+    let error = unsafe { ablate_cuda_mem_info(device as i32, &mut free, &mut total) };
+    cuda_result(error, "reading GPU memory")?;
+    Ok((free, total))
+}
+
+/// Makes GPU `device` this process's current one (`torch.cuda.set_device`).
+pub fn cuda_set_device(device: usize) -> anyhow::Result<()> {
+    // SAFETY: a plain value in; the shim catches exceptions.
+    cuda_result(unsafe { ablate_cuda_set_device(device as i32) }, "selecting the GPU")
+}
+
+/// TF32 for CUDA's float32 matmuls and convolutions, and deterministic algorithms, for what runs next
+/// (process-wide settings of libtorch's context; `train.tf32`, `train.deterministic`).
+pub fn set_math_modes(tf32: bool, deterministic: bool) -> anyhow::Result<()> {
+    // SAFETY: plain values in; the shim catches exceptions.
+    cuda_result(unsafe { ablate_set_math_modes(tf32, deterministic) }, "setting float32 precision and determinism")
+}
+
+/// The modes libtorch's context holds: (TF32 for CUDA matmuls, TF32 for cuDNN convolutions, deterministic
+/// algorithms with deterministic cuDNN).
+pub fn math_modes() -> (bool, bool, bool) {
+    let (mut matmul, mut conv, mut deterministic) = (false, false, false);
+    // SAFETY: three out-pointers to locals that outlive the call; the shim only reads libtorch's context.
+    unsafe { ablate_math_modes(&mut matmul, &mut conv, &mut deterministic) };
+    (matmul, conv, deterministic)
 }
 
 fn check(error: *mut c_char, what: &str) {
