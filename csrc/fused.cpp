@@ -2,6 +2,8 @@
 // the caller frees with ablate_free_error (C++ exceptions must not cross into Rust).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +56,37 @@ char *ablate_fused_adamw(at::Tensor **params, at::Tensor **grads, at::Tensor **m
     }
     at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
                       /*maximize=*/false);
+    return nullptr;
+  } catch (const std::exception &e) {
+    return strdup(e.what());
+  }
+}
+
+// The global 2-norm of `n` tensors, left on their device as a new 0-dim tensor in `*out` (owned by the
+// caller, freed as tch frees a tensor): one _foreach_norm (one kernel on a GPU instead of one per tensor),
+// then the norm of the norms, as torch.nn.utils.clip_grad_norm_ computes it.
+char *ablate_global_norm(at::Tensor **ts, int64_t n, at::Tensor **out) {
+  try {
+    std::vector<at::Tensor> v;
+    for (int64_t i = 0; i < n; ++i) {
+      v.push_back(*ts[i]);
+    }
+    *out = new at::Tensor(at::stack(at::_foreach_norm(v, 2)).norm());
+    return nullptr;
+  } catch (const std::exception &e) {
+    return strdup(e.what());
+  }
+}
+
+// Multiplies each of `n` tensors in place by the 0-dim tensor `factor` (torch._foreach_mul_ with a tensor):
+// the clip coefficient stays on the device, so the host never waits for it.
+char *ablate_foreach_mul_(at::Tensor **ts, int64_t n, at::Tensor *factor) {
+  try {
+    std::vector<at::Tensor> v;
+    for (int64_t i = 0; i < n; ++i) {
+      v.push_back(*ts[i]);
+    }
+    at::_foreach_mul_(v, *factor);
     return nullptr;
   } catch (const std::exception &e) {
     return strdup(e.what());

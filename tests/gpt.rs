@@ -294,6 +294,22 @@ fn a_diverging_run_stops_and_is_recorded_rather_than_failing_the_sweep() {
     let step = run.outcome.diverged_at.expect("this configuration diverges");
     assert!(step <= 200);
     assert!(run.outcome.get("test_loss").is_nan());
+    // The losses are read to the host only at log, evaluation and checkpoint steps (a read waits for the
+    // device), yet the divergence is found at its own step: logging every step gives the same step and
+    // the same last curve point.
+    let every_step = common::config(&format!(
+        "kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 1, block_size: 16, attention: {{scale: 1.0e4}}}}\ndata: {{path: {}, test_fraction: 0.3}}\ntrain: {{steps: 200, batch_size: 4, lr: 1.0e6, min_lr: 1.0e5, warmup_steps: 1, grad_clip: null, eval_interval: 50, eval_batches: 2, log_interval: 1}}\n",
+        corpus.display()
+    ));
+    assert_ne!(cfg.train.log_interval, 1);
+    let (logged, _) = common::train(&every_step);
+    assert_eq!(logged.outcome.diverged_at, Some(step));
+    let last = |o: &ablate::train::RunOutcome| {
+        let p = o.curves.iter().rev().find(|c| c.split == "train" && c.metric == "loss").unwrap();
+        (p.step, p.value.is_finite())
+    };
+    assert_eq!(last(&run.outcome), (step, false));
+    assert_eq!(last(&logged.outcome), (step, false));
 }
 
 #[test]

@@ -95,6 +95,9 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.value_embeddings", Some("1"), ""),
     ("transformer.unet_skips", Some("true"), ""),
     ("transformer.attention.pattern.window_schedule", Some("[[4, 1]]"), "transformer.attention.pattern.window: 2"),
+    // muP: with the same weights, the readout multiplier (base/width) and 1/d_head attention scores act.
+    ("transformer.parametrisation", Some("mup"), ""),
+    ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),
 ];
 
 /// Knobs that act on the initial weights only: the matrix compares the models as they initialise
@@ -170,6 +173,21 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.unet_skips", ""),
     (Kind::Swin, "transformer.attention.pattern.window_schedule", ""),
     (Kind::Davit, "transformer.attention.pattern.window_schedule", ""),
+    // muP's readout multiplier and per-layer rates are built for the decoder's LM head.
+    (Kind::Bert, "transformer.parametrisation", ""),
+    (Kind::Translate, "transformer.parametrisation", ""),
+    (Kind::Vit, "transformer.parametrisation", ""),
+    (Kind::Swin, "transformer.parametrisation", ""),
+    (Kind::Davit, "transformer.parametrisation", ""),
+    (Kind::ImageGpt, "transformer.parametrisation", ""),
+    (Kind::SeqClassify, "transformer.parametrisation", ""),
+    (Kind::Bert, "transformer.mup_base_width", ""),
+    (Kind::Translate, "transformer.mup_base_width", ""),
+    (Kind::Vit, "transformer.mup_base_width", ""),
+    (Kind::Swin, "transformer.mup_base_width", ""),
+    (Kind::Davit, "transformer.mup_base_width", ""),
+    (Kind::ImageGpt, "transformer.mup_base_width", ""),
+    (Kind::SeqClassify, "transformer.mup_base_width", ""),
 ];
 
 fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
@@ -320,6 +338,11 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
                     if !acts {
                         failures.push(format!("{what}: accepted but the output did not change"));
                     }
+                    // A mechanism computed from the wrong tensor often shows as NaN or infinity, which
+                    // "different" alone would accept.
+                    if out_b.isfinite().all().int64_value(&[]) != 1 {
+                        failures.push(format!("{what}: the output is not finite"));
+                    }
                     matrix.push_str(&format!("{what}: acts\n"));
                 }
             }
@@ -361,4 +384,42 @@ fn knobs_added_later_are_recorded_only_away_from_their_defaults_and_may_be_set_b
 
 fn recipe_text_without_knobs() -> String {
     "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\n".into()
+}
+
+/// The dotted leaf keys under `prefix` of a serialised config section.
+fn leaf_keys(value: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    match value {
+        serde_yaml::Value::Mapping(m) => {
+            for (k, v) in m {
+                leaf_keys(v, &format!("{prefix}.{}", k.as_str().expect("string keys")), out);
+            }
+        }
+        _ => out.push(prefix.to_string()),
+    }
+}
+
+/// Keys of the Transformer section tested elsewhere rather than in the matrix, with where: none may be
+/// added without a reason.
+const TESTED_ELSEWHERE: &[(&str, &str)] = &[];
+
+#[test]
+fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
+    // A knob added to the schema without a row here would pass every test of this file: the list of rows is
+    // checked against the schema itself (every kind's defaults, so kind-specific keys count too).
+    let mut keys = Vec::new();
+    for kind in Kind::ALL {
+        let config = serde_yaml::to_value(ablate::recipe::Config::defaults(kind)).unwrap();
+        leaf_keys(&config["transformer"], "transformer", &mut keys);
+    }
+    keys.sort();
+    keys.dedup();
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| !KNOBS.iter().any(|(knob, _, _)| knob == k))
+        .filter(|k| !TESTED_ELSEWHERE.iter().any(|(key, _)| key == k))
+        .collect();
+    assert!(missing.is_empty(), "keys of the transformer section without a knob-matrix row: {missing:?}");
+    for (key, _) in TESTED_ELSEWHERE {
+        assert!(keys.contains(&key.to_string()), "{key} is listed as tested elsewhere but is not a key");
+    }
 }

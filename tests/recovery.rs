@@ -162,7 +162,7 @@ fn a_scaled_gradient_that_overflows_skips_the_update() {
     opt.zero_grad();
     (&w * 1024.0).sum(Kind::Float).backward();
     let report = opt.step(0.1, None, 1024.0);
-    assert!(report.applied && (report.grad_norm - 2.0).abs() < 1e-6, "{report:?}");
+    assert!(report.applied && (report.grad_norm() - 2.0).abs() < 1e-6, "{report:?}");
 }
 
 #[test]

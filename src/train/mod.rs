@@ -488,6 +488,9 @@ pub fn optimise(
     let discard_comm = || group.map(|g| g.take_comm_seconds());
     discard_comm();
     let mut diverged_at = None;
+    // The losses of the steps since the last read: reading one makes the host wait for the device, so they
+    // are read together where something needs them (see `must_read`).
+    let mut unread: Vec<(i64, Tensor)> = Vec::new();
     // The last step taken: `t.steps`, or under a seconds budget the step that reached it.
     let mut last_step = at.first_step;
     let out_of_time = |at: &Standing| t.seconds_budget().is_some_and(|s| at.train_time >= s);
@@ -505,20 +508,25 @@ pub fn optimise(
         crate::transformer::attention::set_training_step(Some(step));
         let lr = t.lr_at_time(step, at.train_time);
         let (loss, report, stop) = train_step(t, objective, &mut opt, &mut at, step, lr)?;
-        at.last_loss = loss;
         at.train_time += tick.elapsed().as_secs_f64();
         let done = step + 1;
         last_step = done;
-        if !loss.is_finite() {
-            // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop.
-            at.curves.push(CurvePoint::new(done, "train", "loss", loss));
-            diverged_at = Some(done);
-            progress(t.steps, loss);
-            break;
-        }
+        unread.push((done, loss));
         let last = done == t.steps || out_of_time(&at);
+        if must_read(t, done, last || stop) {
+            if let Some((bad_step, bad_loss)) = read_losses(&mut unread, &mut at) {
+                // A diverged run is a result (e.g. of unscaled attention), not an error: record it and stop
+                // at the step whose loss was not finite (the steps trained after it, until this read, are
+                // discarded: nothing of them was recorded or saved).
+                at.curves.push(CurvePoint::new(bad_step, "train", "loss", bad_loss));
+                diverged_at = Some(bad_step);
+                last_step = bad_step;
+                progress(t.steps, bad_loss);
+                break;
+            }
+        }
         if done % t.log_interval == 0 || last {
-            record_step(&mut at, done, report.grad_norm, lr);
+            record_step(&mut at, done, report.grad_norm(), lr);
             if let Some(w) = crate::transformer::attention::scheduled_window() {
                 at.curves.push(CurvePoint::new(done, "train", "window", w as f64));
             }
@@ -531,7 +539,7 @@ pub fn optimise(
             discard_comm();
         }
         save_or_stop(t, vs, &opt, &at, state, (done, last), stop)?;
-        progress(done, loss);
+        progress(done, at.last_loss);
         if last {
             break;
         }
@@ -615,8 +623,9 @@ fn resume_or_start(
 }
 
 /// One optimisation step at `step` (0-based) with learning rate `lr`, seeded from (seed, step): alone, or
-/// as this rank's shard of a data-parallel step. Returns the loss, the step's report, and whether a stop was
-/// asked for (agreed by every rank in a group).
+/// as this rank's shard of a data-parallel step. Returns the loss (0-dim, left on the device: the loop reads
+/// it when it needs it), the step's report, and whether a stop was asked for (agreed by every rank in a
+/// group).
 fn train_step(
     t: &TrainConfig,
     objective: &dyn Objective,
@@ -624,23 +633,49 @@ fn train_step(
     at: &mut Standing,
     step: i64,
     lr: f64,
-) -> Result<(f64, StepReport, bool)> {
+) -> Result<(Tensor, StepReport, bool)> {
     tch::manual_seed(step_seed(t.seed, step));
     match distributed::current() {
         None => {
             let loss = objective.training_loss(&BatchShard::whole());
-            let (loss, report) = backward_and_step(&loss, opt, lr, t.grad_clip, &mut at.scaler);
-            Ok((loss, report, stop_requested()))
+            backward_scaled(&loss, opt, &at.scaler);
+            let report = optimiser_step(opt, lr, t.grad_clip, &mut at.scaler);
+            Ok((loss.detach(), report, stop_requested()))
         }
         Some(g) => {
             let shard = BatchShard::of(g.rank, g.world, rank_seed(t.seed, g.rank, step));
             let loss = objective.training_loss(&shard);
-            let result = data_parallel_step(g, &loss, opt, lr, t.grad_clip, &mut at.scaler, stop_requested())
-                .with_context(|| format!("step {}", step + 1))?;
+            let (mean_loss, report, stop) =
+                data_parallel_step(g, &loss, opt, lr, t.grad_clip, &mut at.scaler, stop_requested())
+                    .with_context(|| format!("step {}", step + 1))?;
             at.comm_time += g.take_comm_seconds();
-            Ok(result)
+            Ok((Tensor::from(mean_loss), report, stop))
         }
     }
+}
+
+/// Whether the loop reads the losses after step `done` (`end`: the last step, or a stop was asked for):
+/// where they are recorded (the log interval), before an evaluation or a state file, and at the end. A
+/// non-finite loss is found at the next read at the latest, so nothing after it is recorded or saved.
+fn must_read(t: &TrainConfig, done: i64, end: bool) -> bool {
+    end || done % t.log_interval == 0
+        || done % t.eval_interval == 0
+        || t.checkpoint_every.is_some_and(|every| done % every == 0)
+}
+
+/// Reads the `unread` losses to the host in one transfer, oldest first, and empties the list: the last
+/// becomes `at.last_loss`, unless one is not finite, which is returned with its step (the run diverged
+/// there) and becomes `last_loss` instead.
+fn read_losses(unread: &mut Vec<(i64, Tensor)>, at: &mut Standing) -> Option<(i64, f64)> {
+    if unread.is_empty() {
+        return None;
+    }
+    let losses: Vec<Tensor> = unread.iter().map(|(_, l)| l.to_kind(tch::Kind::Double)).collect();
+    let values: Vec<f64> = Vec::try_from(Tensor::stack(&losses, 0).to_device(Device::Cpu)).unwrap_or_default();
+    let steps: Vec<i64> = unread.drain(..).map(|(s, _)| s).collect();
+    let bad = steps.iter().zip(&values).find(|(_, v)| !v.is_finite()).map(|(&s, &v)| (s, v));
+    at.last_loss = bad.map_or_else(|| values.last().copied().unwrap_or(at.last_loss), |(_, v)| v);
+    bad
 }
 
 /// The training curves' points after step `done`: loss, gradient norm, learning rate, and the loss scale

@@ -21,6 +21,8 @@ extern "C" {
         eps: f64,
     ) -> *mut c_char;
     fn ablate_clear_grad(param: *mut C_tensor) -> *mut c_char;
+    fn ablate_global_norm(ts: *const *mut C_tensor, n: i64, out: *mut *mut C_tensor) -> *mut c_char;
+    fn ablate_foreach_mul_(ts: *const *mut C_tensor, n: i64, factor: *mut C_tensor) -> *mut c_char;
     fn ablate_autocast(cuda: bool, dtype: i32) -> *mut c_char;
     fn ablate_autocast_clear_cache();
     fn ablate_free_error(message: *mut c_char);
@@ -202,6 +204,30 @@ pub fn fused_adamw(
         )
     };
     check(error, "fused AdamW");
+}
+
+/// The global 2-norm of `tensors` (the norm of their norms: `torch.nn.utils.clip_grad_norm_`'s), a 0-dim
+/// tensor left on their device: per-tensor norms in one `_foreach_norm` call.
+pub fn global_norm(tensors: &[Tensor]) -> Tensor {
+    let ptrs: Vec<*mut C_tensor> = tensors.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `ptrs` holds live tensor handles that outlive the call; the shim writes a freshly allocated
+    // tensor into `out` on success and catches every C++ exception.
+    check(unsafe { ablate_global_norm(ptrs.as_ptr(), ptrs.len() as i64, &mut out) }, "global norm");
+    // SAFETY: on success `out` is a tensor the shim allocated for us, owned from here on (freed on drop).
+    unsafe { Tensor::from_ptr(out) }
+}
+
+/// Multiplies every one of `tensors` in place by the 0-dim `factor` (`torch._foreach_mul_`), which may
+/// stay on the device: nothing is read back.
+pub fn foreach_mul_(tensors: &[Tensor], factor: &Tensor) {
+    let ptrs: Vec<*mut C_tensor> = tensors.iter().map(|t| t.as_ptr() as *mut C_tensor).collect();
+    // SAFETY: `ptrs` and `factor` are live tensor handles for the call; the in-place multiply writes the
+    // storage the handles share, as any in-place op on a `&Tensor` does in tch; the shim catches exceptions.
+    check(
+        unsafe { ablate_foreach_mul_(ptrs.as_ptr(), ptrs.len() as i64, factor.as_ptr() as *mut C_tensor) },
+        "foreach multiply",
+    );
 }
 
 /// Drops `param`'s gradient, so the next backward hands over a fresh buffer (`set_to_none=True`).

@@ -117,12 +117,21 @@ pub struct AdamW {
 }
 
 /// What one optimiser step did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct StepReport {
-    /// Global gradient norm before clipping (after removing any loss scale).
-    pub grad_norm: f64,
+    /// Global gradient norm before clipping (after removing any loss scale): a 0-dim float64 tensor on the
+    /// parameters' device, read ([`grad_norm`](Self::grad_norm)) only where it is recorded, since reading
+    /// it makes the host wait for the device.
+    pub norm: Tensor,
     /// False when the step was skipped because a scaled gradient overflowed (fp16 loss scaling).
     pub applied: bool,
+}
+
+impl StepReport {
+    /// The global gradient norm, read to the host.
+    pub fn grad_norm(&self) -> f64 {
+        self.norm.double_value(&[])
+    }
 }
 
 impl AdamW {
@@ -281,20 +290,24 @@ impl AdamW {
 
     /// [`step`](Self::step) from `grads` (one per parameter, in [`grads`](Self::grads)' order) instead of the
     /// parameters' own: a data-parallel group's averaged gradients.
-    pub fn step_with(&mut self, mut grads: Vec<Tensor>, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
+    pub fn step_with(&mut self, grads: Vec<Tensor>, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
         let _guard = tch::no_grad_guard();
-        let norms: Vec<Tensor> = grads.iter().map(|g| g.norm()).collect();
-        let norm = Tensor::stack(&norms, 0).norm().double_value(&[]) / loss_scale;
-        if loss_scale != 1.0 && !norm.is_finite() {
-            return StepReport { grad_norm: norm, applied: false };
+        // The norm and the clip coefficient stay on the device (float64, the arithmetic `clip_factor` does
+        // on the host), so a step makes the host wait for nothing; fp16's overflow check alone reads it.
+        let norm = native::global_norm(&grads).to_kind(Kind::Double) / loss_scale;
+        if loss_scale != 1.0 && !norm.double_value(&[]).is_finite() {
+            return StepReport { norm, applied: false };
         }
         // Removing the loss scale and clipping are one multiply (as torch.nn.utils.clip_grad_norm_'s
-        // max / (norm + 1e-6)).
-        let coef = clip.map_or(1.0, |max| clip_factor(norm, max)) / loss_scale;
-        if coef != 1.0 {
-            for g in grads.iter_mut() {
-                let _ = g.g_mul_scalar_(coef);
-            }
+        // max / (norm + 1e-6)); a coefficient of exactly 1 leaves every gradient as it was.
+        let coef = match clip {
+            Some(max) => clip_factor_on_device(&norm, max) / loss_scale,
+            None if loss_scale != 1.0 => norm.full_like(1.0 / loss_scale),
+            None => norm.ones_like(),
+        };
+        if clip.is_some() || loss_scale != 1.0 {
+            let kind = grads.first().map_or(Kind::Float, |g| g.kind());
+            native::foreach_mul_(&grads, &coef.to_kind(kind));
         }
         self.step += 1;
         self.muon_update(&grads, lr);
@@ -302,7 +315,7 @@ impl AdamW {
             Update::Fused => self.fused_update(&grads, lr),
             Update::Explicit => self.explicit_update(&grads, lr),
         }
-        StepReport { grad_norm: norm, applied: true }
+        StepReport { norm, applied: true }
     }
 
     /// Muon's step on its matrices (`torch.optim.Muon`'s single-tensor loop, `match_rms_adamw` scaling).
@@ -406,6 +419,12 @@ pub fn clip_by_global_norm(grad: &mut Tensor, max: f64) -> f64 {
 
 /// What clipping a gradient of norm `norm` to `max` multiplies it by: `max / (norm + 1e-6)` above the
 /// limit, 1 below it.
+/// [`clip_factor`] on a 0-dim float64 `norm`, computed where it lives (the same IEEE double arithmetic).
+pub fn clip_factor_on_device(norm: &Tensor, max: f64) -> Tensor {
+    let clipped = norm.full_like(max) / (norm + 1e-6);
+    clipped.where_self(&norm.gt(max), &norm.ones_like())
+}
+
 pub fn clip_factor(norm: f64, max: f64) -> f64 {
     if norm > max {
         max / (norm + 1e-6)
