@@ -3,7 +3,7 @@ use ablate::models::gpt::Gpt;
 use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention, ScoreMap};
 use ablate::transformer::layers::{LayerInit, Placement, TransformerLayer};
 use ablate::transformer::spec::{
-    Activation, AttentionSpec, Implementation, PositionEncoding, PositionSpec, Scale, TransformerSpec,
+    Activation, AttentionSpec, Implementation, OutputGate, PositionEncoding, PositionSpec, Scale, TransformerSpec,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -282,4 +282,74 @@ fn post_ln_and_pre_ln_layers_normalise_where_udl_says() {
     let (_vs2, pre) = layer_for(true);
     let y = pre.forward(&x, &Mask::default(), None, None, Default::default(), false, false).output;
     assert!(y.mean(Kind::Float).double_value(&[]) > 0.5);
+}
+
+/// Sets gated attention's W_g to zero and b_g to `bias` (one value per gate), so every gate is σ(bias).
+fn set_gate(vs: &nn::VarStore, bias: &Tensor) {
+    tch::no_grad(|| {
+        let mut vars = vs.variables();
+        let _ = vars.get_mut("output_gate.weight").unwrap().zero_();
+        vars.get_mut("output_gate.bias").unwrap().copy_(bias);
+    });
+}
+
+#[test]
+fn the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_query_input() {
+    // Gated attention (Qiu et al. 2025): out = Ω_c (concat_h(head_h) ⊙ σ(X W_g + b_g)) + β_c. With W_g = 0
+    // the gates are σ(b_g): wide open (b_g = 30) the unit is the ungated one with the same weights; shut
+    // (−30) the output is the output projection's bias alone; a headwise gate shut on one head is that head
+    // removed (the head mask); and with W_g ≠ 0 the gate follows the input, computed here by hand.
+    let (d, heads) = (16, 4);
+    let x = Tensor::randn([2, 5, d], (Kind::Float, Device::Cpu));
+    let mask = Mask::causal();
+    tch::manual_seed(3);
+    let (plain_vs, plain) = mha_with(d, AttentionSpec::standard(d, heads));
+    let reference = plain.self_attend(&x, &mask, None, false, false).output;
+    for gate in [OutputGate::Headwise, OutputGate::Elementwise] {
+        let spec = AttentionSpec { output_gate: gate, ..AttentionSpec::standard(d, heads) };
+        let (vs, gated) = mha_with(d, spec);
+        // qkv and out from the ungated unit; the gate keeps its own.
+        tch::no_grad(|| {
+            let mut mine = vs.variables();
+            for (name, t) in plain_vs.variables() {
+                mine.get_mut(&name).unwrap().copy_(&t);
+            }
+        });
+        let width = if gate == OutputGate::Headwise { heads } else { d };
+        set_gate(&vs, &Tensor::full([width], 30.0, (Kind::Float, Device::Cpu)));
+        let open = gated.self_attend(&x, &mask, None, false, false).output;
+        assert!(max_abs_diff(&open, &reference) < 1e-6, "{gate:?}: an open gate changes the unit");
+        set_gate(&vs, &Tensor::full([width], -30.0, (Kind::Float, Device::Cpu)));
+        let shut = gated.self_attend(&x, &mask, None, false, false).output;
+        let out_bias = vs.variables()["out.bias"].view([1, 1, d]).expand_as(&shut);
+        assert!(max_abs_diff(&shut, &out_bias) < 1e-6, "{gate:?}: a shut gate lets something through");
+        if gate == OutputGate::Headwise {
+            let one_shut = Tensor::from_slice(&[30.0f32, -30.0, 30.0, 30.0]);
+            set_gate(&vs, &one_shut);
+            let gated_out = gated.self_attend(&x, &mask, None, false, false).output;
+            plain.set_head_mask(Some(Tensor::from_slice(&[1.0f32, 0.0, 1.0, 1.0])));
+            let masked = plain.self_attend(&x, &mask, None, false, false).output;
+            plain.set_head_mask(None);
+            assert!(max_abs_diff(&gated_out, &masked) < 1e-6, "a headwise gate shut on head 1 is not head 1 removed");
+        }
+        // A gate that reads the input: by hand, from the open unit's merged heads.
+        tch::no_grad(|| {
+            let mut vars = vs.variables();
+            vars.get_mut("output_gate.weight")
+                .unwrap()
+                .copy_(&(Tensor::randn([width, d], (Kind::Float, Device::Cpu)) * 0.5));
+            vars.get_mut("output_gate.bias")
+                .unwrap()
+                .copy_(&(Tensor::randn([width], (Kind::Float, Device::Cpu)) * 0.5));
+        });
+        let vars = vs.variables();
+        let g = x.linear(&vars["output_gate.weight"], Some(&vars["output_gate.bias"])).sigmoid();
+        let g = if gate == OutputGate::Headwise { g.repeat_interleave_self_int(d / heads, -1, None) } else { g };
+        // The merged heads of the ungated unit: its output before Ω_c, recovered by solving Ω_c's map.
+        let (w_o, b_o) = (&vars["out.weight"], &vars["out.bias"]);
+        let merged = (&reference - b_o).matmul(&w_o.pinverse(1e-10).tr());
+        let expected = (merged * g).linear(w_o, Some(b_o));
+        let got = gated.self_attend(&x, &mask, None, false, false).output;
+        assert!(max_abs_diff(&got, &expected) < 1e-4, "{gate:?}: gated output differs from σ(XW_g + b_g) ⊙ heads");
+    }
 }

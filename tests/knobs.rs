@@ -95,6 +95,8 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.value_embeddings", Some("1"), ""),
     ("transformer.unet_skips", Some("true"), ""),
     ("transformer.attention.pattern.window_schedule", Some("[[4, 1]]"), "transformer.attention.pattern.window: 2"),
+    ("transformer.attention.output_gate", Some("headwise"), ""),
+    ("transformer.attention.output_gate", Some("elementwise"), ""),
     // muP: with the same weights, the readout multiplier (base/width) and 1/d_head attention scores act.
     ("transformer.parametrisation", Some("mup"), ""),
     ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),

@@ -10,7 +10,7 @@ use ablate::models::seq2seq::{translate, Seq2Seq, Seq2SeqSpec};
 use ablate::models::spec::{Image, ImageGptSpec};
 use ablate::transformer::layers::StackCache;
 use ablate::transformer::spec::{
-    AbsoluteAt, Combine, Implementation, Pattern, PositionEncoding, PositionSpec, TransformerSpec,
+    AbsoluteAt, Combine, Implementation, OutputGate, Pattern, PositionEncoding, PositionSpec, TransformerSpec,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -124,6 +124,12 @@ fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern
         let mut spec = decoder_spec(encoding, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
         (spec.position.combine, spec.position.concat_dim) = (Combine::Concat, 8);
         cases.push((format!("{encoding:?} concatenated"), spec));
+    }
+    // Gated attention reads the new tokens' own input, which the cached call must hand the gate.
+    for gate in [OutputGate::Headwise, OutputGate::Elementwise] {
+        let mut spec = decoder_spec(Rope, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
+        spec.attention.output_gate = gate;
+        cases.push((format!("output gate {gate:?}"), spec));
     }
     for (i, (name, spec)) in cases.iter().enumerate() {
         let (_vs, model) = gpt(spec, i as i64);

@@ -11,6 +11,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind, Tensor};
 
+/// Training in this process sets libtorch's process-wide math modes at the start of every run: the tests
+/// that train here, or read the modes, take turns.
+static IN_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn in_process() -> std::sync::MutexGuard<'static, ()> {
+    IN_PROCESS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A recipe of two runs on a small text file, long enough to kill mid-way.
 fn write_recipe(dir: &Path, steps: i64) -> PathBuf {
     let data = dir.join("corpus.txt");
@@ -128,6 +136,7 @@ fn autocast_runs_matmuls_in_bfloat16_only_while_the_guard_lives() {
 
 #[test]
 fn bf16_training_follows_fp32_training_closely() {
+    let _turn = in_process();
     let corpus = common::corpus_file("bf16", &"the quick brown fox jumps over the lazy dog. ".repeat(40));
     let loss = |precision: &str| {
         let cfg = common::config(&format!(
@@ -167,6 +176,7 @@ fn a_scaled_gradient_that_overflows_skips_the_update() {
 
 #[test]
 fn train_deterministic_sets_libtorchs_modes_and_a_cpu_run_under_it_repeats_the_plain_one_bit_for_bit() {
+    let _turn = in_process();
     // On the CPU ablate's runs already repeat bit for bit; the setting turns on libtorch's check (an op
     // without a deterministic implementation would stop the run), which the modes read back show, and the
     // numbers stay those of the plain run. TF32 is a CUDA mode: set off here, read back off.

@@ -17,6 +17,15 @@ use ablate::train::distributed::BatchShard;
 use ablate::train::{optimise, Evaluation, Objective};
 use tch::{nn, Device, Kind, Tensor};
 
+/// libtorch's generator is one per process and the tests of a file run on parallel threads: a test that
+/// compares what two seeded draws produce holds this while it draws, and so does every other test here
+/// that draws, so that none moves the generator in between.
+static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A quadratic bowl whose validation and test evaluations return different constants, counting calls.
 struct Counted<'a> {
     w: &'a Tensor,
@@ -42,6 +51,7 @@ impl Objective for Counted<'_> {
 
 #[test]
 fn the_loop_reads_the_test_split_once_after_the_last_step_and_reports_it_as_test() {
+    let _generator = exclusive();
     let mut vs = nn::VarStore::new(Device::Cpu);
     let w = vs.root().randn("w", &[4], 0.0, 1.0);
     let objective = Counted { w: &w, evaluations: Cell::new(0), tests: Cell::new(0) };
@@ -62,6 +72,7 @@ fn the_loop_reads_the_test_split_once_after_the_last_step_and_reports_it_as_test
 
 #[test]
 fn carving_validation_partitions_the_examples_evenly() {
+    let _generator = exclusive();
     let (train, validation) = carve_validation(1000, 0.1);
     assert_eq!(validation.len(), 100);
     let all: HashSet<usize> = train.iter().chain(&validation).copied().collect();
@@ -73,6 +84,7 @@ fn carving_validation_partitions_the_examples_evenly() {
 
 #[test]
 fn the_copy_task_draws_validation_and_test_sequences_apart() {
+    let _generator = exclusive();
     let copy = CopyTask::new(12, 10);
     let rows = |split| -> HashSet<Vec<i64>> {
         let batches = copy.held_out_batches(split, 4, 16, Device::Cpu);
@@ -104,6 +116,7 @@ fn image_ids(images: &Tensor) -> HashSet<i64> {
 
 #[test]
 fn image_validation_is_carved_from_the_training_images_and_never_trained_on() {
+    let _generator = exclusive();
     let dir = common::scratch("splits-images");
     unique_images(&dir, "train", 500, 0);
     unique_images(&dir, "t10k", 100, 10_000);
@@ -129,6 +142,7 @@ fn image_validation_is_carved_from_the_training_images_and_never_trained_on() {
 
 #[test]
 fn translation_pairs_fall_in_exactly_one_split() {
+    let _generator = exclusive();
     let pairs: Vec<(String, String)> =
         (0..400).map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen"))).collect();
     let cfg = DataConfig { tokenizer: Tokenizer::Bpe, vocab_size: Some(300), ..Default::default() };
@@ -170,6 +184,7 @@ impl Objective for Recording<'_> {
 /// change no shape). A paired difference then leaves out the noise both arms share.
 #[test]
 fn arms_with_one_seed_share_the_data_order_and_where_shapes_agree_the_initial_weights() {
+    let _generator = exclusive();
     let batches = |width: i64, seed: u64| {
         tch::manual_seed(seed as i64);
         let mut vs = nn::VarStore::new(Device::Cpu);

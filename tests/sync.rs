@@ -44,7 +44,8 @@ fn per_step(model: &str, log: i64, extra: &str) -> (f64, f64) {
 const SMALL: &str = "  d_model: 16\n  layers: 2\n  heads: 2\n  block_size: 16\n";
 /// recipes/heads.yaml's model at 4 heads (its batch is 12; 4 here keeps the test short: the counts do not
 /// depend on the batch).
-const HEADS: &str = "  d_model: 128\n  layers: 4\n  heads: 4\n  block_size: 64\n  pe: learned\n  pre_ln: false\n  dropout: 0.0\n";
+const HEADS: &str =
+    "  d_model: 128\n  layers: 4\n  heads: 4\n  block_size: 64\n  pe: learned\n  pre_ln: false\n  dropout: 0.0\n";
 
 #[test]
 fn a_training_step_reads_nothing_back_to_the_host_between_log_steps() {

@@ -70,6 +70,7 @@ impl Config {
                 pattern: a.pattern.spec(),
                 qk_norm: a.qk_norm,
                 softcap: a.softcap,
+                output_gate: a.output_gate,
                 init_std: 0.02 / t.mup_width_mult().unwrap_or(1.0).sqrt(),
             },
             position: t.position.spec(t.pe),

@@ -130,6 +130,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "train.muon_momentum" => cfg.train.muon_momentum == 0.95,
         "transformer.attention.qk_norm" => t.attention.qk_norm == crate::recipe::QkNorm::None,
         "transformer.attention.softcap" => t.attention.softcap.is_none(),
+        "transformer.attention.output_gate" => t.attention.output_gate == crate::recipe::OutputGate::None,
         "transformer.logit_softcap" => t.logit_softcap.is_none(),
         "transformer.output_init" => t.output_init == crate::recipe::OutputInit::Model,
         "transformer.parallel" => !t.parallel,

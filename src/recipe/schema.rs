@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::models::spec::{BlockKind, Pool};
 pub use crate::transformer::spec::{
-    AbsoluteAt, Activation, Combine, Implementation, Norm, OutputInit, Parametrisation, PositionEncoding, QkNorm,
-    Scale, Scoring,
+    AbsoluteAt, Activation, Combine, Implementation, Norm, OutputGate, OutputInit, Parametrisation, PositionEncoding,
+    QkNorm, Scale, Scoring,
 };
 
 fn unit_scale() -> f64 {
@@ -487,6 +487,11 @@ pub struct AttentionConfig {
     /// Cap the scores smoothly at ±cap, `cap · tanh(s / cap)`, after the scale and before masks and position
     /// biases (Gemma 2 uses 50; `null`: no cap). Written out: `implementation` must be `auto` or `explicit`.
     pub softcap: Option<f64>,
+    /// Gated attention (Qiu et al. 2025): each head's output times σ(X W_g + b_g) before the heads are mixed,
+    /// X the unit's query input (the block's input to attention; the decoder's stream in cross-attention):
+    /// `headwise`, one gate per head and token (W_g: D × H), or `elementwise`, one per output feature and
+    /// token (W_g: D × H·head_dim); `none`. W_g starts at N(0, 0.02) and b_g at 0, so every gate starts near ½.
+    pub output_gate: OutputGate,
     /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
     /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
     /// depth, `[{window: 4}, {window: 4, dilation: 5}]`. Global tokens stay the stack's (`pattern.global_tokens`).
@@ -525,6 +530,7 @@ impl Default for AttentionConfig {
             layer_patterns: Vec::new(),
             qk_norm: QkNorm::None,
             softcap: None,
+            output_gate: OutputGate::None,
         }
     }
 }

@@ -36,6 +36,18 @@ pub enum QkNorm {
     LayerNorm,
 }
 
+/// A gate on the heads' outputs before they are mixed (gated attention, Qiu et al. 2025): each head's output
+/// times σ(X W_g + b_g), X the unit's query input, so a head can switch itself off per token.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputGate {
+    None,
+    /// One gate per head and token: W_g is D × H.
+    Headwise,
+    /// One gate per output feature and token: W_g is D × H·head_dim.
+    Elementwise,
+}
+
 /// How weights scale with the width (Yang et al., Tensor Programs V).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -354,6 +366,8 @@ pub struct AttentionSpec {
     pub qk_norm: QkNorm,
     /// Scores capped smoothly at ±cap, `cap · tanh(s / cap)` (Gemma 2), after the scale and before any bias.
     pub softcap: Option<f64>,
+    /// A sigmoid gate on the heads' outputs, computed from the unit's query input.
+    pub output_gate: OutputGate,
     /// The Q/K/V projection's initial std (0.02; smaller under muP at widths above the base).
     pub init_std: f64,
 }
@@ -374,6 +388,7 @@ impl AttentionSpec {
             pattern: Pattern::dense(),
             qk_norm: QkNorm::None,
             softcap: None,
+            output_gate: OutputGate::None,
             init_std: 0.02,
         }
     }

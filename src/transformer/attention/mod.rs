@@ -20,7 +20,9 @@ use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
 use super::norm::{softcap, NormLayer};
-use super::spec::{AttentionSpec, Implementation, Norm, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring};
+use super::spec::{
+    AttentionSpec, Implementation, Norm, OutputGate, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring,
+};
 
 pub mod pattern;
 pub mod relative;
@@ -146,6 +148,8 @@ pub struct MultiHeadAttention {
     /// Per-head factors (H) on the heads' outputs before they are mixed: 0 removes a head (head importance
     /// and pruning, Michel et al. 2019). Set between evaluations, never while training.
     head_mask: std::sync::Mutex<Option<Tensor>>,
+    /// Gated attention's W_g and b_g (D → H or H·head_dim), when the heads' outputs are gated.
+    output_gate: Option<(OutputGate, nn::Linear)>,
 }
 
 /// What a self-attention unit mixes into its own values, when it was built to: the first layer's values
@@ -237,16 +241,18 @@ impl KvCache {
 /// What one attention call is: self-attention (position schemes and patterns apply) or across two
 /// sequences, in training or evaluation, returning the weights or not.
 #[derive(Clone, Copy)]
-struct Call {
+struct Call<'a> {
     is_self: bool,
     train: bool,
     want_weights: bool,
+    /// The unit's query input (B, N_q, D): what a mechanism after attention may read (the output gate).
+    input: &'a Tensor,
 }
 
-impl Call {
-    /// A step of a decoding loop: evaluation, no weights.
-    fn decoding(is_self: bool) -> Self {
-        Self { is_self, train: false, want_weights: false }
+impl<'a> Call<'a> {
+    /// A step of a decoding loop on the new tokens `input`: evaluation, no weights.
+    fn decoding(is_self: bool, input: &'a Tensor) -> Self {
+        Self { is_self, train: false, want_weights: false, input }
     }
 }
 
@@ -299,6 +305,14 @@ impl MultiHeadAttention {
             head_mask: std::sync::Mutex::new(None),
             value_mix: None,
             embedding_mix: None,
+            output_gate: match spec.output_gate {
+                OutputGate::None => None,
+                gate => {
+                    let width = if gate == OutputGate::Headwise { spec.heads } else { spec.inner() };
+                    let config = nn::LinearConfig { bias: true, ..lin(spec.init_std) };
+                    Some((gate, nn::linear(&vs / "output_gate", d_model, width, config)))
+                }
+            },
         }
     }
 
@@ -359,7 +373,7 @@ impl MultiHeadAttention {
     ) -> (Attended, Tensor) {
         let (q, k, v) = self.project_self(x, qk_add);
         let v = self.mix_values(v, extra);
-        (self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights }), v)
+        (self.attend_projected(&q, &k, &v, mask, Call { is_self: true, train, want_weights, input: x }), v)
     }
 
     /// `λ₁·v + λ₂·v₁` when this unit mixes in the first layer's values and is given them, then `μ₁·v + μ₂·e`
@@ -406,7 +420,7 @@ impl MultiHeadAttention {
         let (q, k, v) = self.split_qkv(&q, &k, &v);
         let (q, k) = (self.relative.rotate(&q, start), self.relative.rotate(&k, start));
         let (k, v) = cache.append(k, v);
-        (self.attend_heads(&q, &k, &v, mask, Call::decoding(true)).output, values)
+        (self.attend_heads(&q, &k, &v, mask, Call::decoding(true, x)).output, values)
     }
 
     /// The queries, keys and values of self-attention, (B, N, ·) each.
@@ -464,7 +478,7 @@ impl MultiHeadAttention {
     pub fn cross_attend(&self, x: &Tensor, memory: &Tensor, mask: &Mask, train: bool, want_weights: bool) -> Attended {
         let q = self.project(x, 0, self.widths[0]);
         let (k, v) = self.project_memory(memory);
-        self.attend_projected(&q, &k, &v, mask, Call { is_self: false, train, want_weights })
+        self.attend_projected(&q, &k, &v, mask, Call { is_self: false, train, want_weights, input: x })
     }
 
     /// Cross-attention in a decoding loop: the memory's keys and values are projected on the first call and
@@ -478,7 +492,7 @@ impl MultiHeadAttention {
             }
         };
         let q = self.split_queries(&self.project(x, 0, self.widths[0]));
-        self.attend_heads(&q, &k, &v, mask, Call::decoding(false)).output
+        self.attend_heads(&q, &k, &v, mask, Call::decoding(false, x)).output
     }
 
     /// Channel attention (DaViT's channel group attention): tokens exchange information through attention
@@ -497,9 +511,10 @@ impl MultiHeadAttention {
         let t = |x: &Tensor| x.transpose(-2, -1);
         count(1);
         let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scores, self.dropout, train);
-        // (B, H, C_g, N) -> (B, N, H·C_g)
-        let merged = out.permute([0, 3, 1, 2]).contiguous().view([b, n, self.heads * self.head_dim]);
-        Attended { output: self.out.forward(&merged), weights: want_weights.then_some(weights) }
+        // (B, H, C_g, N) -> (B, H, N, C_g): each head's output per token, as every other path gives it.
+        let heads_out = t(&out);
+        debug_assert_eq!(heads_out.size(), vec![b, self.heads, n, self.head_dim]);
+        Attended { output: self.finish(heads_out, x), weights: want_weights.then_some(weights) }
     }
 
     /// Attention on projected q (B, N_q, D), k and v (B, N_k, D). Position schemes and patterns apply to
@@ -517,7 +532,7 @@ impl MultiHeadAttention {
     /// Attention on per-head q (B, H, N_q, qk_dim), k and v (B, H_kv, N_k, ·), already rotated for RoPE; the
     /// queries are the last N_q of the N_k positions. Returns the output projection of the merged heads.
     fn attend_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> Attended {
-        let Call { is_self, train, want_weights } = call;
+        let Call { is_self, train, want_weights, input } = call;
         let pattern = self.pattern_now();
         let (b, _, n_q, _) = q.size4().unwrap();
         let n_k = k.size()[2];
@@ -578,16 +593,35 @@ impl MultiHeadAttention {
                 (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scores.scale, dropout), None)
             }
         };
+        debug_assert_eq!(heads_out.size()[..3], [b, self.heads, n_q]);
+        Attended { output: self.finish(heads_out, input), weights: if want_weights { weights } else { None } }
+    }
+
+    /// Every path's last part, in one place: the heads' outputs (B, H, N, head_dim) with any head mask and
+    /// output gate applied, concatenated and mixed by the output projection Ω_c (UDL's MhSa). A mechanism
+    /// that acts on the heads' outputs, reading the unit's query `input` (B, N, D), goes here.
+    fn finish(&self, heads_out: Tensor, input: &Tensor) -> Tensor {
+        let (b, h, n, dv) = heads_out.size4().unwrap();
         let heads_out = match self.head_mask.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             Some(m) => {
-                let m = m.to(heads_out.device()).to_kind(heads_out.kind()).view([1, self.heads, 1, 1]);
+                let m = m.to(heads_out.device()).to_kind(heads_out.kind()).view([1, h, 1, 1]);
                 heads_out * m
             }
             None => heads_out,
         };
-        // Concatenate the heads and mix them with Ω_c (UDL's MhSa).
-        let merged = heads_out.transpose(1, 2).contiguous().view([b, n_q, self.heads * self.head_dim]);
-        Attended { output: self.out.forward(&merged), weights: if want_weights { weights } else { None } }
+        let merged = heads_out.transpose(1, 2).contiguous().view([b, n, h * dv]);
+        let merged = match &self.output_gate {
+            None => merged,
+            Some((gate, w)) => {
+                let g = w.forward(input).sigmoid(); // (B, N, H) or (B, N, H·dv)
+                let g = match gate {
+                    OutputGate::Headwise => g.unsqueeze(-1).expand([b, n, h, dv], false).reshape([b, n, h * dv]),
+                    _ => g,
+                };
+                merged * g
+            }
+        };
+        self.out.forward(&merged)
     }
 
     /// The pattern this call uses: under a window warm-up, the window of the training step in progress.
