@@ -307,3 +307,30 @@ fn the_fuzz_corpus_loads_without_panics_and_with_located_errors() {
     }
     assert!(checked >= 6, "only {checked} corpus files");
 }
+
+#[test]
+fn a_variant_that_replaces_a_section_the_recipe_writes_is_refused_with_the_dotted_form() {
+    // `{transformer: {attention: {softcap: 0.5}}}` replaces the whole transformer section: the base's
+    // d_model 32 would silently become 128. Refused in one line at the variant's line, naming the lost key
+    // and the dotted spelling that means "change one key".
+    let text = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16}\nvariants:\n  - {label: a}\n  - {label: capped, transformer: {attention: {softcap: 0.5}}}\n";
+    let err = ablate::recipe::parse(text, "trap.yaml", "trap", false).unwrap_err().to_string();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("trap.yaml:5: transformer: replaces the whole section"), "{err}");
+    assert!(err.contains("transformer.d_model and 3 more") && err.contains("`transformer.attention.softcap: 0.5`"), "{err}");
+    // The dotted form is accepted and keeps the base; so is a section that repeats what it keeps, and a
+    // section the recipe writes nothing in.
+    for ok in [
+        "  - {label: capped, transformer.attention.softcap: 0.5}\n",
+        "  - {label: capped, transformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, attention: {softcap: 0.5}}}\n",
+        "  - {label: capped, transformer.attention: {softcap: 0.5}}\n",
+    ] {
+        let text = format!("kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 4, block_size: 16}}\nvariants:\n  - {{label: a}}\n{ok}");
+        let recipe = ablate::recipe::parse(&text, "ok.yaml", "ok", false).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert!(recipe.runs.iter().all(|r| r.config.transformer.d_model == 32), "{ok}");
+    }
+    // A sweep over whole sections is held to the same rule.
+    let sweep = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, attention: {pattern: {window: 4}}}\nsweep:\n  transformer.attention: [{softcap: 0.5}, {pattern: {window: 2}}]\n";
+    let err = ablate::recipe::parse(sweep, "s.yaml", "s", false).unwrap_err().to_string();
+    assert!(err.contains("transformer.attention: replaces the whole section") && err.contains("transformer.attention.pattern.window"), "{err}");
+}

@@ -376,6 +376,7 @@ fn parse_one_scale(
         written: &written,
         kind: parsed.kind,
     };
+    refuse_replaced_sections(&src, &grid)?;
     let (mut runs, set_per_run) = expand(&src, &grid, &sizes, &seeds)?;
     refuse_unread_keys(&src, &runs, &set_per_run)?;
     validate_runs(&src, &mut runs, &set_per_run)?;
@@ -647,6 +648,44 @@ fn variant_axis(src: &Source, parsed: &RecipeFile) -> Result<(Vec<String>, Vec<V
         variants.push(settings);
     }
     Ok((labels, variants))
+}
+
+/// A sweep value or a variant that sets a whole section (`transformer: {attention: {softcap: 0.5}}`) replaces
+/// it, so the keys the recipe writes inside that section would silently go back to their defaults (a base
+/// `d_model: 32` becoming 128): refused in one line that shows the dotted form. A recipe that means to
+/// replace the section repeats in it the keys it keeps (`window: null` for a dense pattern).
+fn refuse_replaced_sections(src: &Source, grid: &Grid) -> Result<(), RecipeError> {
+    for setting in grid.axes.iter().flatten().chain(grid.variants.iter().flatten()) {
+        if !matches!(setting.value, Value::Mapping(_)) {
+            continue;
+        }
+        let given: Vec<String> = leaves(&setting.value).iter().map(|l| format!("{}.{l}", setting.key)).collect();
+        let inside = format!("{}.", setting.key);
+        let lost: Vec<&String> = grid.written_keys.iter().filter(|w| w.starts_with(&inside) && !given.contains(w)).collect();
+        let Some(first) = lost.first() else { continue };
+        let dotted = match (given.first(), leaf_at(&setting.value, given.first().map(|g| &g[inside.len()..]))) {
+            (Some(key), Some(value)) => format!("`{key}: {}`", value_text(&value)),
+            _ => format!("`{}.<key>: <value>`", setting.key),
+        };
+        return Err(src.at(
+            &setting.source,
+            format!(
+                "{}: replaces the whole section, so what the recipe writes in it ({first}{}) would go back to the defaults; set only what changes, dotted ({dotted}), or repeat in it the keys to keep",
+                setting.key,
+                if lost.len() > 1 { format!(" and {} more", lost.len() - 1) } else { String::new() }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The value at dotted path `path` inside `value`.
+fn leaf_at(value: &Value, path: Option<&str>) -> Option<Value> {
+    let mut at = value;
+    for part in path?.split('.') {
+        at = at.as_mapping()?.get(Value::String(part.to_string()))?;
+    }
+    Some(at.clone())
 }
 
 /// A typo such as a long list under several keys can multiply into more runs than any sweep means to have
