@@ -288,7 +288,7 @@ impl ImageTask {
         let idx = Tensor::randint(self.train_count, [batch], (Kind::Int64, tch::Device::Cpu));
         let x = Self::to_input(&self.train.images.index_select(0, &idx), tch::Device::Cpu);
         let x = augment(&x, self.crop_padding, self.flip);
-        (x.to(device), self.train.labels.index_select(0, &idx).to(device))
+        (super::to_device_async(&x, device), super::to_device_async(&self.train.labels.index_select(0, &idx), device))
     }
 
     /// One of the held-out splits.

@@ -24,6 +24,21 @@ pub fn carve_validation(n: usize, fraction: f64) -> (Vec<usize>, Vec<usize>) {
     (0..n).partition(|&i| !in_validation(i))
 }
 
+/// A batch built on the host, moved to `device` for a step: on a GPU through pinned (page-locked) memory
+/// and a non-blocking copy, since a copy from pageable memory first waits for the GPU's queue to drain
+/// (CUDA's rule for pageable host-to-device copies) and the host could not queue the step ahead. The pinned
+/// buffer is libtorch's caching host allocator's, which keeps it until the copy is done. Unchanged (a
+/// no-op) on the CPU; a GPU without pinned memory falls back to the plain copy.
+pub fn to_device_async(t: &tch::Tensor, device: tch::Device) -> tch::Tensor {
+    match device {
+        tch::Device::Cuda(_) => match t.f_pin_memory(device) {
+            Ok(pinned) => pinned.to_device_(device, pinned.kind(), true, false),
+            Err(_) => t.to_device(device),
+        },
+        _ => t.to_device(device),
+    }
+}
+
 /// Where downloaded corpora are cached: `$ABLATE_DATA_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/ablate/data`.
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("ABLATE_DATA_DIR") {

@@ -366,8 +366,8 @@ fn windows(data: &Tensor, starts: &Tensor, block: i64, device: Device) -> (Tenso
     let offsets = Tensor::arange(block + 1, (Kind::Int64, Device::Cpu));
     let idx = starts.unsqueeze(1) + offsets.unsqueeze(0);
     let rows = data.index_select(0, &idx.view([-1])).view([starts.size()[0], block + 1]);
-    let x = rows.narrow(1, 0, block).contiguous().to_device(device);
-    let y = rows.narrow(1, 1, block).contiguous().to_device(device);
+    let x = super::to_device_async(&rows.narrow(1, 0, block).contiguous(), device);
+    let y = super::to_device_async(&rows.narrow(1, 1, block).contiguous(), device);
     (x, y)
 }
 

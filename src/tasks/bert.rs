@@ -288,8 +288,9 @@ impl Pretraining<'_> {
                 (windows.shallow_clone(), next_token_targets(&windows, self.specials.first_ordinary))
             }
         };
-        let pairs = segments.map(|s| (s.to_device(self.device), follows.to_kind(Kind::Int64).to_device(self.device)));
-        PretrainBatch { inputs: x.to_device(self.device), targets: y.to_device(self.device), pairs }
+        let on_device = |t: &Tensor| crate::data::to_device_async(t, self.device);
+        let pairs = segments.map(|s| (on_device(&s), on_device(&follows.to_kind(Kind::Int64))));
+        PretrainBatch { inputs: on_device(&x), targets: on_device(&y), pairs }
     }
 
     /// Corpus tokens an example reads from its start (a pair's second segment may come from elsewhere).

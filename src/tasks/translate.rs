@@ -105,10 +105,10 @@ impl TranslationData {
             tgt_out.extend(output.chain(std::iter::repeat(self.pad)).take(t_len));
         }
         let b = pairs.len() as i64;
-        let t = |v: &[i64], n: usize| Tensor::from_slice(v).view([b, n as i64]).to_device(device);
+        let t = |v: &[i64], n: usize| crate::data::to_device_async(&Tensor::from_slice(v).view([b, n as i64]), device);
         PairBatch {
             src: t(&src, s_len),
-            src_real: Tensor::from_slice(&real).view([b, s_len as i64]).to_device(device),
+            src_real: crate::data::to_device_async(&Tensor::from_slice(&real).view([b, s_len as i64]), device),
             tgt_in: t(&tgt_in, t_len),
             tgt_out: t(&tgt_out, t_len),
         }
