@@ -317,7 +317,10 @@ fn a_variant_that_replaces_a_section_the_recipe_writes_is_refused_with_the_dotte
     let err = ablate::recipe::parse(text, "trap.yaml", "trap", false).unwrap_err().to_string();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("trap.yaml:5: transformer: replaces the whole section"), "{err}");
-    assert!(err.contains("transformer.d_model and 3 more") && err.contains("`transformer.attention.softcap: 0.5`"), "{err}");
+    assert!(
+        err.contains("transformer.d_model and 3 more") && err.contains("`transformer.attention.softcap: 0.5`"),
+        "{err}"
+    );
     // The dotted form is accepted and keeps the base; so is a section that repeats what it keeps, and a
     // section the recipe writes nothing in.
     for ok in [
@@ -332,5 +335,9 @@ fn a_variant_that_replaces_a_section_the_recipe_writes_is_refused_with_the_dotte
     // A sweep over whole sections is held to the same rule.
     let sweep = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, attention: {pattern: {window: 4}}}\nsweep:\n  transformer.attention: [{softcap: 0.5}, {pattern: {window: 2}}]\n";
     let err = ablate::recipe::parse(sweep, "s.yaml", "s", false).unwrap_err().to_string();
-    assert!(err.contains("transformer.attention: replaces the whole section") && err.contains("transformer.attention.pattern.window"), "{err}");
+    assert!(
+        err.contains("transformer.attention: replaces the whole section")
+            && err.contains("transformer.attention.pattern.window"),
+        "{err}"
+    );
 }

@@ -115,3 +115,61 @@ fn what_until_settled_cannot_do_is_refused_before_training_with_one_line() {
     assert!(!out.join("runs.csv").exists(), "nothing trained");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_marked_post_hoc() {
+    let dir = scratch("predict");
+    let with = |expect: &str| {
+        let text = recipe_text(&dir, 0.01).replace(
+            "compare:\n  baseline: heads=1\n",
+            &format!(
+                "compare:\n  baseline: heads=1\n  predict:\n    - {{comparison: heads=2, metric: test_loss, expect: {expect}, source: 'a paper, Table 1'}}\n    - {{comparison: heads=2, metric: test_accuracy, expect: equivalent, source: the same paper}}\n"
+            ),
+        );
+        parse(&text, "predict.yaml", "predict", false).unwrap()
+    };
+    let recipe = with("better");
+    ablate::run::summary::check_compare(&recipe).unwrap();
+    let out = dir.join("out");
+    // heads=2 clearly lower in loss (better), the accuracies equal (equivalent within 0.5).
+    write_pilot(&out, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
+    ablate::run::results::write_resolved(&recipe, &out.join("recipe.resolved.yaml")).unwrap();
+    let block = ablate::run::verdicts::block(&out, &recipe, None, "test").unwrap();
+    let row =
+        |metric: &str| block.lines().find(|l| l.starts_with(&format!("| heads=2 | {metric} | "))).unwrap().to_string();
+    assert!(row("test_loss").ends_with("| reproduced |"), "{block}");
+    assert!(row("test_accuracy").ends_with("| consistent |"), "{block}");
+    assert!(!block.contains("post hoc"), "{block}");
+    assert!(block.trim_end().ends_with(ablate::run::verdicts::END), "{block}");
+    // The same results judged against a prediction changed afterwards: its outcome is marked post hoc.
+    let edited = with("worse");
+    let block = ablate::run::verdicts::block(&out, &edited, None, "test").unwrap();
+    let loss = block.lines().find(|l| l.starts_with("| heads=2 | test_loss | worse")).unwrap();
+    assert!(loss.contains("not reproduced (the opposite direction) (post hoc"), "{loss}");
+    assert!(block.contains("1 of 2 prediction(s) differ from those recorded"), "{block}");
+    // A prediction must name a variant and a headline metric, and give its source.
+    let text = recipe_text(&dir, 0.01);
+    for (bad, expected) in [
+        (
+            "{comparison: heads=3, metric: test_loss, expect: better, source: x}",
+            "compare.predict.0.comparison: no variant `heads=3`",
+        ),
+        (
+            "{comparison: heads=2, metric: val_loss, expect: better, source: x}",
+            "compare.predict.0.metric: no headline metric `val_loss`",
+        ),
+        ("{comparison: heads=2, metric: test_loss, expect: better, source: ''}", "say where the prediction comes from"),
+        ("{comparison: heads=2, metric: test_loss, expect: larger, source: x}", "expect"),
+    ] {
+        let t = text.replace(
+            "compare:\n  baseline: heads=1\n",
+            &format!("compare:\n  baseline: heads=1\n  predict:\n    - {bad}\n"),
+        );
+        let err = match parse(&t, "p.yaml", "p", false) {
+            Err(e) => e.to_string(),
+            Ok(r) => ablate::run::summary::check_compare(&r).unwrap_err().to_string(),
+        };
+        assert!(err.contains(expected) && err.lines().count() == 1, "{bad}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -156,6 +156,12 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, pairing)?);
+    if let Some(compare) = sweep.recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
+        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &sweep.recipe, pairing)? {
+            let as_run = ablate::run::verdicts::predictions_as_run(&sweep.out);
+            print!("{}", ablate::run::verdicts::predictions_table(&j.rows, &compare.predict, &as_run));
+        }
+    }
     Ok(())
 }
 

@@ -23,6 +23,40 @@ pub(super) struct CompareFile {
     /// 0.5 BLEU, 5% for throughput and utilisation).
     #[serde(default)]
     delta: BTreeMap<String, serde_yaml::Value>,
+    /// What the literature predicts, written before the run: per comparison (the variant's label) and
+    /// metric, `better`, `worse` or `equivalent` (within this section's δ), with its source. The summary sets
+    /// each against the verdict; the results record the predictions they ran against.
+    #[serde(default)]
+    predict: Vec<PredictionFile>,
+}
+
+/// One prediction as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PredictionFile {
+    comparison: String,
+    metric: String,
+    expect: Expect,
+    source: String,
+}
+
+/// The direction a prediction expects, for the variant against what it is paired with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    Better,
+    Worse,
+    /// No difference larger than δ either way (the paper reports none).
+    Equivalent,
+}
+
+/// A prediction: `expect` for `comparison` (a variant's label) on `metric` (a column), from `source`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Prediction {
+    pub comparison: String,
+    pub metric: String,
+    pub expect: Expect,
+    pub source: String,
 }
 
 /// The smallest effect that matters for one metric.
@@ -65,6 +99,8 @@ pub struct Compare {
     pub comparison: Comparison,
     /// Metric column -> δ as declared (the metric's default where absent).
     pub delta: BTreeMap<String, Delta>,
+    /// Predictions written before the run, in the recipe's order.
+    pub predict: Vec<Prediction>,
 }
 
 /// `5%` as 0.05, `0.02` as itself; `None` when it is neither.
@@ -109,7 +145,25 @@ pub(super) fn expand(src: &Source, file: &CompareFile) -> Result<Compare, Recipe
         }
         delta.insert(metric.clone(), d);
     }
-    Ok(Compare { comparison, delta })
+    let mut predict: Vec<Prediction> = Vec::new();
+    for (i, p) in file.predict.iter().enumerate() {
+        let at = format!("compare.predict.{i}");
+        if p.source.trim().is_empty() {
+            return Err(
+                src.at(&at, format!("{at}: say where the prediction comes from (`source: Liu et al. 2021, Table 4`)"))
+            );
+        }
+        if predict.iter().any(|q| q.comparison == p.comparison && q.metric == p.metric) {
+            return Err(src.at(&at, format!("{at}: {} on {} is predicted twice", p.comparison, p.metric)));
+        }
+        predict.push(Prediction {
+            comparison: p.comparison.clone(),
+            metric: p.metric.clone(),
+            expect: p.expect,
+            source: p.source.trim().to_string(),
+        });
+    }
+    Ok(Compare { comparison, delta, predict })
 }
 
 /// The default δ of a metric by its kind: its column and unit.

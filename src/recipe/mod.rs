@@ -661,7 +661,8 @@ fn refuse_replaced_sections(src: &Source, grid: &Grid) -> Result<(), RecipeError
         }
         let given: Vec<String> = leaves(&setting.value).iter().map(|l| format!("{}.{l}", setting.key)).collect();
         let inside = format!("{}.", setting.key);
-        let lost: Vec<&String> = grid.written_keys.iter().filter(|w| w.starts_with(&inside) && !given.contains(w)).collect();
+        let lost: Vec<&String> =
+            grid.written_keys.iter().filter(|w| w.starts_with(&inside) && !given.contains(w)).collect();
         let Some(first) = lost.first() else { continue };
         let dotted = match (given.first(), leaf_at(&setting.value, given.first().map(|g| &g[inside.len()..]))) {
             (Some(key), Some(value)) => format!("`{key}: {}`", value_text(&value)),

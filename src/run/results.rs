@@ -101,6 +101,10 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         overrides: Vec<String>,
         sweep_keys: &'a [String],
         seeds: &'a [u64],
+        /// The predictions (`compare.predict`) these results were run against, so that one edited later
+        /// shows in the summary.
+        #[serde(skip_serializing_if = "<[_]>::is_empty")]
+        predictions: &'a [crate::recipe::compare::Prediction],
         runs: Vec<BTreeMap<&'a str, Value>>,
     }
     let runs = recipe
@@ -122,6 +126,7 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         overrides: recipe.overrides.describe(),
         sweep_keys: &recipe.sweep_keys,
         seeds: &recipe.seeds,
+        predictions: recipe.compare.as_ref().map_or(&[], |c| c.predict.as_slice()),
         runs,
     };
     write_atomically(path, serde_yaml::to_string(&resolved)?.as_bytes())

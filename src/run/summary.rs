@@ -395,26 +395,37 @@ pub fn delta_of(recipe: &Recipe, m: &Metric) -> Delta {
 /// a `compare.baseline` that names no variant (or no level of a swept key) of the recipe's runs.
 pub fn check_compare(recipe: &Recipe) -> Result<()> {
     let Some(compare) = &recipe.compare else { return Ok(()) };
+    // The rows runs.csv will have (metrics empty), final runs only: resolved as the summary will.
+    let untrained = crate::train::RunOutcome {
+        metrics: Default::default(),
+        diverged_at: None,
+        resumed_from: 0,
+        curves: Vec::new(),
+        sample: String::new(),
+    };
+    let rows: Vec<Row> = recipe
+        .runs
+        .iter()
+        .filter(|r| r.tune.is_none_or(|t| t.rung.is_none()))
+        .map(|r| {
+            let header = super::results::run_header(r);
+            header.into_iter().zip(super::results::run_row(r, &untrained)).collect()
+        })
+        .collect();
     if let Comparison::Baseline(b) = &compare.comparison {
-        // The rows runs.csv will have (metrics empty), final runs only: resolved as the summary will.
-        let untrained = crate::train::RunOutcome {
-            metrics: Default::default(),
-            diverged_at: None,
-            resumed_from: 0,
-            curves: Vec::new(),
-            sample: String::new(),
-        };
-        let rows: Vec<Row> = recipe
-            .runs
-            .iter()
-            .filter(|r| r.tune.is_none_or(|t| t.rung.is_none()))
-            .map(|r| {
-                let header = super::results::run_header(r);
-                header.into_iter().zip(super::results::run_row(r, &untrained)).collect()
-            })
-            .collect();
         if let Err(e) = resolve_pairing(&rows, recipe, Some(Pairing::Baseline(b))) {
             bail!("{}: compare.baseline: {e:#}", recipe.file);
+        }
+    }
+    let labels: Vec<String> = variants_of(&rows).into_iter().map(|v| v.0).collect();
+    for (i, p) in compare.predict.iter().enumerate() {
+        if !labels.contains(&p.comparison) {
+            bail!(
+                "{}: compare.predict.{i}.comparison: no variant `{}`; the variants are {}",
+                recipe.file,
+                p.comparison,
+                labels.join(", ")
+            );
         }
     }
     let metrics: Vec<String> = crate::tasks::recipe_metrics(recipe)
@@ -422,6 +433,16 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
         .filter(|m| m.headline)
         .filter_map(|m| m.column_name().map(String::from))
         .collect();
+    for (i, p) in compare.predict.iter().enumerate() {
+        if !metrics.contains(&p.metric) {
+            bail!(
+                "{}: compare.predict.{i}.metric: no headline metric `{}` in this recipe; its metrics are {}",
+                recipe.file,
+                p.metric,
+                metrics.join(", ")
+            );
+        }
+    }
     for column in compare.delta.keys() {
         if !metrics.contains(column) {
             bail!(

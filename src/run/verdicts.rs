@@ -9,8 +9,9 @@ use std::path::Path;
 use super::summary::{judgements, JudgedRow, Judgements, Pairing};
 use crate::files::write_atomically;
 use crate::metrics::cost;
+use crate::recipe::compare::{Expect, Prediction};
 use crate::recipe::Recipe;
-use crate::stats::{across_scales, Verdict, ALPHA};
+use crate::stats::{across_scales, prediction_outcome, Verdict, ALPHA};
 
 /// The opening marker's start; the command that wrote the block follows it.
 pub const BEGIN: &str = "<!-- verdicts: written by `";
@@ -86,7 +87,67 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
             recipe.file
         );
     };
-    Ok(render(&j, command))
+    let mut text = render(&j, command);
+    if let Some(compare) = recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
+        let predictions = predictions_table(&j.rows, &compare.predict, &predictions_as_run(dir));
+        // Inside the block: the closing marker stays last.
+        text = text.replace(END, &format!("{predictions}{END}"));
+    }
+    Ok(text)
+}
+
+/// The predictions `dir`'s results ran against (its `recipe.resolved.yaml`); empty when it recorded none.
+pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
+    #[derive(serde::Deserialize)]
+    struct Recorded {
+        #[serde(default)]
+        predictions: Vec<Prediction>,
+    }
+    std::fs::read_to_string(dir.join("recipe.resolved.yaml"))
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<Recorded>(&text).ok())
+        .map(|r| r.predictions)
+        .unwrap_or_default()
+}
+
+/// Each prediction against its comparison's verdict (`stats::prediction_outcome`); a prediction the results
+/// did not run against (written or edited after them) is marked post hoc.
+pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[Prediction]) -> String {
+    let mut out = String::from(
+        "\n**Predictions** (the recipe's `compare.predict`, written before the run and recorded in \
+         `recipe.resolved.yaml`): *reproduced* is the predicted direction after Holm; *consistent*, equivalence \
+         within ±δ where no effect was predicted; *not reproduced*, equivalence where an effect was predicted or \
+         the opposite direction.\n\n| comparison | metric | predicted | source | verdict | outcome |\n|---|---|---|---|---|---|\n",
+    );
+    let mut post_hoc = 0;
+    for p in predict {
+        let row = rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()));
+        let (verdict_text, outcome) = match row {
+            Some(r) => (verdict(r), prediction_outcome(p.expect, r.judged.verdict).to_string()),
+            None => ("–".into(), "no such comparison in these results".into()),
+        };
+        let written_after = !as_run.contains(p);
+        post_hoc += usize::from(written_after);
+        let expect = match p.expect {
+            Expect::Better => "better",
+            Expect::Worse => "worse",
+            Expect::Equivalent => "equivalent",
+        };
+        out.push_str(&format!(
+            "| {} | {} | {expect} | {} | {verdict_text} | {outcome}{} |\n",
+            p.comparison,
+            p.metric,
+            p.source,
+            if written_after { " (post hoc: not the prediction these results ran against)" } else { "" }
+        ));
+    }
+    if post_hoc > 0 {
+        out.push_str(&format!(
+            "\n{post_hoc} of {} prediction(s) differ from those recorded when these results were made: their outcomes are post hoc.\n",
+            predict.len()
+        ));
+    }
+    out
 }
 
 fn render(j: &Judgements, command: &str) -> String {
