@@ -189,3 +189,39 @@ fn every_kind_builds_its_example_input_on_the_device_it_is_given() {
     }
     assert!(seen >= 6, "found forward_example in {seen} task files");
 }
+
+#[test]
+fn ablate_fit_recovers_a_known_scaling_exponent_from_a_runs_csv_and_draws_it() {
+    // Kaplan et al.'s L(N) = (N_c / N)^α_N with α_N = 0.076, five sizes × two seeds with ±0.5% noise, as
+    // runs.csv rows; `--minus 1000` removes a fixed embedding count from every size first.
+    let dir = std::env::temp_dir().join(format!("ablate-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut csv = String::from("run_id,label,seed,status,params,test_loss\n");
+    for (i, n) in [1e4, 3e4, 1e5, 3e5, 1e6].iter().enumerate() {
+        for seed in 0..2 {
+            let noise = if (i + seed) % 2 == 0 { 1.005 } else { 0.995 };
+            let loss = (8.8e13f64 / n).powf(0.076) * noise;
+            csv.push_str(&format!("n{i} s{seed},n{i},{seed},ok,{},{loss}\n", n + 1000.0));
+        }
+    }
+    csv.push_str("bad,n9,0,diverged at step 3,50000,NaN\n");
+    std::fs::write(dir.join("runs.csv"), csv).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ablate"))
+        .args(["fit", dir.to_str().unwrap(), "--minus", "1000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let number = |after: &str| -> f64 {
+        let rest = &text[text.find(after).unwrap_or_else(|| panic!("{after} in {text}")) + after.len()..];
+        rest.split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
+    };
+    let interval = &text[text.find("interval [").unwrap() + "interval [".len()..text.find(']').unwrap()];
+    let (lo, hi) =
+        interval.split_once(", ").map(|(a, b)| (a.parse::<f64>().unwrap(), b.parse::<f64>().unwrap())).unwrap();
+    let alpha = number("α = ");
+    assert!((alpha - 0.076).abs() < 0.003 && lo < 0.076 && 0.076 < hi, "{text}");
+    assert!(text.contains("10 runs"), "the diverged run is left out: {text}");
+    assert!(dir.join("fit_test_loss_vs_params.png").exists() && dir.join("fit_test_loss_vs_params.csv").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -99,6 +99,10 @@ enum Command {
     /// seed-to-seed standard deviation of paired differences, the smallest difference the recipe's seeds
     /// detect (paired t, two-sided α 0.05, power 0.8), and with --effect the seeds needed.
     Plan(results::PlanArgs),
+    /// Fit a power law y = c·x^(−α) to a results directory's runs (every run a point; default: test loss
+    /// against parameters), with a 95% bootstrap interval for α and a log-log plot beside runs.csv (Kaplan et
+    /// al. 2020's L(N) fit). Writes <dir>/fit_<y>_vs_<x>.png and .csv.
+    Fit(results::FitArgs),
     /// Compare a run directory with reference results (default: the committed results/<name>): per variant,
     /// whether its final metrics reproduce the reference's, and by which test. Writes reproduction.csv.
     Reproduce(results::ReproduceArgs),
@@ -170,6 +174,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Check(args)) => results::check(&args),
         Some(Command::Summary(args)) => results::summary(&args),
         Some(Command::Plan(args)) => results::plan(&args),
+        Some(Command::Fit(args)) => results::fit(&args),
         Some(Command::Reproduce(args)) => results::reproduce(&args),
         Some(Command::Stale) => results::stale(),
         Some(Command::Findings) => results::findings(),

@@ -1,4 +1,5 @@
 //! Reading a recipe and its results without training: `check`, `summary`, `reproduce`, `plot`.
+use anyhow::Context;
 use std::path::PathBuf;
 
 use ablate::run::reproduce;
@@ -52,6 +53,25 @@ pub struct PlanArgs {
     /// (repeatable): the seeds needed to detect it.
     #[arg(long, value_name = "METRIC=SIZE")]
     effect: Vec<ablate::run::summary::Effect>,
+}
+
+#[derive(clap::Args)]
+pub struct FitArgs {
+    /// A results directory (holding runs.csv).
+    dir: PathBuf,
+    /// The runs.csv column of the size: `params` (every parameter), or any numeric column.
+    #[arg(long, default_value = "params")]
+    x: String,
+    /// The runs.csv column that falls with size.
+    #[arg(long, default_value = "test_loss")]
+    y: String,
+    /// Subtract this many parameters per run from x first (e.g. the embedding table's, for Kaplan et al.'s
+    /// non-embedding count), or a column naming them.
+    #[arg(long)]
+    minus: Option<String>,
+    /// Bootstrap resamples for α's interval.
+    #[arg(long, default_value_t = 2000)]
+    resamples: usize,
 }
 
 #[derive(clap::Args)]
@@ -302,4 +322,75 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
         Target::Benchmark { recipe, out, .. } => ablate::run::complexity::replot(&recipe, &out),
         Target::Sweep(sweep) => ablate::run::finish(&sweep.out, &sweep.recipe),
     }
+}
+
+/// `ablate fit`: a power law over a results directory's runs, printed, drawn and written as CSV.
+pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
+    let runs = ablate::run::results::read_runs(&args.dir.join("runs.csv"))
+        .with_context(|| format!("{}: no runs.csv to fit", args.dir.display()))?;
+    let number = |row: &std::collections::BTreeMap<String, String>, column: &str| -> anyhow::Result<f64> {
+        let text = row
+            .get(column)
+            .ok_or_else(|| anyhow::anyhow!("{}: runs.csv has no column `{column}`", args.dir.display()))?;
+        text.parse::<f64>().map_err(|_| {
+            anyhow::anyhow!("{}: run `{}`: {column} is `{text}`, not a number", args.dir.display(), row["run_id"])
+        })
+    };
+    let mut points = Vec::new();
+    for row in runs.iter().filter(|r| r.get("status").is_none_or(|s| s == "ok")) {
+        let minus = match &args.minus {
+            None => 0.0,
+            Some(m) => m.parse::<f64>().or_else(|_| number(row, m))?,
+        };
+        points.push((number(row, &args.x)? - minus, number(row, &args.y)?));
+    }
+    let fit = ablate::stats::fit_power_law(&points, args.resamples, 0)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.dir.display()))?;
+    let x_name = match &args.minus {
+        Some(m) => format!("{} − {m}", args.x),
+        None => args.x.clone(),
+    };
+    let interval = fit.interval.map_or("no interval: fewer than three sizes".to_string(), |(lo, hi)| {
+        format!("95% bootstrap interval [{lo:.4}, {hi:.4}] over {} resamples", args.resamples)
+    });
+    println!(
+        "{y} = {c:.4} · ({x_name})^(−{a:.4}); α = {a:.4}, {interval}; R² on log axes {r2:.3}; {n} runs",
+        y = args.y,
+        c = fit.coefficient,
+        a = fit.exponent,
+        r2 = fit.r_squared,
+        n = fit.points
+    );
+    let stem = format!("fit_{}_vs_{}", args.y, args.x);
+    let mut csv = String::from("quantity,value\n");
+    csv.push_str(&format!(
+        "exponent,{}\ncoefficient,{}\nr_squared,{}\npoints,{}\n",
+        fit.exponent, fit.coefficient, fit.r_squared, fit.points
+    ));
+    if let Some((lo, hi)) = fit.interval {
+        csv.push_str(&format!("exponent_low,{lo}\nexponent_high,{hi}\n"));
+    }
+    ablate::files::write_atomically(&args.dir.join(format!("{stem}.csv")), csv.as_bytes())?;
+    let (x0, x1) = points.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let line: Vec<(f64, f64, f64)> = (0..=20)
+        .map(|i| x0 * (x1 / x0).powf(i as f64 / 20.0))
+        .map(|x| (x, fit.coefficient * x.powf(-fit.exponent), 0.0))
+        .collect();
+    let runs_series = ablate::run::plot::Series {
+        label: "runs".into(),
+        points: Vec::new(),
+        runs: points.clone(),
+        seed_curves: Vec::new(),
+    };
+    let fitted = ablate::run::plot::Series {
+        label: format!("fit: α = {:.3}", fit.exponent),
+        points: line,
+        runs: Vec::new(),
+        seed_curves: Vec::new(),
+    };
+    let title = format!("{} against {x_name} (power-law fit)", args.y);
+    let axes = ablate::run::plot::Axes { title: &title, x_label: &x_name, y_label: &args.y, x_categories: None };
+    ablate::run::plot::loglog_chart(&args.dir.join(format!("{stem}.png")), &[runs_series], &[fitted], &axes)?;
+    eprintln!("ablate: wrote {}/{stem}.png and .csv", args.dir.display());
+    Ok(())
 }

@@ -408,9 +408,13 @@ pub(super) fn draw_series<Y: Ranged<ValueType = f64>>(
 /// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
 /// into time) as grey dashed lines; the legend in a panel beside the data.
 pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
-    let all = series.iter().chain(references).flat_map(|s| s.points.iter());
+    // A series' single runs (drawn as markers without a line) count for the range and the ticks too.
+    let all = series
+        .iter()
+        .chain(references)
+        .flat_map(|s| s.points.iter().map(|&(x, y, _)| (x, y)).chain(s.runs.iter().copied()));
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y, _) in all {
+    for (x, y) in all {
         if x > 0.0 && y > 0.0 {
             x0 = x0.min(x);
             x1 = x1.max(x);
@@ -422,7 +426,11 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
         return Err(anyhow!("nothing to plot for {}", path.display()));
     }
     // Ticks at the measured x values (sequence lengths, image sides), which rarely fall on decades.
-    let mut ticks: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(|x| *x > 0.0).collect();
+    let mut ticks: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0).chain(s.runs.iter().map(|r| r.0)))
+        .filter(|x| *x > 0.0)
+        .collect();
     ticks.sort_by(f64::total_cmp);
     ticks.dedup();
     // 1, 2, 5 times each power of ten in range: labels at every decade and between them.
@@ -467,6 +475,7 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
             };
             let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y, _)| (x, y)).collect();
             draw_markers(&mut chart, &points, marker(i), 3, c)?;
+            draw_markers(&mut chart, &s.runs, marker(i), 3, c)?;
         }
         for (i, s) in references.iter().enumerate() {
             let line = s.points.iter().map(|&(x, y, _)| (x, y));
