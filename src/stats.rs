@@ -497,33 +497,6 @@ pub fn fit_power_law(points: &[(f64, f64)], resamples: usize, seed: u64) -> Resu
     Ok(PowerLaw { exponent: -slope, coefficient: intercept.exp(), interval, r_squared, points: points.len() })
 }
 
-/// A prediction set against the verdict: `reproduced` (the predicted direction, significant after Holm;
-/// "in direction only" when the whole difference also lies within ±δ), `consistent` (equivalent within ±δ,
-/// or a difference within ±δ, where no effect was predicted), `not reproduced` (equivalent within ±δ where an
-/// effect was predicted, the opposite direction, or an effect larger than δ where none was), `inconclusive`,
-/// `untested`.
-pub fn prediction_outcome(expect: crate::recipe::compare::Expect, verdict: Verdict) -> &'static str {
-    use crate::recipe::compare::Expect;
-    use Verdict::*;
-    match (expect, verdict) {
-        (_, Inconclusive { .. }) => "inconclusive",
-        (_, Untested) => "untested",
-        (Expect::Better, Better { negligible: false }) | (Expect::Worse, Worse { negligible: false }) => "reproduced",
-        (Expect::Better, Better { negligible: true }) | (Expect::Worse, Worse { negligible: true }) => {
-            "reproduced in direction only (the whole difference is within ±δ)"
-        }
-        (Expect::Better | Expect::Worse, Equivalent) => "not reproduced (equivalent within ±δ)",
-        (Expect::Better, Worse { .. }) | (Expect::Worse, Better { .. }) => "not reproduced (the opposite direction)",
-        (Expect::Equivalent, Equivalent) => "consistent",
-        (Expect::Equivalent, Better { negligible: true } | Worse { negligible: true }) => {
-            "consistent (a difference, within ±δ)"
-        }
-        (Expect::Equivalent, Better { negligible: false } | Worse { negligible: false }) => {
-            "not reproduced (an effect beyond ±δ)"
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,24 +528,6 @@ mod tests {
         assert_eq!(fit_power_law(&points, 2000, 7).unwrap().interval, fit.interval);
         assert!(fit_power_law(&[(1.0, 1.0), (1.0, 2.0)], 10, 1).is_err());
         assert!(fit_power_law(&[(1.0, 1.0), (0.0, 2.0)], 10, 1).unwrap_err().contains("positive"));
-    }
-
-    #[test]
-    fn a_prediction_is_reproduced_only_by_a_decided_verdict_in_its_direction() {
-        use crate::recipe::compare::Expect;
-        let better = Verdict::Better { negligible: false };
-        assert_eq!(prediction_outcome(Expect::Better, better), "reproduced");
-        assert_eq!(prediction_outcome(Expect::Worse, better), "not reproduced (the opposite direction)");
-        assert_eq!(prediction_outcome(Expect::Better, Verdict::Equivalent), "not reproduced (equivalent within ±δ)");
-        assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Equivalent), "consistent");
-        assert_eq!(prediction_outcome(Expect::Equivalent, better), "not reproduced (an effect beyond ±δ)");
-        assert_eq!(
-            prediction_outcome(Expect::Equivalent, Verdict::Worse { negligible: true }),
-            "consistent (a difference, within ±δ)"
-        );
-        assert!(prediction_outcome(Expect::Worse, Verdict::Worse { negligible: true }).starts_with("reproduced in"));
-        assert_eq!(prediction_outcome(Expect::Better, Verdict::Inconclusive { seeds: Some(9) }), "inconclusive");
-        assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Untested), "untested");
     }
 
     // Reference values computed once with SciPy 1.17.1 and NumPy:

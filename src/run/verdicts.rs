@@ -11,7 +11,7 @@ use crate::files::write_atomically;
 use crate::metrics::cost;
 use crate::recipe::compare::{Expect, Prediction};
 use crate::recipe::Recipe;
-use crate::stats::{across_scales, prediction_outcome, Verdict, ALPHA};
+use crate::stats::{across_scales, Verdict, ALPHA};
 
 /// The opening marker's start; the command that wrote the block follows it.
 pub const BEGIN: &str = "<!-- verdicts: written by `";
@@ -96,6 +96,32 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
     Ok(text)
 }
 
+/// A prediction set against the verdict: `reproduced` (the predicted direction, significant after Holm;
+/// "in direction only" when the whole difference also lies within ±δ), `consistent` (equivalent within ±δ,
+/// or a difference within ±δ, where no effect was predicted), `not reproduced` (equivalent within ±δ where an
+/// effect was predicted, the opposite direction, or an effect larger than δ where none was), `inconclusive`,
+/// `untested`.
+pub fn prediction_outcome(expect: Expect, verdict: Verdict) -> &'static str {
+    use Verdict::*;
+    match (expect, verdict) {
+        (_, Inconclusive { .. }) => "inconclusive",
+        (_, Untested) => "untested",
+        (Expect::Better, Better { negligible: false }) | (Expect::Worse, Worse { negligible: false }) => "reproduced",
+        (Expect::Better, Better { negligible: true }) | (Expect::Worse, Worse { negligible: true }) => {
+            "reproduced in direction only (the whole difference is within ±δ)"
+        }
+        (Expect::Better | Expect::Worse, Equivalent) => "not reproduced (equivalent within ±δ)",
+        (Expect::Better, Worse { .. }) | (Expect::Worse, Better { .. }) => "not reproduced (the opposite direction)",
+        (Expect::Equivalent, Equivalent) => "consistent",
+        (Expect::Equivalent, Better { negligible: true } | Worse { negligible: true }) => {
+            "consistent (a difference, within ±δ)"
+        }
+        (Expect::Equivalent, Better { negligible: false } | Worse { negligible: false }) => {
+            "not reproduced (an effect beyond ±δ)"
+        }
+    }
+}
+
 /// The predictions `dir`'s results ran against (its `recipe.resolved.yaml`); empty when it recorded none.
 pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
     #[derive(serde::Deserialize)]
@@ -110,7 +136,7 @@ pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
         .unwrap_or_default()
 }
 
-/// Each prediction against its comparison's verdict (`stats::prediction_outcome`); a prediction the results
+/// Each prediction against its comparison's verdict ([`prediction_outcome`]); a prediction the results
 /// did not run against (written or edited after them) is marked post hoc.
 pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[Prediction]) -> String {
     let mut out = String::from(
@@ -241,6 +267,23 @@ pub fn write_block(dir: &Path, block: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prediction_is_reproduced_only_by_a_decided_verdict_in_its_direction() {
+        let better = Verdict::Better { negligible: false };
+        assert_eq!(prediction_outcome(Expect::Better, better), "reproduced");
+        assert_eq!(prediction_outcome(Expect::Worse, better), "not reproduced (the opposite direction)");
+        assert_eq!(prediction_outcome(Expect::Better, Verdict::Equivalent), "not reproduced (equivalent within ±δ)");
+        assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Equivalent), "consistent");
+        assert_eq!(prediction_outcome(Expect::Equivalent, better), "not reproduced (an effect beyond ±δ)");
+        assert_eq!(
+            prediction_outcome(Expect::Equivalent, Verdict::Worse { negligible: true }),
+            "consistent (a difference, within ±δ)"
+        );
+        assert!(prediction_outcome(Expect::Worse, Verdict::Worse { negligible: true }).starts_with("reproduced in"));
+        assert_eq!(prediction_outcome(Expect::Better, Verdict::Inconclusive { seeds: Some(9) }), "inconclusive");
+        assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Untested), "untested");
+    }
 
     #[test]
     fn a_block_is_found_with_its_command_and_replaced_in_place() {
