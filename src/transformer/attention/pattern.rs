@@ -25,7 +25,7 @@ use crate::transformer::spec::Pattern;
 /// the softmax's exp, and with room left for a score or bias added to it without reaching −∞.
 fn masked(kind: Kind) -> f64 {
     match kind {
-        Kind::Half => -1e9,
+        Kind::Half => -3.0e4,
         _ => -1e9,
     }
 }
