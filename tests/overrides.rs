@@ -126,3 +126,24 @@ fn bad_overrides_name_their_argument_in_one_line() {
     let e = parse_with(recipe, "i.yaml", "i", false, &overrides).unwrap_err().to_string();
     assert!(e.contains("override `data.images.flip` itself"), "{e}");
 }
+
+#[test]
+fn an_override_that_pins_the_compared_key_runs_without_the_comparison() {
+    // `bin/ablate heads.yaml transformer.heads=4` is a quick run of one arm: the recipe's `compare:`
+    // (baseline heads=1, a prediction about heads=2) has nothing to pair then, which is not an error; the
+    // same recipe as written still has its comparison checked.
+    let text = "kind: lm\ntransformer: {d_model: 32, layers: 1, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\ncompare:\n  baseline: heads=1\n  predict:\n    - {comparison: heads=2, metric: test_loss, expect: better, source: a test}\n";
+    let dir = std::env::temp_dir().join(format!("ablate-pin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pin.yaml");
+    std::fs::write(&path, text).unwrap();
+    let pinned = ablate::recipe::Overrides::parse(&["transformer.heads=4".to_string()], &[], None).unwrap();
+    let recipe = ablate::recipe::load_with(&path, false, &pinned).unwrap();
+    ablate::run::summary::check_compare(&recipe).unwrap();
+    let written = ablate::recipe::load(&path, false).unwrap();
+    ablate::run::summary::check_compare(&written).unwrap();
+    std::fs::write(&path, text.replace("baseline: heads=1", "baseline: heads=7")).unwrap();
+    let bad = ablate::recipe::load(&path, false).unwrap();
+    assert!(ablate::run::summary::check_compare(&bad).unwrap_err().to_string().contains("compare.baseline"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

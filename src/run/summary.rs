@@ -412,14 +412,19 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
             header.into_iter().zip(super::results::run_row(r, &untrained)).collect()
         })
         .collect();
+    // Command-line overrides may pin the swept key the comparison reads (`transformer.heads=4` for a quick
+    // run): the file's comparison then has nothing to pair, which is no error in the recipe.
+    let narrowed = !recipe.overrides.describe().is_empty();
     if let Comparison::Baseline(b) = &compare.comparison {
         if let Err(e) = resolve_pairing(&rows, recipe, Some(Pairing::Baseline(b))) {
-            bail!("{}: compare.baseline: {e:#}", recipe.file);
+            if !narrowed {
+                bail!("{}: compare.baseline: {e:#}", recipe.file);
+            }
         }
     }
     let labels: Vec<String> = variants_of(&rows).into_iter().map(|v| v.0).collect();
     for (i, p) in compare.predict.iter().enumerate() {
-        if !labels.contains(&p.comparison) {
+        if !labels.contains(&p.comparison) && !narrowed {
             bail!(
                 "{}: compare.predict.{i}.comparison: no variant `{}`; the variants are {}",
                 recipe.file,
