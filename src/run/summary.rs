@@ -260,11 +260,18 @@ pub fn judge_pilot(dir: &Path, recipe: &Recipe, seeds: &[u64]) -> Result<Option<
 /// The comparison of `runs`: the command line's `pairing`, else the recipe's `compare:`, else none.
 fn resolve_pairing(runs: &[Row], recipe: &Recipe, pairing: Option<Pairing>) -> Result<Option<Reference>> {
     let variants = variants_of(runs);
+    let from_recipe = pairing.is_none();
     let pairing = pairing.or(match recipe.compare.as_ref().map(|c| &c.comparison) {
         Some(Comparison::Baseline(b)) => Some(Pairing::Baseline(b)),
         Some(Comparison::Ladder) => Some(Pairing::Ladder),
         None => None,
     });
+    // The file's comparison under command-line overrides that pinned the key it reads (a quick run of one
+    // arm): nothing to pair, no error (`check_compare` says the same before training).
+    if from_recipe && pairing.is_some() && !recipe.overrides.describe().is_empty() {
+        let resolved = resolve_pairing(runs, recipe, pairing);
+        return Ok(resolved.ok().flatten());
+    }
     Ok(match pairing {
         Some(Pairing::Baseline(b)) => Some(match find_baseline(runs, &variants, b) {
             Ok(base) => Reference::Baseline(base),
