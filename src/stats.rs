@@ -444,6 +444,16 @@ pub struct PowerLaw {
     pub points: usize,
 }
 
+/// The next number of splitmix64 from `state` (advanced): a small generator of our own, the same on every
+/// machine, for draws that must not touch libtorch's (bootstrap resamples, fixed held-out sets).
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Least squares of log y on log x: (slope, intercept, R²); `None` unless two x values differ.
 fn log_log_line(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     let n = points.len() as f64;
@@ -475,14 +485,7 @@ pub fn fit_power_law(points: &[(f64, f64)], resamples: usize, seed: u64) -> Resu
     distinct.dedup();
     let interval = (distinct.len() >= 3 && resamples > 0).then(|| {
         let mut state = seed;
-        let mut next = || {
-            // splitmix64
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut next = || splitmix64(&mut state);
         let mut exponents: Vec<f64> = (0..resamples)
             .filter_map(|_| {
                 let sample: Vec<(f64, f64)> =

@@ -204,14 +204,7 @@ impl CopyTask {
             HeldOut::Test => 0x5eed,
             HeldOut::Validation => 0x7a11d,
         };
-        let mut next = || {
-            // splitmix64
-            state = state.wrapping_add(0x9e3779b97f4a7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-            z ^ (z >> 31)
-        };
+        let mut next = || crate::stats::splitmix64(&mut state);
         (0..batches)
             .map(|_| {
                 let v: Vec<i64> = (0..batch * self.length).map(|_| (next() % self.symbols as u64) as i64).collect();
