@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use tch::{nn, Device, Kind, Tensor};
 
 fn tiny_model(vocab: i64, seed: i64) -> (nn::VarStore, Gpt) {
+    let _generator = common::generator();
     tch::manual_seed(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Gpt::new(&vs.root(), &TransformerSpec::small(32, 2, 4, 24), vocab);
@@ -27,6 +28,7 @@ fn tiny_model(vocab: i64, seed: i64) -> (nn::VarStore, Gpt) {
 
 #[test]
 fn top_k_sampling_only_returns_real_ids_of_the_k_most_likely_tokens() {
+    let _generator = common::generator();
     tch::manual_seed(0);
     // The most likely ids are at the end of the vocabulary, so an index into the sorted top-k list
     // (0..k) would be caught.
@@ -51,6 +53,7 @@ fn top_k_sampling_only_returns_real_ids_of_the_k_most_likely_tokens() {
 
 #[test]
 fn low_temperature_sampling_is_greedy_and_high_temperature_spreads() {
+    let _generator = common::generator();
     tch::manual_seed(1);
     let logits = Tensor::from_slice(&[1.0f32, 3.0, 2.0, 0.5]).unsqueeze(0);
     for _ in 0..50 {
@@ -195,6 +198,7 @@ fn learning_rate_warms_up_linearly_then_decays_by_cosine_to_the_floor() {
 #[test]
 fn a_checkpoint_round_trips_the_model_and_its_vocabulary() {
     let cfg = common::config("kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 24}\n");
+    let _generator = common::generator();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = ablate::tasks::task(cfg.kind).build(&cfg, &vs.root(), 11);

@@ -3,6 +3,15 @@
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
+/// libtorch has one random generator per process and the tests of a file run on parallel threads: a test whose
+/// numbers depend on its seed (two trainings compared step for step) holds this while it seeds and draws, so
+/// that no other test draws in between. `train` holds it for the whole run; a test must not hold it across a
+/// call of `train` (it is not re-entrant).
+pub fn generator() -> std::sync::MutexGuard<'static, ()> {
+    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh, empty scratch directory for one test (named after the test and this process).
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
@@ -47,6 +56,7 @@ pub fn train(cfg: &ablate::recipe::Config) -> (ablate::tasks::Trained, ablate::t
 
 /// `train`, with the files a kind writes besides the CSVs (ImageGPT's completion grid) under `out`.
 pub fn train_in(cfg: &ablate::recipe::Config, out: &Path) -> (ablate::tasks::Trained, ablate::tasks::DataCache) {
+    let _generator = generator();
     let task = ablate::tasks::task(cfg.kind);
     let mut data = ablate::tasks::DataCache::new(out, true);
     task.prepare(cfg, &mut data).unwrap();
