@@ -207,6 +207,23 @@ fn recipe(kind: Kind, settings: &[(String, String)]) -> String {
     text
 }
 
+/// A row's value: as written, or the kind's default flipped.
+fn knob_value(key: &str, value: Option<&str>, defaults: &ablate::recipe::Config) -> String {
+    if let Some(v) = value {
+        return v.to_string();
+    }
+    let t = &defaults.transformer;
+    match key {
+        "transformer.activation" => {
+            if t.activation == ablate::recipe::Activation::Relu { "gelu" } else { "relu" }.to_string()
+        }
+        "transformer.pre_ln" => (!t.pre_ln).to_string(),
+        "transformer.final_norm" => (!defaults.final_norm()).to_string(),
+        "transformer.tie_embeddings" => (!t.tie_embeddings).to_string(),
+        other => panic!("no flip for {other}"),
+    }
+}
+
 /// The (shared) context settings as (key, value) pairs.
 fn context(extra: &str) -> Vec<(String, String)> {
     extra
@@ -264,21 +281,7 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
     for kind in Kind::ALL {
         let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
         for &(key, value, extra) in KNOBS {
-            let value = match value {
-                Some(v) => v.to_string(),
-                None => {
-                    let t = &defaults.transformer;
-                    match key {
-                        "transformer.activation" => {
-                            if t.activation == ablate::recipe::Activation::Relu { "gelu" } else { "relu" }.to_string()
-                        }
-                        "transformer.pre_ln" => (!t.pre_ln).to_string(),
-                        "transformer.final_norm" => (!defaults.final_norm()).to_string(),
-                        "transformer.tie_embeddings" => (!t.tie_embeddings).to_string(),
-                        other => panic!("no flip for {other}"),
-                    }
-                }
-            };
+            let value = knob_value(key, value, &defaults);
             let shared = context(extra);
             let mut settings = shared.clone();
             settings.push((key.to_string(), value.clone()));
@@ -361,6 +364,118 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
             "{kind} {key} {value} is listed as refused but was not tried or not refused\n{matrix}"
         );
     }
+}
+
+/// The trainable values a model built under `vs` holds.
+fn built_parameters(vs: &nn::VarStore) -> i64 {
+    vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
+}
+
+#[test]
+fn the_core_counts_the_parameters_it_builds_for_every_knob() {
+    // The memory estimate counts a model's parameters from the core's own formulas (`layers_parameters`,
+    // `AttentionBlock::parameters`), written beside each constructor: held here to the built stacks, exactly,
+    // under every row of the matrix. A weight added to a constructor and not to its count fails here.
+    use ablate::transformer::attention::Grid;
+    use ablate::transformer::layers::{layers, layers_parameters, AttentionBlock, LayerInit};
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for kind in [Kind::Lm, Kind::Translate, Kind::Vit, Kind::Swin] {
+        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+        for &(key, value, extra) in KNOBS.iter().chain(&[("transformer.d_model", Some("32"), "")]) {
+            let mut settings = context(extra);
+            settings.push((key.to_string(), knob_value(key, value, &defaults)));
+            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
+            let cfg = &recipe.runs[0].config;
+            tch::manual_seed(0);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let (expected, what) = match kind {
+                Kind::Swin => {
+                    let spec = cfg.staged_spec();
+                    let mut count = 0;
+                    for i in 0..spec.stages() {
+                        let grid = Some(Grid { side: spec.window(i), lead: 0 });
+                        let _block = AttentionBlock::new(&(vs.root() / i), &spec.stage(i), grid);
+                        count += AttentionBlock::parameters(&spec.stage(i), grid);
+                    }
+                    (count, "a Swin block per stage")
+                }
+                _ => {
+                    let spec = if kind == Kind::Vit { cfg.vit_spec().transformer } else { cfg.transformer_spec() };
+                    let grid = (kind == Kind::Vit).then(|| Grid { side: cfg.vit_spec().grid(), lead: 1 });
+                    let cross = |i: i64| kind == Kind::Translate && i % 2 == 1;
+                    let _stack = layers(&vs.root(), &spec, spec.layers, cross, LayerInit::default(), grid);
+                    (layers_parameters(&spec, spec.layers, cross, grid), "a stack")
+                }
+            };
+            let built = built_parameters(&vs);
+            if built != expected {
+                failures.push(format!("{kind} {key}: {what} holds {built} parameters, its count says {expected}"));
+            }
+            // The MACs of the vision models count a layer's matrices per token: as many as it has weights in
+            // them (decoder stacks: no cross-attention).
+            if kind == Kind::Lm {
+                let spec = cfg.transformer_spec();
+                let is_matrix = |name: &str| {
+                    ["qkv.weight", "out.weight", "output_gate.weight", "up.weight", "gate.weight", "down.weight"]
+                        .iter()
+                        .any(|m| name.ends_with(m))
+                };
+                let weights: i64 =
+                    vs.variables().iter().filter(|(name, _)| is_matrix(name)).map(|(_, t)| t.numel() as i64).sum();
+                let counted = spec.layers * spec.layer_matrix_macs();
+                if weights != counted {
+                    failures.push(format!(
+                        "lm {key}: the layers' matrices hold {weights} weights, the MACs count {counted}"
+                    ));
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(checked > 150, "{checked} rows checked");
+}
+
+#[test]
+fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights() {
+    // The estimate is written from the config before anything is built: its parameter count is held to the
+    // built model's within 10% for every kind and row of the matrix, and a knob that adds or removes weights
+    // (a gate, a grouped K/V projection, a gated FFN) by more than 1% must move the estimate by what it moves
+    // the model (within a quarter, and in the same direction).
+    let mut failures = Vec::new();
+    let mut table = String::new();
+    for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Cnn) {
+        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+        let count = |cfg: &ablate::recipe::Config| -> (f64, f64) {
+            tch::manual_seed(0);
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = task(cfg.kind).build(cfg, &vs.root(), 50);
+            (built_parameters(&vs) as f64, ablate::tasks::memory::parameters(cfg, 50.0))
+        };
+        let (base_built, base_estimate) = count(&defaults);
+        for &(key, value, extra) in KNOBS {
+            let mut settings = context(extra);
+            settings.push((key.to_string(), knob_value(key, value, &defaults)));
+            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
+            let (built, estimate) = count(&recipe.runs[0].config);
+            let what = format!("{kind} {key}");
+            table.push_str(&format!("{what}: built {built}, estimate {estimate}\n"));
+            if (estimate / built - 1.0).abs() > 0.1 {
+                failures.push(format!("{what}: estimate {estimate} against {built} built"));
+            }
+            let (moved, estimated) = (built - base_built, estimate - base_estimate);
+            // Changes below 1% of the model (a final norm's gains, one global token) are below what a memory
+            // estimate resolves.
+            if moved.abs() > 0.01 * base_built
+                && (estimated * moved <= 0.0 || (estimated - moved).abs() > 0.25 * moved.abs())
+            {
+                failures.push(format!("{what}: the model gains {moved} parameters, the estimate {estimated}"));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -143,10 +143,11 @@ fn f(x: i64) -> f64 {
 }
 
 /// Multiply-accumulates of one Transformer block over `n` tokens whose queries see `keys` keys each: the
-/// Q/K/V and output projections, QKᵀ and AV, the FFN (norms and softmax left out, as fvcore and timm do).
+/// layer's matrices (Q/K/V and output projections, output gate, FFN) per token, QKᵀ and AV per pair (norms
+/// and softmax left out, as fvcore and timm do). The core's own counts, so grouped K/V heads, a narrower
+/// qk_dim, a gate or a gated FFN change it.
 fn block(t: &TransformerSpec, n: i64, keys: i64) -> f64 {
-    let (d, inner) = (t.d_model, t.attention.inner());
-    f(n) * f(4 * d * inner) + 2.0 * f(n) * f(keys) * f(inner) + 2.0 * f(n) * f(d) * f(t.ffn_hidden)
+    f(n) * f(t.layer_matrix_macs()) + f(n) * f(keys) * f(t.attention.pair_macs())
 }
 
 /// Multiply-accumulates of one forward pass of an encoder over `n` tokens (global tokens included) that

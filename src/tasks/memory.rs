@@ -12,6 +12,7 @@
 //! attention kernels keep fewer scores. It is meant to refuse what cannot possibly fit, and to say what
 //! a run needs (`ablate check`).
 use crate::recipe::{Config, Kind};
+use crate::transformer::spec::PositionEncoding;
 
 /// Tokens per example, and keys each query attends to.
 fn sequence(cfg: &Config) -> (f64, f64) {
@@ -70,28 +71,93 @@ fn cnn_bytes(cfg: &Config) -> f64 {
     16.0 * params + cfg.train.batch_size as f64 * 4.0 * values
 }
 
-/// Parameters from the shapes (an estimate close to the built model's count).
-fn parameters(cfg: &Config, vocab: f64) -> f64 {
-    let t = &cfg.transformer;
-    let d = t.d_model as f64;
-    let inner = t.head_dim.map_or(d, |h| (h * t.heads) as f64);
-    let ffn = t.ffn_hidden.map_or(4.0 * d, |f| f as f64);
-    let per_layer = |d: f64, inner: f64, ffn: f64| 4.0 * d * inner + 2.0 * d * ffn;
+/// Parameters: every Transformer layer counted by the core's own formulas (`layers_parameters`,
+/// `AttentionBlock::parameters`, exact and tested against the built layers), the embeddings, position tables
+/// and heads around them from their shapes (`tests/knobs.rs` holds the whole to the built model).
+pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
+    use crate::transformer::attention::Grid;
+    use crate::transformer::layers::{layers_parameters, AttentionBlock};
+    let t = cfg.transformer_spec();
+    let (d, blocks) = (t.d_model as f64, t.block_size as f64);
+    let no_cross = |_| false;
+    // Value embeddings: a stack's tables of the values' width, looked up by token id.
+    let value_tables = |v: f64| (t.value_embeddings * t.attention.kv_heads * t.attention.head_dim) as f64 * v;
+    // Concatenated positions narrow the token embeddings to D − P and the position table to P.
+    let positions_width = t.position_width() as f64;
+    let learned_positions =
+        |n: f64| if t.position.encoding == PositionEncoding::Learned { n * positions_width } else { 0.0 };
+    let outputs = |v: f64| if t.tie_embeddings { v * d } else { v * (d + t.token_width() as f64) };
+    // A stack's final norm and its global tokens.
+    let stack_extras = {
+        let norm = if t.final_norm { crate::transformer::norm::NormLayer::parameters(t.d_model, t.norm) } else { 0 };
+        (norm + t.attention.pattern.global_tokens * t.d_model) as f64
+    };
     match cfg.kind {
         Kind::Swin | Kind::Davit => {
-            // Each stage doubles the width.
-            let depths = cfg.vision.clone().unwrap_or_default().depths;
-            depths
-                .iter()
-                .enumerate()
-                .map(|(s, &n)| {
-                    n as f64
-                        * per_layer(d * 2f64.powi(s as i32), d * 2f64.powi(s as i32), 4.0 * d * 2f64.powi(s as i32))
+            let s = cfg.staged_spec();
+            let patch = (s.image.patch * s.image.patch * s.image.channels) as f64 * d;
+            let stages: f64 = (0..s.stages())
+                .map(|i| {
+                    let grid = Some(Grid { side: s.window(i), lead: 0 });
+                    // Patch merging doubles the width between stages (4·D → 2·D).
+                    let merge = if i > 0 { 8.0 * (s.stage(i - 1).d_model as f64).powi(2) } else { 0.0 };
+                    // Convolutional positions: a depthwise 3×3 convolution per block (DaViT: two).
+                    let convs = if s.blocks.is_empty() { 1 } else { 2 };
+                    let conv =
+                        i64::from(t.position.encoding == PositionEncoding::Conv) * convs * 10 * s.stage(i).d_model;
+                    s.depths[i] as f64 * (AttentionBlock::parameters(&s.stage(i), grid) + conv) as f64 + merge
                 })
-                .sum()
+                .sum();
+            let positions = learned_positions((s.grid(0) * s.grid(0)) as f64);
+            patch + positions + stages + (s.stage(s.stages() - 1).d_model * s.image.classes) as f64
         }
-        Kind::Translate => 2.5 * t.layers as f64 * per_layer(d, inner, ffn) + 2.0 * vocab * d,
-        _ => t.layers as f64 * per_layer(d, inner, ffn) + 2.0 * vocab * d + t.block_size as f64 * d,
+        Kind::Translate => {
+            let tr = cfg.translate();
+            let first_cross = tr.decoder_layers - tr.cross_attention_layers.unwrap_or(tr.decoder_layers);
+            let encoder = layers_parameters(&t, tr.encoder_layers, no_cross, None);
+            let decoder = layers_parameters(&t, tr.decoder_layers, |i| i >= first_cross, None);
+            (encoder + decoder) as f64
+                + outputs(vocab)
+                + 2.0 * (stack_extras + learned_positions(blocks) + value_tables(vocab))
+        }
+        Kind::Vit => {
+            let v = cfg.vit_spec();
+            let grid = Some(Grid { side: v.grid(), lead: 1 });
+            let tokens = (v.grid() * v.grid() + 1) as f64;
+            let patch = ((v.image.patch * v.image.patch * v.image.channels + 1) * t.token_width()) as f64;
+            layers_parameters(&v.transformer, t.layers, no_cross, grid) as f64
+                + patch
+                + learned_positions(tokens)
+                + stack_extras
+                + d * v.image.classes as f64
+        }
+        Kind::ImageGpt => {
+            let g = cfg.image_gpt_spec();
+            let grid = Some(Grid { side: g.grid(), lead: 1 });
+            // The palette and a start token.
+            let vocab = (g.palette + 1) as f64;
+            layers_parameters(&g.transformer, t.layers, no_cross, grid) as f64
+                + outputs(vocab)
+                + learned_positions((g.grid() * g.grid()) as f64)
+                + stack_extras
+                + value_tables(vocab)
+        }
+        // BERT adds a pooler and the masked-LM head's dense layer (D × D each) to the embeddings.
+        Kind::Bert => {
+            layers_parameters(&t, t.layers, no_cross, None) as f64
+                + outputs(vocab)
+                + 2.0 * d * d
+                + learned_positions(blocks)
+                + stack_extras
+                + value_tables(vocab)
+        }
+        _ => {
+            layers_parameters(&t, t.layers, no_cross, None) as f64
+                + outputs(vocab)
+                + learned_positions(blocks)
+                + stack_extras
+                + value_tables(vocab)
+        }
     }
 }
 

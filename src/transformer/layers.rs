@@ -128,6 +128,12 @@ impl FeedForward {
             activation,
         }
     }
+
+    /// How many learned values [`Self::with_init`] creates: W1 (and a gated unit's W3), W2, their biases.
+    pub fn parameters(d_model: i64, hidden: i64, activation: Activation) -> i64 {
+        let up = (d_model + 1) * hidden;
+        up * (1 + i64::from(activation.is_gated())) + (hidden + 1) * d_model
+    }
 }
 
 impl Module for FeedForward {
@@ -169,6 +175,14 @@ impl AttentionBlock {
             ffn_branch: Residual::new(vs / "norm2", d, spec, init.norm_eps),
             mlp: FeedForward::new(vs / "mlp", d, spec.ffn_hidden, spec.activation, out_std),
         }
+    }
+
+    /// How many learned values [`Self::new`] creates (the attention unit's position tables on `grid` included).
+    pub fn parameters(spec: &TransformerSpec, grid: Option<Grid>) -> i64 {
+        let d = spec.d_model;
+        2 * NormLayer::parameters(d, spec.norm)
+            + MultiHeadAttention::parameters(d, &spec.attention, &spec.position, grid)
+            + FeedForward::parameters(d, spec.ffn_hidden, spec.activation)
     }
 
     /// The attention branch, `mix` mapping the (normalised) tokens through `self.attn`.
@@ -263,6 +277,21 @@ impl TransformerLayer {
             norm_ffn: (!spec.parallel).then(|| Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps)),
             skip_weight,
         }
+    }
+
+    /// How many learned values [`Self::new`] creates with the same arguments: the units, their norms, the
+    /// value-residual and value-embedding mixes and the U-net skip weight this placement takes. The memory
+    /// estimate counts with it; `tests/knobs.rs` holds it to the built layer for every knob, so a weight added
+    /// in `new` and not here fails there.
+    pub fn parameters(spec: &TransformerSpec, cross_attention: bool, grid: Option<Grid>, at: Placement) -> i64 {
+        let d = spec.d_model;
+        let norm = NormLayer::parameters(d, spec.norm);
+        let attention = MultiHeadAttention::parameters(d, &spec.attention, &spec.position, grid)
+            + 2 * i64::from(spec.value_residual && at.index > 0)
+            + 2 * i64::from(at.value_table(spec.value_embeddings).is_some());
+        let cross = if cross_attention { MultiHeadAttention::plain_parameters(d, &spec.attention) + norm } else { 0 };
+        let ffn = FeedForward::parameters(d, spec.ffn_hidden, spec.activation) + norm * i64::from(!spec.parallel);
+        attention + norm + cross + ffn + i64::from(spec.unet_skips && at.mirror().is_some())
     }
 
     /// The learned weight of the U-net skip this layer receives, if it receives one.
@@ -468,6 +497,13 @@ pub fn layers(
     (0..count)
         .map(|i| TransformerLayer::new(vs / i, &spec.for_layer(i), cross(i), init, grid, Placement { index: i, count }))
         .collect()
+}
+
+/// How many learned values [`layers`] creates with the same arguments.
+pub fn layers_parameters(spec: &TransformerSpec, count: i64, cross: impl Fn(i64) -> bool, grid: Option<Grid>) -> i64 {
+    (0..count)
+        .map(|i| TransformerLayer::parameters(&spec.for_layer(i), cross(i), grid, Placement { index: i, count }))
+        .sum()
 }
 
 /// The stack's final norm of width `d` when `spec.final_norm`, of the spec's kind (none when the spec

@@ -34,6 +34,16 @@ impl NormLayer {
         }
     }
 
+    /// The learned values [`Self::new`] creates over `d` features (BatchNorm's running statistics are
+    /// buffers, not learned).
+    pub fn parameters(d: i64, kind: Norm) -> i64 {
+        match kind {
+            Norm::LayerNorm | Norm::BatchNorm => 2 * d,
+            Norm::RmsNorm => d,
+            Norm::None => 0,
+        }
+    }
+
     /// `train` chooses the batch's statistics over the running ones (BatchNorm only).
     pub fn forward(&self, x: &Tensor, train: bool) -> Tensor {
         match self {

@@ -403,6 +403,28 @@ impl AttentionSpec {
         [self.heads * self.qk_dim, self.kv_heads * self.qk_dim, self.kv_heads * self.head_dim]
     }
 
+    /// Width of the output gate σ(X W_g + b_g): H headwise, H·head_dim elementwise; `None` without a gate.
+    pub fn output_gate_width(&self) -> Option<i64> {
+        match self.output_gate {
+            OutputGate::None => None,
+            OutputGate::Headwise => Some(self.heads),
+            OutputGate::Elementwise => Some(self.inner()),
+        }
+    }
+
+    /// Multiply-accumulates per token of the unit's matrices over a `d_model`-wide stream: the Q/K/V and
+    /// output projections and the output gate (what grows with the tokens, not with their pairs).
+    pub fn matrix_macs(&self, d_model: i64) -> i64 {
+        let qkv: i64 = self.projection_widths().iter().sum();
+        d_model * qkv + self.inner() * d_model + self.output_gate_width().map_or(0, |w| d_model * w)
+    }
+
+    /// Multiply-accumulates per query–key pair: the score (q·k, or the additive score's wᵀ tanh(q + k), over
+    /// `qk_dim` per head) and the pair's share of the weighted sum of values.
+    pub fn pair_macs(&self) -> i64 {
+        self.heads * self.qk_dim + self.inner()
+    }
+
     /// Ordinary multi-head attention: as many key/value heads as query heads, all of one width, dot scores.
     pub fn is_plain_shape(&self) -> bool {
         self.kv_heads == self.heads && self.qk_dim == self.head_dim && self.scoring == Scoring::Dot
@@ -463,6 +485,17 @@ pub struct TransformerSpec {
 }
 
 impl TransformerSpec {
+    /// Multiply-accumulates per token of the FFN's matrices: W1 (and a gated unit's W3), W2.
+    pub fn ffn_macs(&self) -> i64 {
+        self.d_model * self.ffn_hidden * (2 + i64::from(self.activation.is_gated()))
+    }
+
+    /// Multiply-accumulates per token of a layer's matrices (attention's and the FFN's): also the number of
+    /// weights in those matrices, which `tests/knobs.rs` checks against the built layer.
+    pub fn layer_matrix_macs(&self) -> i64 {
+        self.attention.matrix_macs(self.d_model) + self.ffn_macs()
+    }
+
     /// Whether the absolute positions are concatenated to the token embeddings (not added).
     pub fn concatenates_positions(&self) -> bool {
         self.position.combine == Combine::Concat && self.position.encoding.is_absolute()

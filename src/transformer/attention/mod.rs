@@ -305,15 +305,34 @@ impl MultiHeadAttention {
             head_mask: std::sync::Mutex::new(None),
             value_mix: None,
             embedding_mix: None,
-            output_gate: match spec.output_gate {
-                OutputGate::None => None,
-                gate => {
-                    let width = if gate == OutputGate::Headwise { spec.heads } else { spec.inner() };
-                    let config = nn::LinearConfig { bias: true, ..lin(spec.init_std) };
-                    Some((gate, nn::linear(&vs / "output_gate", d_model, width, config)))
-                }
-            },
+            output_gate: spec.output_gate_width().map(|width| {
+                let config = nn::LinearConfig { bias: true, ..lin(spec.init_std) };
+                (spec.output_gate, nn::linear(&vs / "output_gate", d_model, width, config))
+            }),
         }
+    }
+
+    /// How many learned values [`Self::new`] creates over a `d_model`-wide stream: the stacked Q/K/V and output
+    /// projections, QK-norm's gains, the additive score vectors, the output gate and the relative position
+    /// scheme's tables. The memory estimate counts with it; `tests/knobs.rs` holds it to the built unit, so a
+    /// weight added above and not here fails there.
+    pub fn parameters(d_model: i64, spec: &AttentionSpec, position: &PositionSpec, grid: Option<Grid>) -> i64 {
+        let bias = i64::from(spec.bias);
+        let qkv: i64 = spec.projection_widths().iter().sum();
+        let projections = (d_model + bias) * qkv + (spec.inner() + bias) * d_model;
+        let qk_norm = match spec.qk_norm {
+            QkNorm::None => 0,
+            QkNorm::RmsNorm => 2 * NormLayer::parameters(spec.qk_dim, Norm::RmsNorm),
+            QkNorm::LayerNorm => 2 * NormLayer::parameters(spec.qk_dim, Norm::LayerNorm),
+        };
+        let additive = if spec.scoring == Scoring::Additive { spec.heads * spec.qk_dim } else { 0 };
+        let gate = spec.output_gate_width().map_or(0, |w| (d_model + 1) * w);
+        projections + qk_norm + additive + gate + Relative::parameters(position, spec.heads, spec.qk_dim, grid)
+    }
+
+    /// [`Self::parameters`] of [`Self::plain`].
+    pub fn plain_parameters(d_model: i64, spec: &AttentionSpec) -> i64 {
+        Self::parameters(d_model, spec, &PositionSpec::of(PositionEncoding::None), None)
     }
 
     /// With value residual learning's two scalars (λ₁, λ₂) under `vs`, both starting at ½: this unit's values

@@ -77,6 +77,17 @@ impl Relative {
         }
     }
 
+    /// The learned values [`Self::new`] creates: Shaw's and the 2-D bias's tables, T5's buckets (ALiBi's
+    /// slopes and RoPE's frequencies are fixed).
+    pub fn parameters(cfg: &PositionSpec, heads: i64, head_dim: i64, grid: Option<Grid>) -> i64 {
+        match cfg.encoding {
+            PositionEncoding::Shaw => (2 * cfg.shaw_max_distance + 1) * head_dim,
+            PositionEncoding::T5 => cfg.t5_buckets * heads,
+            PositionEncoding::Bias2d => grid.map_or(0, |g| (2 * g.side - 1) * (2 * g.side - 1) * heads),
+            _ => 0,
+        }
+    }
+
     /// The 2-D bias over the scores of the last `n_q` of `n_k` tokens, (1, H, N_q, N_k); `None` for the
     /// other schemes. Pairs with a token off the grid (before it, or past it) get no bias.
     pub fn grid_bias(&self, n_q: i64, n_k: i64) -> Option<Tensor> {
