@@ -540,3 +540,40 @@ fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
         assert!(keys.contains(&key.to_string()), "{key} is listed as tested elsewhere but is not a key");
     }
 }
+
+#[test]
+fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
+    // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
+    // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
+    // optimiser by where it happens to sit. Every kind, every row of the matrix.
+    use ablate::train::optim::{has_declared_role, is_hidden_matrix};
+    let mut undeclared = std::collections::BTreeSet::new();
+    let mut hidden = std::collections::BTreeSet::new();
+    for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Cnn) {
+        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+        for &(key, value, extra) in KNOBS {
+            let mut settings = context(extra);
+            settings.push((key.to_string(), knob_value(key, value, &defaults)));
+            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = task(kind).build(&recipe.runs[0].config, &vs.root(), 50);
+            for (name, t) in vs.variables() {
+                // Numbers (layer, stage, table) stripped, so one line names a weight of every layer.
+                let general: Vec<&str> =
+                    name.split('.').map(|p| if p.parse::<i64>().is_ok() { "*" } else { p }).collect();
+                let general = general.join(".");
+                if t.requires_grad() && t.dim() == 2 && !has_declared_role(&name) {
+                    undeclared.insert(general.clone());
+                }
+                if is_hidden_matrix(&name, &t.size()) {
+                    hidden.insert(general.split('.').rev().take(2).collect::<Vec<_>>().join("<"));
+                }
+            }
+        }
+    }
+    assert!(undeclared.is_empty(), "matrices with no declared optimiser role: {undeclared:?}");
+    // Every hidden matrix is an attention projection, an output gate or an FFN matrix.
+    let units = ["qkv", "out", "output_gate", "up", "gate", "down"];
+    assert!(hidden.iter().all(|h| units.iter().any(|u| h == &format!("weight<{u}"))), "{hidden:?}");
+    assert_eq!(hidden.len(), units.len(), "{hidden:?}");
+}

@@ -8,8 +8,8 @@
 //! written with tensor ops (`Update::Explicit`) stays as the readable reference, and the tests check both
 //! against AdamW's update written out by hand.
 //!
-//! With `train.optimizer: muon` the hidden layers' matrices (the self- and cross-attention projections and
-//! the FFN's matrices of every block) take Muon's update instead (Jordan et al. 2024, as `torch.optim.Muon` in
+//! With `train.optimizer: muon` the hidden layers' matrices (the self- and cross-attention projections, the
+//! output gate and the FFN's matrices of every block, listed by name in [`HIDDEN_MATRICES`]) take Muon's update instead (Jordan et al. 2024, as `torch.optim.Muon` in
 //! torch 2.11 computes it): Nesterov momentum orthogonalised by five Newton–Schulz iterations, the step scaled
 //! by 0.2·√max(rows, cols) so that its RMS matches AdamW's and one learning rate serves both (Moonshot's
 //! `match_rms_adamw`), decoupled weight decay lr·λ. Everything else (embeddings, position tables, output
@@ -38,14 +38,72 @@ impl Default for Muon {
     }
 }
 
+/// The hidden layers' matrices, by the end of their var-store path (the unit's name and the weight's, as the
+/// core's constructors name them): what Muon updates and muP's per-layer rate scales. A role is declared here,
+/// not inferred: a new 2-D weight takes AdamW and the base rate until it is listed, and
+/// `tests/knobs.rs: every_matrix_of_every_model_has_a_declared_optimiser_role` fails until its author has
+/// put it here or in [`OTHER_MATRICES`].
+pub const HIDDEN_MATRICES: &[&str] = &[
+    // Self- and cross-attention: the stacked Q/K/V projection, the output projection, the output gate's W_g.
+    "attn.qkv.weight",
+    "attn.out.weight",
+    "attn.output_gate.weight",
+    "cross.qkv.weight",
+    "cross.out.weight",
+    "cross.output_gate.weight",
+    // The FFN (`ffn` in the stacks, timm's `mlp` in Swin and DaViT blocks): W1, a gated unit's W3, W2.
+    "ffn.up.weight",
+    "ffn.gate.weight",
+    "ffn.down.weight",
+    "mlp.up.weight",
+    "mlp.gate.weight",
+    "mlp.down.weight",
+];
+
+/// The matrices (2-D parameters) that stay with AdamW at the base rate, by the end of their path: embeddings
+/// and their tables, position tables, learned tokens, output heads and the models' input and merging layers
+/// (Muon's authors leave the first and last layers to AdamW), and the attention unit's small per-head tables.
+pub const OTHER_MATRICES: &[&str] = &[
+    "token_embedding.weight",
+    "src_embedding.weight",
+    "word_embedding.weight",
+    "segment_embedding.weight",
+    "value_embeddings.*.weight",
+    "encoder_value_embeddings.*.weight",
+    "decoder_value_embeddings.*.weight",
+    "lm_head.weight",
+    "generator.weight",
+    "head.weight",
+    "mlm.decoder",
+    "mlm.dense.weight",
+    "pooler.weight",
+    "position.table",
+    "pos_embed.table",
+    "global_tokens",
+    "downsample.reduction.weight",
+    "attn.score_vector",
+    "attn.shaw_keys",
+    "attn.t5_bias",
+    "attn.relative_position_bias_table",
+    "cross.score_vector",
+];
+
+/// Whether `name` ends with `pattern`, component by component (`*` matches any one component).
+fn path_ends_with(name: &str, pattern: &str) -> bool {
+    let (name, pattern): (Vec<&str>, Vec<&str>) = (name.split('.').collect(), pattern.split('.').collect());
+    name.len() >= pattern.len()
+        && name[name.len() - pattern.len()..].iter().zip(&pattern).all(|(n, p)| *p == "*" || n == p)
+}
+
 /// Whether the parameter named `name` (a var-store path such as `layers.0.attn.qkv.weight`) of shape `size`
-/// is a hidden layer's matrix, which Muon updates: a 2-D weight of an attention unit or an FFN.
+/// is a hidden layer's matrix ([`HIDDEN_MATRICES`]), which Muon updates.
 pub fn is_hidden_matrix(name: &str, size: &[i64]) -> bool {
-    let parts: Vec<&str> = name.split('.').collect();
-    size.len() == 2
-        && parts.last() == Some(&"weight")
-        && parts.iter().any(|p| matches!(*p, "attn" | "cross" | "ffn" | "mlp"))
-        && !parts.iter().any(|p| p.ends_with("norm"))
+    size.len() == 2 && HIDDEN_MATRICES.iter().any(|p| path_ends_with(name, p))
+}
+
+/// Whether a matrix named `name` has a declared role: listed in [`HIDDEN_MATRICES`] or [`OTHER_MATRICES`].
+pub fn has_declared_role(name: &str) -> bool {
+    HIDDEN_MATRICES.iter().chain(OTHER_MATRICES).any(|p| path_ends_with(name, p))
 }
 
 /// Newton–Schulz orthogonalisation of `g` as `torch.optim.Muon` computes it: in bfloat16, on the wide
