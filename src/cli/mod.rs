@@ -141,7 +141,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Print every recipe key (dotted name, type or allowed values, default per kind, which kinds read it,
     /// what it does) as Markdown, from the schema itself: docs/keys.md is this output.
-    Keys,
+    Keys(reference::KeysArgs),
     /// Print every subcommand's --help as Markdown: docs/cli.md is this output.
     #[command(name = "cli-reference")]
     CliReference,
@@ -190,7 +190,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Data(args)) => data::data(&args),
         Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),
         Some(Command::Bench(args)) => bench::bench(&args),
-        Some(Command::Keys) => reference::keys(),
+        Some(Command::Keys(args)) => reference::keys(&args),
         Some(Command::CliReference) => reference::cli(),
         None => running::run(&cli.run),
     }

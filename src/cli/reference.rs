@@ -2,9 +2,28 @@
 //! printed from the one source of truth (the schema, clap's definitions) so that the docs cannot drift.
 use clap::CommandFactory;
 
-/// `ablate keys`: every recipe key as Markdown.
-pub fn keys() -> anyhow::Result<()> {
-    print!("{}", ablate::recipe::keys::markdown());
+#[derive(clap::Args, Debug)]
+pub struct KeysArgs {
+    /// Print instead the table of refusals (a key or value some kinds read and others refuse, with the
+    /// refusal's own reason), found by asking the loader about every key and enum value on every kind: the
+    /// README's refusal table is this output.
+    #[arg(long, conflicts_with = "mechanisms")]
+    pub refusals: bool,
+    /// Print instead the table of mechanisms after UDL's chapter (their keys, values and the first sentence of
+    /// each key's doc): the README's mechanism table is this output.
+    #[arg(long)]
+    pub mechanisms: bool,
+}
+
+/// `ablate keys`: every recipe key as Markdown, or the refusals.
+pub fn keys(args: &KeysArgs) -> anyhow::Result<()> {
+    if args.refusals {
+        print!("{}", ablate::recipe::keys::refusals_markdown());
+    } else if args.mechanisms {
+        print!("{}", ablate::recipe::keys::mechanisms_markdown());
+    } else {
+        print!("{}", ablate::recipe::keys::markdown());
+    }
     Ok(())
 }
 

@@ -82,6 +82,195 @@ pub fn reference() -> Vec<KeyDoc> {
         .collect()
 }
 
+/// One refusal of the reference: a key (or one value of it) that some kinds read and others refuse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// `transformer.pe`; with `value`, only that value is refused (`bias_2d`).
+    pub key: String,
+    pub value: Option<String>,
+    /// The kinds that refuse it, in `Kind::ALL`'s order.
+    pub kinds: Vec<Kind>,
+    /// The first of those kinds' one-line reason, as the recipe's refusal gives it.
+    pub why: String,
+}
+
+/// The smallest recipe of `kind` that loads (BERT and the encoder–decoder need a tokenizer with special
+/// tokens and its size), setting the dotted `key` to `value` (YAML).
+fn minimal_recipe(kind: Kind, key: &str, value: &str) -> String {
+    use serde_yaml::{Mapping, Value as Yaml};
+    let mut root = Mapping::new();
+    root.insert("kind".into(), kind.name().into());
+    if matches!(kind, Kind::Bert | Kind::Translate) {
+        let tokenizer = if kind == Kind::Bert { "wordpiece" } else { "bpe" };
+        let mut data = Mapping::new();
+        data.insert("tokenizer".into(), tokenizer.into());
+        data.insert("vocab_size".into(), 300.into());
+        root.insert("data".into(), Yaml::Mapping(data));
+    }
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut target = &mut root;
+    for part in &parts[..parts.len() - 1] {
+        let entry = target.entry((*part).into()).or_insert_with(|| Yaml::Mapping(Mapping::new()));
+        target = entry.as_mapping_mut().expect("a section");
+    }
+    let value: Yaml = serde_yaml::from_str(value).unwrap_or_else(|_| value.into());
+    target.insert(parts[parts.len() - 1].into(), value);
+    serde_yaml::to_string(&Yaml::Mapping(root)).expect("YAML serialises")
+}
+
+/// Every refusal of a kind. A key: [`unread`] (the function loading asks) refuses it at a kind's defaults
+/// while another kind reads it there; a whole section when the kind refuses the section itself. A value of an
+/// enum key: a recipe of the kind setting it is refused (by `unread` or by validation) while a recipe of
+/// another kind setting it loads. Keys that no kind reads at its defaults act once another key is set: those
+/// are conditions, documented in the key reference, not refusals. Rows with the same kinds and reason are one.
+pub fn refusals() -> Vec<Refusal> {
+    let schema = config_schema();
+    let mut leaves = Vec::new();
+    collect("", &schema, &mut leaves);
+    let defaults: Vec<(Kind, Config, Value)> = Kind::ALL
+        .iter()
+        .map(|&k| {
+            let cfg = Config::defaults(k);
+            let json = serde_json::to_value(&cfg).expect("a config serialises");
+            (k, cfg, json)
+        })
+        .collect();
+    let mut rows: Vec<(String, Option<String>, Kind, String)> = Vec::new();
+    let section_refused = |cfg: &Config, key: &str| unread(cfg, key.split('.').next().unwrap_or(key));
+    let mut sections_done = Vec::new();
+    for (key, kind_of_value, _) in leaves.iter().filter(|(k, _, _)| !k.contains("[]") && k != "kind") {
+        let at_defaults: Vec<(Kind, Option<String>)> = defaults
+            .iter()
+            .filter(|(_, _, json)| default_text(json, key) != "missing")
+            .map(|(kind, cfg, _)| (*kind, unread(cfg, key)))
+            .collect();
+        if at_defaults.iter().all(|(_, why)| why.is_some()) {
+            continue;
+        }
+        for ((kind, why), (_, cfg, _)) in
+            at_defaults.iter().zip(defaults.iter().filter(|(_, _, j)| default_text(j, key) != "missing"))
+        {
+            let Some(why) = why else { continue };
+            match section_refused(cfg, key) {
+                Some(section_why) => {
+                    let section = key.split('.').next().unwrap_or(key).to_string();
+                    if !sections_done.contains(&(section.clone(), *kind)) {
+                        sections_done.push((section.clone(), *kind));
+                        rows.push((section, None, *kind, section_why));
+                    }
+                }
+                None => rows.push((key.clone(), None, *kind, why.clone())),
+            }
+        }
+        // An enum's values, each set by a recipe of every kind that reads the key at its defaults.
+        let values: Vec<&str> = kind_of_value.split(" | ").map(|v| v.trim_matches('`')).collect();
+        if !kind_of_value.starts_with('`') || values.iter().any(|v| v.contains(' ')) {
+            continue;
+        }
+        for value in values {
+            let outcomes: Vec<(Kind, Option<String>)> = at_defaults
+                .iter()
+                .filter(|(_, why)| why.is_none())
+                .map(|(kind, _)| {
+                    let text = minimal_recipe(*kind, key, value);
+                    // The reason after the location and the key (`r.yaml:3: transformer.pe: …`); an error
+                    // about another key (a tokenizer's size) is no refusal of this value.
+                    let refused = super::parse(&text, "r.yaml", "r", false).err().and_then(|e| {
+                        let line = e.to_string();
+                        let (_, after) = line.split_once(": ")?;
+                        after.strip_prefix(&format!("{key}: ")).map(str::to_string)
+                    });
+                    (*kind, refused)
+                })
+                .collect();
+            if outcomes.iter().all(|(_, why)| why.is_some()) {
+                continue;
+            }
+            for (kind, why) in outcomes {
+                if let Some(why) = why {
+                    rows.push((key.clone(), Some(value.to_string()), kind, why));
+                }
+            }
+        }
+    }
+    let mut out: Vec<Refusal> = Vec::new();
+    for (key, value, kind, why) in rows {
+        match out.iter_mut().find(|r| r.key == key && r.value == value) {
+            Some(r) => r.kinds.push(kind),
+            None => out.push(Refusal { key, value, kinds: vec![kind], why }),
+        }
+    }
+    out
+}
+
+/// The mechanisms researchers ablate after UDL's chapter, in the README's order: its mechanism table lists
+/// these keys with their values and the first sentence of their doc ([`mechanisms_markdown`]).
+pub const MECHANISMS_AFTER_UDL: &[&str] = &[
+    "transformer.attention.qk_norm",
+    "transformer.activation",
+    "transformer.attention.output_gate",
+    "transformer.attention.softcap",
+    "transformer.logit_softcap",
+    "transformer.output_init",
+    "transformer.parallel",
+    "transformer.value_residual",
+    "transformer.value_embeddings",
+    "transformer.unet_skips",
+    "transformer.attention.pattern.window_schedule",
+    "vision.registers",
+    "train.optimizer",
+    "transformer.parametrisation",
+];
+
+/// The README's mechanism table: each key of [`MECHANISMS_AFTER_UDL`], its values and the first sentence
+/// of its doc comment (the key reference's text, so the two cannot differ).
+pub fn mechanisms_markdown() -> String {
+    let all = reference();
+    let mut out = String::from("| key | values | what it does |\n|---|---|---|\n");
+    for key in MECHANISMS_AFTER_UDL {
+        let doc = all.iter().find(|d| d.key == *key).unwrap_or_else(|| panic!("{key} is a key of the schema"));
+        out.push_str(&format!("| `{key}` | {} | {} |\n", cell(&doc.kind_of_value), cell(first_sentence(&doc.doc))));
+    }
+    out
+}
+
+/// Text up to the first full stop that ends a sentence (not "et al." or "e.g.").
+fn first_sentence(text: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = text[from..].find(". ") {
+        let end = from + at;
+        let word = text[..end].rsplit([' ', '(']).next().unwrap_or("");
+        if !matches!(word, "al" | "e.g" | "i.e" | "cf" | "vs") {
+            return &text[..=end];
+        }
+        from = end + 2;
+    }
+    text
+}
+
+/// The refusals as a Markdown table (the README's, between its `refusals` markers): one row per reason and
+/// set of kinds, naming every key (or value) it refuses.
+pub fn refusals_markdown() -> String {
+    let mut rows: Vec<(Vec<String>, Vec<Kind>, String)> = Vec::new();
+    for r in refusals() {
+        let what = match &r.value {
+            Some(v) => format!("`{}: {v}`", r.key),
+            None if !r.key.contains('.') => format!("the whole `{}` section", r.key),
+            None => format!("`{}`", r.key),
+        };
+        match rows.iter_mut().find(|(_, kinds, why)| *kinds == r.kinds && *why == r.why) {
+            Some(row) => row.0.push(what),
+            None => rows.push((vec![what], r.kinds, r.why)),
+        }
+    }
+    let mut out = String::from("| refused | kinds | why (the refusal's line, for the first kind) |\n|---|---|---|\n");
+    for (what, kinds, why) in rows {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        out.push_str(&format!("| {} | {} | {} |\n", what.join(", "), kinds.join(", "), cell(&why)));
+    }
+    out
+}
+
 /// The value at a dotted key of a serialised config, as JSON text (`missing` where the kind's config has
 /// no such section; `null` inside an optional setting that is unset, such as `train.budget`).
 fn default_text(config: &Value, key: &str) -> String {
