@@ -526,13 +526,7 @@ pub fn optimise(
             }
         }
         if done % t.log_interval == 0 || last {
-            record_step(&mut at, done, report.grad_norm(), lr);
-            if let Some(w) = crate::transformer::attention::scheduled_window() {
-                at.curves.push(CurvePoint::new(done, "train", "window", w as f64));
-            }
-            if let Some(s) = t.seconds_budget() {
-                at.curves.push(CurvePoint::new(done, "train", "budget_fraction", (at.train_time / s).min(1.0)));
-            }
+            log_step(t, &mut at, done, report.grad_norm(), lr);
         }
         if done % t.eval_interval == 0 && !last {
             objective.evaluate(done)?.record(done, &mut at.curves);
@@ -547,12 +541,7 @@ pub fn optimise(
     // Training is over: every later call (the last evaluation, test, decoding) uses the final windows.
     crate::transformer::attention::set_training_step(None);
     let (final_eval, test_eval) = match diverged_at {
-        None => {
-            let e = objective.evaluate(last_step)?;
-            e.record(last_step, &mut at.curves);
-            let test = if t.skip_test { Evaluation::default() } else { objective.test()? };
-            (e, test)
-        }
+        None => final_evaluations(t, objective, last_step, &mut at.curves)?,
         Some(_) => (Evaluation::default(), Evaluation::default()),
     };
     Ok(Optimised {
@@ -570,6 +559,32 @@ pub fn optimise(
         comm_time: at.comm_time,
         peak_memory_mb: peak.megabytes(),
     })
+}
+
+/// A log step's curve points: loss, gradient norm and rate (`record_step`), the scheduled window, and under a
+/// seconds budget the share of it spent.
+fn log_step(t: &TrainConfig, at: &mut Standing, done: i64, grad_norm: f64, lr: f64) {
+    record_step(at, done, grad_norm, lr);
+    if let Some(w) = crate::transformer::attention::scheduled_window() {
+        at.curves.push(CurvePoint::new(done, "train", "window", w as f64));
+    }
+    if let Some(s) = t.seconds_budget() {
+        at.curves.push(CurvePoint::new(done, "train", "budget_fraction", (at.train_time / s).min(1.0)));
+    }
+}
+
+/// The validation evaluation at the last step (recorded in the curves) and, unless `train.skip_test`, the
+/// test split's, read once here.
+fn final_evaluations(
+    t: &TrainConfig,
+    objective: &dyn Objective,
+    last_step: i64,
+    curves: &mut Vec<CurvePoint>,
+) -> Result<(Evaluation, Evaluation)> {
+    let e = objective.evaluate(last_step)?;
+    e.record(last_step, curves);
+    let test = if t.skip_test { Evaluation::default() } else { objective.test()? };
+    Ok((e, test))
 }
 
 /// The loop's starting point: a saved state's (weights and moments loaded into `vs` and `opt`), or step 0
