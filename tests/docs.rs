@@ -45,6 +45,18 @@ fn the_readmes_findings_table_is_generated_from_the_verdicts() {
     );
 }
 
+/// docs/reproductions.md is what `ablate reproductions` prints: every prediction against its verdict.
+#[test]
+fn docs_reproductions_md_is_generated_from_the_predictions_and_verdicts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ablate")).arg("reproductions").current_dir(root()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let committed = std::fs::read_to_string(root().join("docs/reproductions.md")).unwrap();
+    assert!(
+        committed == String::from_utf8(out.stdout).unwrap(),
+        "docs/reproductions.md differs from `ablate reproductions`: regenerate it with `target/release/ablate reproductions > docs/reproductions.md`"
+    );
+}
+
 /// The README's refusal table is what `ablate keys --refusals` finds by asking the loader about every key
 /// and enum value on every kind: a refusal added, removed or reworded in the code changes the README.
 #[test]

@@ -112,6 +112,9 @@ enum Command {
     /// The README's table of shipped recipes and what they found, generated from every results directory's
     /// verdicts (the decided comparisons of model quality, and how many stay inconclusive) and reference state.
     Findings,
+    /// Every shipped recipe's predictions (`compare.predict`) against the verdicts of its committed results:
+    /// docs/reproductions.md is this output.
+    Reproductions,
     /// Redraw a recipe's plots and its HTML report from the CSV files in its output directory, and write any
     /// missing TensorBoard event files.
     Plot(results::PlotArgs),
@@ -178,6 +181,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Reproduce(args)) => results::reproduce(&args),
         Some(Command::Stale) => results::stale(),
         Some(Command::Findings) => results::findings(),
+        Some(Command::Reproductions) => results::reproductions(),
         Some(Command::Plot(args)) => results::plot(&args),
         Some(Command::Merge(args)) => running::merge(&args),
         Some(Command::Slurm(args)) => running::slurm(&args),

@@ -136,6 +136,27 @@ pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
         .unwrap_or_default()
 }
 
+/// One prediction's verdict text and outcome in `rows` (the judged comparisons of its results), the outcome
+/// marked post hoc when the results did not run against it (`as_run`, their recorded predictions).
+pub fn prediction_result(rows: &[JudgedRow], p: &Prediction, as_run: &[Prediction]) -> (String, String) {
+    let row = rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()));
+    let (verdict_text, outcome) = match row {
+        Some(r) => (verdict(r), prediction_outcome(p.expect, r.judged.verdict).to_string()),
+        None => ("–".into(), "no such comparison in these results".into()),
+    };
+    let post_hoc = if as_run.contains(p) { "" } else { " (post hoc: not the prediction these results ran against)" };
+    (verdict_text, format!("{outcome}{post_hoc}"))
+}
+
+/// How a prediction's expectation is written.
+pub fn expect_word(expect: Expect) -> &'static str {
+    match expect {
+        Expect::Better => "better",
+        Expect::Worse => "worse",
+        Expect::Equivalent => "equivalent",
+    }
+}
+
 /// Each prediction against its comparison's verdict ([`prediction_outcome`]); a prediction the results
 /// did not run against (written or edited after them) is marked post hoc.
 pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[Prediction]) -> String {
@@ -147,24 +168,14 @@ pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[P
     );
     let mut post_hoc = 0;
     for p in predict {
-        let row = rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()));
-        let (verdict_text, outcome) = match row {
-            Some(r) => (verdict(r), prediction_outcome(p.expect, r.judged.verdict).to_string()),
-            None => ("–".into(), "no such comparison in these results".into()),
-        };
-        let written_after = !as_run.contains(p);
-        post_hoc += usize::from(written_after);
-        let expect = match p.expect {
-            Expect::Better => "better",
-            Expect::Worse => "worse",
-            Expect::Equivalent => "equivalent",
-        };
+        let (verdict_text, outcome) = prediction_result(rows, p, as_run);
+        post_hoc += usize::from(!as_run.contains(p));
         out.push_str(&format!(
-            "| {} | {} | {expect} | {} | {verdict_text} | {outcome}{} |\n",
+            "| {} | {} | {} | {} | {verdict_text} | {outcome} |\n",
             p.comparison,
             p.metric,
-            p.source,
-            if written_after { " (post hoc: not the prediction these results ran against)" } else { "" }
+            expect_word(p.expect),
+            p.source
         ));
     }
     if post_hoc > 0 {
