@@ -137,7 +137,7 @@ impl Config {
             if !(1..=64 * MAX_D_MODEL).contains(&h) {
                 return Err(invalid(
                     "transformer.ffn_hidden",
-                    format!("must be at least 1 (or null for 4·d_model), got {h}"),
+                    format!("must be between 1 and {} (or null for 4·d_model), got {h}", 64 * MAX_D_MODEL),
                 ));
             }
         }

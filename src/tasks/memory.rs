@@ -71,12 +71,30 @@ fn cnn_bytes(cfg: &Config) -> f64 {
     16.0 * params + cfg.train.batch_size as f64 * 4.0 * values
 }
 
+/// A stack's parameters: the core's exact sum over its layers, unless the stack is far beyond anything
+/// trained here (more than 10,000 layers, or above 10¹⁵ parameters by the rough 4·D·inner + 3·D·hidden per
+/// layer), where that rough count in floating point is returned instead: no loop over a billion layers, no
+/// integer overflow, and such a run is refused all the same.
+fn stack_parameters(
+    spec: &crate::transformer::spec::TransformerSpec,
+    count: i64,
+    cross: impl Fn(i64) -> bool,
+    grid: Option<crate::transformer::attention::Grid>,
+) -> f64 {
+    let (d, inner, hidden) = (spec.d_model as f64, spec.attention.inner() as f64, spec.ffn_hidden as f64);
+    let rough = count as f64 * (4.0 * d * inner + 3.0 * d * hidden);
+    if rough > 1e15 || count > 10_000 {
+        return rough;
+    }
+    crate::transformer::layers::layers_parameters(spec, count, cross, grid) as f64
+}
+
 /// Parameters: every Transformer layer counted by the core's own formulas (`layers_parameters`,
 /// `AttentionBlock::parameters`, exact and tested against the built layers), the embeddings, position tables
 /// and heads around them from their shapes (`tests/knobs.rs` holds the whole to the built model).
 pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
     use crate::transformer::attention::Grid;
-    use crate::transformer::layers::{layers_parameters, AttentionBlock};
+    use crate::transformer::layers::AttentionBlock;
     let t = cfg.transformer_spec();
     let (d, blocks) = (t.d_model as f64, t.block_size as f64);
     let no_cross = |_| false;
@@ -114,18 +132,16 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
         Kind::Translate => {
             let tr = cfg.translate();
             let first_cross = tr.decoder_layers - tr.cross_attention_layers.unwrap_or(tr.decoder_layers);
-            let encoder = layers_parameters(&t, tr.encoder_layers, no_cross, None);
-            let decoder = layers_parameters(&t, tr.decoder_layers, |i| i >= first_cross, None);
-            (encoder + decoder) as f64
-                + outputs(vocab)
-                + 2.0 * (stack_extras + learned_positions(blocks) + value_tables(vocab))
+            let encoder = stack_parameters(&t, tr.encoder_layers, no_cross, None);
+            let decoder = stack_parameters(&t, tr.decoder_layers, |i| i >= first_cross, None);
+            encoder + decoder + outputs(vocab) + 2.0 * (stack_extras + learned_positions(blocks) + value_tables(vocab))
         }
         Kind::Vit => {
             let v = cfg.vit_spec();
             let grid = Some(Grid { side: v.grid(), lead: 1 });
             let tokens = (v.grid() * v.grid() + 1) as f64;
             let patch = ((v.image.patch * v.image.patch * v.image.channels + 1) * t.token_width()) as f64;
-            layers_parameters(&v.transformer, t.layers, no_cross, grid) as f64
+            stack_parameters(&v.transformer, t.layers, no_cross, grid)
                 + patch
                 + learned_positions(tokens)
                 + stack_extras
@@ -136,7 +152,7 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
             let grid = Some(Grid { side: g.grid(), lead: 1 });
             // The palette and a start token.
             let vocab = (g.palette + 1) as f64;
-            layers_parameters(&g.transformer, t.layers, no_cross, grid) as f64
+            stack_parameters(&g.transformer, t.layers, no_cross, grid)
                 + outputs(vocab)
                 + learned_positions((g.grid() * g.grid()) as f64)
                 + stack_extras
@@ -144,7 +160,7 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
         }
         // BERT adds a pooler and the masked-LM head's dense layer (D × D each) to the embeddings.
         Kind::Bert => {
-            layers_parameters(&t, t.layers, no_cross, None) as f64
+            stack_parameters(&t, t.layers, no_cross, None)
                 + outputs(vocab)
                 + 2.0 * d * d
                 + learned_positions(blocks)
@@ -152,7 +168,7 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
                 + value_tables(vocab)
         }
         _ => {
-            layers_parameters(&t, t.layers, no_cross, None) as f64
+            stack_parameters(&t, t.layers, no_cross, None)
                 + outputs(vocab)
                 + learned_positions(blocks)
                 + stack_extras
@@ -307,6 +323,26 @@ mod tests {
         }
         assert_eq!(human(1.6e13), "16.0 TB");
         assert_eq!(human(512e6), "512 MB");
+    }
+
+    #[test]
+    fn an_absurd_depth_is_counted_in_floating_point_and_refused() {
+        // The layers are counted one by one up to 10,000 of them; beyond, by the rough formula in floating
+        // point: a billion layers must not be looped over.
+        let cfg = config("kind: lm\ntransformer:\n  layers: 1000000000\n");
+        let spec = cfg.transformer_spec();
+        let (d, inner, hidden) = (spec.d_model as f64, spec.attention.inner() as f64, spec.ffn_hidden as f64);
+        let rough = spec.layers as f64 * (4.0 * d * inner + 3.0 * d * hidden);
+        assert_eq!(stack_parameters(&spec, spec.layers, |_| false, None), rough);
+        assert!(check_fits(&cfg, 1e12, "this machine has").is_err());
+        // The widest model the recipe layer accepts is counted exactly, without overflow, and refused.
+        let wide = config("kind: lm\ntransformer:\n  d_model: 1048576\n  heads: 1\n  ffn_hidden: 67108864\n");
+        assert!(parameters(&wide, 256.0) > 1e14);
+        assert!(check_fits(&wide, 1e12, "this machine has").is_err());
+        // A stack of ordinary size is counted exactly.
+        let spec = config("kind: lm\n").transformer_spec();
+        let exact = crate::transformer::layers::layers_parameters(&spec, spec.layers, |_| false, None);
+        assert_eq!(stack_parameters(&spec, spec.layers, |_| false, None), exact as f64);
     }
 
     #[test]
