@@ -982,6 +982,11 @@ fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settin
         one_second.insert(Value::from("seconds"), Value::from(1.0));
         set_path(value, "train.budget", Value::Mapping(one_second));
     }
+    // A whole test split (`test_batches: all`, 10,000 images) read by every smoke run would take most of the
+    // smoke's time: two batches show the path works.
+    if !kept("train.test_batches") && get_path(value, "train.test_batches").is_some_and(|b| !b.is_null()) {
+        set_path(value, "train.test_batches", Value::from(2));
+    }
     let mut cap = |key: &str, max: i64| {
         if kept(key) {
             return;
