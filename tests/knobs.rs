@@ -6,6 +6,14 @@ use ablate::tasks::{task, Built};
 use ablate::transformer::attention::path_counts;
 use tch::{nn, Device, Kind as DType, Tensor};
 
+/// libtorch has one random generator per process and this file's tests run on parallel threads: each test
+/// holds this while it seeds and draws, so that no other test draws in between (a model built from a seed must
+/// be that seed's model; a draw between two builds once made the matrix see two equal outputs).
+fn generator() -> std::sync::MutexGuard<'static, ()> {
+    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A small model of each kind (data settings only where the kind's validation needs them).
 fn base(kind: Kind) -> &'static str {
     match kind {
@@ -276,6 +284,7 @@ fn output(model: &dyn Built, train: bool) -> Tensor {
 
 #[test]
 fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_line() {
+    let _generator = generator();
     let mut matrix = String::new();
     let mut failures = Vec::new();
     for kind in Kind::ALL {
@@ -366,6 +375,25 @@ fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_lin
     }
 }
 
+/// The kind's default config and, for each of `rows` the kind accepts, the row's key and its config (the
+/// context and the knob set as the matrix sets them; rows the kind refuses left out).
+fn accepted_rows(
+    kind: Kind,
+    rows: &[(&'static str, Option<&str>, &str)],
+) -> (ablate::recipe::Config, Vec<(&'static str, ablate::recipe::Config)>) {
+    let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+    let accepted = rows
+        .iter()
+        .filter_map(|&(key, value, extra)| {
+            let mut settings = context(extra);
+            settings.push((key.to_string(), knob_value(key, value, &defaults)));
+            let parsed = parse(&recipe(kind, &settings), "a.yaml", "a", false).ok()?;
+            Some((key, parsed.runs[0].config.clone()))
+        })
+        .collect();
+    (defaults, accepted)
+}
+
 /// The trainable values a model built under `vs` holds.
 fn built_parameters(vs: &nn::VarStore) -> i64 {
     vs.trainable_variables().iter().map(|t| t.numel() as i64).sum()
@@ -373,6 +401,7 @@ fn built_parameters(vs: &nn::VarStore) -> i64 {
 
 #[test]
 fn the_core_counts_the_parameters_it_builds_for_every_knob() {
+    let _generator = generator();
     // The memory estimate counts a model's parameters from the core's own formulas (`layers_parameters`,
     // `AttentionBlock::parameters`), written beside each constructor: held here to the built stacks, exactly,
     // under every row of the matrix. A weight added to a constructor and not to its count fails here.
@@ -381,12 +410,8 @@ fn the_core_counts_the_parameters_it_builds_for_every_knob() {
     let mut failures = Vec::new();
     let mut checked = 0;
     for kind in [Kind::Lm, Kind::Translate, Kind::Vit, Kind::Swin] {
-        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
-        for &(key, value, extra) in KNOBS.iter().chain(&[("transformer.d_model", Some("32"), "")]) {
-            let mut settings = context(extra);
-            settings.push((key.to_string(), knob_value(key, value, &defaults)));
-            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
-            let cfg = &recipe.runs[0].config;
+        let rows: Vec<_> = KNOBS.iter().copied().chain([("transformer.d_model", Some("32"), "")]).collect();
+        for (key, cfg) in &accepted_rows(kind, &rows).1 {
             tch::manual_seed(0);
             let vs = nn::VarStore::new(Device::Cpu);
             let (expected, what) = match kind {
@@ -439,6 +464,7 @@ fn the_core_counts_the_parameters_it_builds_for_every_knob() {
 
 #[test]
 fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights() {
+    let _generator = generator();
     // The estimate is written from the config before anything is built: its parameter count is held to the
     // built model's within 10% for every kind and row of the matrix, and a knob that adds or removes weights
     // (a gate, a grouped K/V projection, a gated FFN) by more than 1% must move the estimate by what it moves
@@ -446,19 +472,16 @@ fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights()
     let mut failures = Vec::new();
     let mut table = String::new();
     for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Cnn) {
-        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
         let count = |cfg: &ablate::recipe::Config| -> (f64, f64) {
             tch::manual_seed(0);
             let vs = nn::VarStore::new(Device::Cpu);
             let _model = task(cfg.kind).build(cfg, &vs.root(), 50);
             (built_parameters(&vs) as f64, ablate::tasks::memory::parameters(cfg, 50.0))
         };
+        let (defaults, rows) = accepted_rows(kind, KNOBS);
         let (base_built, base_estimate) = count(&defaults);
-        for &(key, value, extra) in KNOBS {
-            let mut settings = context(extra);
-            settings.push((key.to_string(), knob_value(key, value, &defaults)));
-            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
-            let (built, estimate) = count(&recipe.runs[0].config);
+        for (key, cfg) in &rows {
+            let (built, estimate) = count(cfg);
             let what = format!("{kind} {key}");
             table.push_str(&format!("{what}: built {built}, estimate {estimate}\n"));
             if (estimate / built - 1.0).abs() > 0.1 {
@@ -480,6 +503,7 @@ fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights()
 
 #[test]
 fn knobs_added_later_are_recorded_only_away_from_their_defaults_and_may_be_set_back_to_them() {
+    let _generator = generator();
     // A variant that sets a knob back to the value every earlier run had is accepted; that run's columns
     // and config hash are those of a recipe that never named the knob.
     let text = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, scale_embeddings: true, norm: rms_norm}\nvariants:\n  - {label: on}\n  - {label: off, transformer.scale_embeddings: false, transformer.norm: layer_norm, transformer.attention: {kv_heads: 4, qk_dim: 8, scoring: dot}}\n";
@@ -521,6 +545,7 @@ const TESTED_ELSEWHERE: &[(&str, &str)] = &[];
 
 #[test]
 fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
+    let _generator = generator();
     // A knob added to the schema without a row here would pass every test of this file: the list of rows is
     // checked against the schema itself (every kind's defaults, so kind-specific keys count too).
     let mut keys = Vec::new();
@@ -543,6 +568,7 @@ fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
 
 #[test]
 fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
+    let _generator = generator();
     // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
     // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
     // optimiser by where it happens to sit. Every kind, every row of the matrix.
@@ -550,13 +576,9 @@ fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
     let mut undeclared = std::collections::BTreeSet::new();
     let mut hidden = std::collections::BTreeSet::new();
     for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Cnn) {
-        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
-        for &(key, value, extra) in KNOBS {
-            let mut settings = context(extra);
-            settings.push((key.to_string(), knob_value(key, value, &defaults)));
-            let Ok(recipe) = parse(&recipe(kind, &settings), "a.yaml", "a", false) else { continue };
+        for (_, cfg) in accepted_rows(kind, KNOBS).1 {
             let vs = nn::VarStore::new(Device::Cpu);
-            let _model = task(kind).build(&recipe.runs[0].config, &vs.root(), 50);
+            let _model = task(kind).build(&cfg, &vs.root(), 50);
             for (name, t) in vs.variables() {
                 // Numbers (layer, stage, table) stripped, so one line names a weight of every layer.
                 let general: Vec<&str> =
