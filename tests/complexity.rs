@@ -193,23 +193,34 @@ fn every_kind_builds_its_example_input_on_the_device_it_is_given() {
 #[test]
 fn ablate_fit_recovers_a_known_scaling_exponent_from_a_runs_csv_and_draws_it() {
     // Kaplan et al.'s L(N) = (N_c / N)^α_N with α_N = 0.076, five sizes × two seeds with ±0.5% noise, as
-    // runs.csv rows; `--minus 1000` removes a fixed embedding count from every size first.
+    // runs.csv rows of 2 layers; `--minus 1000` removes a fixed embedding count from every size first, and
+    // `--where transformer.layers=2` leaves out an 8-layer arm far off the law.
     let dir = std::env::temp_dir().join(format!("ablate-fit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut csv = String::from("run_id,label,seed,status,params,test_loss\n");
+    let mut csv = String::from("run_id,label,seed,status,transformer.layers,params,test_loss\n");
     for (i, n) in [1e4, 3e4, 1e5, 3e5, 1e6].iter().enumerate() {
         for seed in 0..2 {
             let noise = if (i + seed) % 2 == 0 { 1.005 } else { 0.995 };
             let loss = (8.8e13f64 / n).powf(0.076) * noise;
-            csv.push_str(&format!("n{i} s{seed},n{i},{seed},ok,{},{loss}\n", n + 1000.0));
+            csv.push_str(&format!("n{i} s{seed},n{i},{seed},ok,2,{},{loss}\n", n + 1000.0));
         }
     }
-    csv.push_str("bad,n9,0,diverged at step 3,50000,NaN\n");
+    csv.push_str("bad,n9,0,diverged at step 3,2,50000,NaN\n");
+    csv.push_str("deep s0,deep,0,ok,8,50000,40.0\n");
     std::fs::write(dir.join("runs.csv"), csv).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ablate"))
-        .args(["fit", dir.to_str().unwrap(), "--minus", "1000"])
-        .output()
-        .unwrap();
+    let fit = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ablate"))
+            .args(["fit", dir.to_str().unwrap(), "--minus", "1000"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let everything = String::from_utf8_lossy(&fit(&[]).stdout).to_string();
+    assert!(everything.contains("11 runs"), "without --where the 8-layer arm is fitted too: {everything}");
+    let wrong = fit(&["--where", "depth=2"]);
+    let e = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && e.contains("no column `depth`") && e.trim().lines().count() == 1, "{e}");
+    let out = fit(&["--where", "transformer.layers=2"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let number = |after: &str| -> f64 {

@@ -375,3 +375,22 @@ fn text_loss_is_the_nats_over_the_characters_and_the_bits_over_the_utf8_bytes() 
     assert!((got.nats_per_char - nats / chars as f64).abs() < 1e-9, "{got:?}");
     assert!((got.bits_per_byte - nats / std::f64::consts::LN_2 / bytes as f64).abs() < 1e-9, "{got:?}");
 }
+
+#[test]
+fn the_non_embedding_count_is_kaplans_n_twelve_layers_d_squared_plus_biases_and_norms() {
+    // Kaplan et al. (2020) fit L(N) against the parameters outside the vocabulary and position tables,
+    // N ≈ 12·layers·d². A post-LN block of width d with biases holds Q/K/V/out 4d² + 4d, the FFN
+    // (hidden 4d) 8d² + 5d and two LayerNorms 4d: 12d² + 13d; the final norm adds 2d.
+    let (d, layers, vocab, block) = (32i64, 2i64, 50i64, 24i64);
+    for tie in [false, true] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let spec = TransformerSpec { tie_embeddings: tie, ..TransformerSpec::small(d, layers, 4, block) };
+        let _model = Gpt::new(&vs.root(), &spec, vocab);
+        let n = ablate::tasks::lm::non_embedding_parameters(&vs);
+        assert_eq!(n, layers * (12 * d * d + 13 * d) + 2 * d, "tied: {tie}");
+        let total: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
+        // What is left out is the token table, the position table and, untied, the head (no bias).
+        let tables = vocab * d + block * d + if tie { 0 } else { vocab * d };
+        assert_eq!(total - n, tables, "tied: {tie}");
+    }
+}

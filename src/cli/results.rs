@@ -69,6 +69,10 @@ pub struct FitArgs {
     /// non-embedding count), or a column naming them.
     #[arg(long)]
     minus: Option<String>,
+    /// Fit only the runs whose runs.csv column has this value, `column=value` (repeatable: all must hold),
+    /// e.g. `--where layers=2` to leave an arm of another shape out of a ladder of widths.
+    #[arg(long = "where", value_name = "COLUMN=VALUE")]
+    only: Vec<String>,
     /// Bootstrap resamples for α's interval.
     #[arg(long, default_value_t = 2000)]
     resamples: usize,
@@ -388,8 +392,22 @@ pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("{}: run `{}`: {column} is `{text}`, not a number", args.dir.display(), row["run_id"])
         })
     };
+    let mut conditions = Vec::new();
+    for condition in &args.only {
+        let (column, value) = condition
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--where {condition}: expected COLUMN=VALUE, e.g. layers=2"))?;
+        if runs.first().is_some_and(|row| !row.contains_key(column)) {
+            anyhow::bail!("--where {condition}: {}/runs.csv has no column `{column}`", args.dir.display());
+        }
+        conditions.push((column, value));
+    }
+    let selected = |row: &std::collections::BTreeMap<String, String>| {
+        row.get("status").is_none_or(|s| s == "ok")
+            && conditions.iter().all(|(c, v)| row.get(*c).is_some_and(|x| x == v))
+    };
     let mut points = Vec::new();
-    for row in runs.iter().filter(|r| r.get("status").is_none_or(|s| s == "ok")) {
+    for row in runs.iter().filter(|r| selected(r)) {
         let minus = match &args.minus {
             None => 0.0,
             Some(m) => m.parse::<f64>().or_else(|_| number(row, m))?,

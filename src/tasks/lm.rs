@@ -128,6 +128,18 @@ pub fn train_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
     6.0 * matmul_params + 12.0 * (t.layers * t.block_size * t.attention.inner()) as f64
 }
 
+/// Kaplan et al. (2020)'s N: the trainable parameters outside every vocabulary table (the token embedding, an
+/// untied LM head, value-embedding tables) and the absolute position table, the count their L(N) law is
+/// fitted against (`ablate fit --minus` is not enough when the width, and so the tables, change per run).
+pub fn non_embedding_parameters(vs: &nn::VarStore) -> i64 {
+    const TABLES: [&str; 4] = ["token_embedding.", "lm_head.", "position.", "value_embeddings."];
+    vs.variables()
+        .iter()
+        .filter(|(name, v)| v.requires_grad() && !TABLES.iter().any(|t| name.starts_with(t)))
+        .map(|(_, v)| v.numel() as i64)
+        .sum()
+}
+
 struct BuiltGpt {
     model: Gpt,
     vocab: i64,
@@ -196,6 +208,13 @@ impl Task for LanguageModel {
         }
         m.extend(metrics::optimisation("nats/token"));
         m.extend(metrics::cost("tokens/s", cfg.train.world_size));
+        m.push(
+            Metric::column("params_non_embedding", "parameters outside the vocabulary and position tables", "", false)
+                .digits(0)
+                .csv(0)
+                .detail()
+                .no_charts(),
+        );
         m
     }
 
@@ -286,6 +305,7 @@ impl Task for LanguageModel {
         };
         let mut outcome = run.into_outcome(started, tokens_per_s, model_flops, device, t.precision, &self.metrics(cfg));
         outcome.set("test_perplexity", outcome.get("test_loss").exp());
+        outcome.set("params_non_embedding", non_embedding_parameters(&vs) as f64);
         outcome.set("test_loss_per_char", per_text.map_or(f64::NAN, |l| l.nats_per_char));
         outcome.set("test_bits_per_byte", per_text.map_or(f64::NAN, |l| l.bits_per_byte));
         for (k, (loss, accuracy)) in lengths {
