@@ -163,6 +163,7 @@ fn the_slurm_scripts_run_one_shard_per_array_task_then_merge() {
         gpus_per_task: 1,
         partition: Some("gpu"),
         time: Some("01:00:00"),
+        until_settled: None,
     };
     let submit = write_slurm_scripts(&recipe, &plan).unwrap();
     let array = std::fs::read_to_string(out.join("slurm/array.sbatch")).unwrap();
@@ -228,6 +229,7 @@ fn the_data_parallel_slurm_job_starts_every_rank_with_srun_and_requeues_when_sto
         gpus_per_task: 1,
         partition: None,
         time: None,
+        until_settled: None,
     };
     let submit = write_slurm_data_parallel_script(&recipe, &plan, 2, 4).unwrap();
     let job = std::fs::read_to_string(out.join("slurm/ddp.sbatch")).unwrap();

@@ -173,3 +173,59 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// runs.csv's rows by run id, without the columns that time a run, for comparing runs trained in different
+/// processes (one process appends the added seeds' rows in the order they finish, a merge in the recipe's).
+fn untimed(dir: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
+    let mut rows = read_runs(&dir.join("runs.csv")).unwrap();
+    for r in &mut rows {
+        r.retain(|k, _| !timing.contains(&k.as_str()));
+    }
+    rows.sort_by(|a, b| a["run_id"].cmp(&b["run_id"]));
+    rows
+}
+
+#[test]
+fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains() {
+    let dir = scratch("settle-scale");
+    let path = dir.join("settle.yaml");
+    std::fs::write(&path, recipe_text(&dir, 1e-6)).unwrap();
+    let p = path.to_str().unwrap();
+    let settle = ["--device", "cpu", "--quiet", "--threads", "1", "--until-settled", "--max-seeds", "4"];
+    let run = |out: &Path, extra: &[&str]| {
+        let mut args = vec![p, "--out", out.to_str().unwrap()];
+        args.extend(settle);
+        args.extend(extra);
+        ablate(&args)
+    };
+    let (local, pool, shards) = (dir.join("local"), dir.join("pool"), dir.join("shards"));
+    let (ok, err) = run(&local, &[]);
+    assert!(ok, "{err}");
+    assert_eq!(untimed(&local).len(), 8, "both arms raised to the cap of 4 seeds");
+    let (ok, err) = run(&pool, &["--workers", "2"]);
+    assert!(ok, "{err}");
+    assert!(untimed(&pool) == untimed(&local), "the worker pool trained other rows than one process");
+    // By hand, as the Slurm scripts do: the pilot's shards, their merge, the added seeds' shards, the merge.
+    let merge = |extra: &[&str]| {
+        let mut args = vec!["merge", p, "--out", shards.to_str().unwrap()];
+        args.extend(extra);
+        ablate(&args)
+    };
+    let (ok, err) = run(&shards, &["--shard", "0/2"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("add --settle-phase pilot"), "{err}");
+    for phase in ["pilot", "added"] {
+        for shard in ["0/2", "1/2"] {
+            let (ok, err) = run(&shards, &["--shard", shard, "--settle-phase", phase]);
+            assert!(ok, "{phase} {shard}: {err}");
+        }
+        let (ok, err) = merge(&["--until-settled", "--max-seeds", "4"]);
+        assert!(ok, "{phase}: {err}");
+    }
+    assert!(untimed(&shards) == untimed(&local), "the shards merged by hand hold other rows than one process");
+    // A plain merge would drop the added seeds: refused, naming the flags.
+    let (ok, err) = merge(&[]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("--until-settled --max-seeds 4"), "{err}");
+    assert_eq!(untimed(&shards).len(), 8);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -49,12 +49,79 @@ pub struct RunArgs {
     pub threads: Option<usize>,
     /// After the recipe's seeds, add seeds to the arms whose comparisons (the recipe's `compare:`) are
     /// inconclusive, as many as the pilot's paired spread says settle them at δ, up to --max-seeds; then
-    /// recompute the verdicts. The number added never reads the observed difference.
-    #[arg(long, conflicts_with_all = ["shard", "workers", "devices"])]
+    /// recompute the verdicts. The number added never reads the observed difference. With --workers or
+    /// --devices both passes run on the pool; with --shard, add --settle-phase.
+    #[arg(long)]
     until_settled: bool,
     /// The most seeds an arm may end with under --until-settled (default 10).
     #[arg(long, requires = "until_settled")]
     max_seeds: Option<usize>,
+    /// With --until-settled --shard: the pass this shard trains, `pilot` (the recipe's seeds) or `added`
+    /// (the seeds the pilot asks for, read from <out>/runs.csv once `ablate merge RECIPE --until-settled` has
+    /// combined the pilot's shards). Worker pools and `ablate slurm --until-settled` pass it themselves.
+    #[arg(long, value_enum, requires_all = ["until_settled", "shard"])]
+    settle_phase: Option<SettlePhase>,
+}
+
+/// The two passes of `--until-settled`, as a shard is told which one it trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SettlePhase {
+    /// The recipe's own seeds.
+    Pilot,
+    /// The seeds the merged pilot asks for.
+    Added,
+}
+
+impl SettlePhase {
+    fn name(self) -> &'static str {
+        match self {
+            SettlePhase::Pilot => "pilot",
+            SettlePhase::Added => "added",
+        }
+    }
+}
+
+/// The most seeds an arm ends with under `--until-settled` when `--max-seeds` is not given.
+const DEFAULT_MAX_SEEDS: usize = 10;
+
+/// `--until-settled`'s recipe extended to every seed an arm may end with, and the runs of each pass.
+struct Settling {
+    cap: usize,
+    pool: Vec<u64>,
+    /// The recipe with the whole pool of seeds: every run either pass may train, and every row kept by a merge.
+    full: Recipe,
+}
+
+impl Settling {
+    fn new(sweep: &Sweep, smoke: bool, overrides: &OverrideArgs, max_seeds: Option<usize>) -> anyhow::Result<Self> {
+        let cap = max_seeds.unwrap_or(DEFAULT_MAX_SEEDS);
+        ablate::run::settle::check(&sweep.recipe, cap)?;
+        let pool = ablate::run::settle::seed_pool(&sweep.recipe.seeds, cap);
+        let mut parsed = overrides.parse()?;
+        parsed.seeds = Some((pool.clone(), format!("--until-settled --max-seeds {cap}")));
+        let full = ablate::recipe::load_with(&sweep.path, smoke, &parsed)?;
+        Ok(Self { cap, pool, full })
+    }
+
+    /// The runs of one pass over `base` (the recipe as given): the pilot's seeds, or every seed the
+    /// pilot's rows in `out` ask for (a function of those rows alone, so every shard computes the same list).
+    fn pass(&self, base: &Recipe, phase: SettlePhase, out: &std::path::Path) -> anyhow::Result<Recipe> {
+        use ablate::run::settle;
+        let targets = match phase {
+            SettlePhase::Pilot => Default::default(),
+            SettlePhase::Added => settle::targets(out, base, self.cap)?,
+        };
+        let pilot = base.seeds.len();
+        let runs = self.full.runs.iter().filter(|r| settle::keeps(r, &self.pool, pilot, &targets)).cloned().collect();
+        Ok(Recipe { runs, ..self.full.clone() })
+    }
+
+    /// The arms whose seeds the added pass raises, for the opening line.
+    fn added(&self, base: &Recipe, out: &std::path::Path) -> anyhow::Result<Vec<String>> {
+        let targets = ablate::run::settle::targets(out, base, self.cap)?;
+        let pilot = base.seeds.len();
+        Ok(targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect())
+    }
 }
 
 impl RunArgs {
@@ -73,6 +140,13 @@ pub struct MergeArgs {
     out: Option<PathBuf>,
     #[arg(long)]
     smoke: bool,
+    /// The shards of an `--until-settled` run: keep the rows of every seed an arm may end with (the recipe's
+    /// plus those added, up to --max-seeds), not only the recipe's.
+    #[arg(long)]
+    until_settled: bool,
+    /// The cap the run was given (default 10).
+    #[arg(long, requires = "until_settled")]
+    max_seeds: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -105,6 +179,13 @@ pub struct SlurmArgs {
     /// Wall-clock limit per task, Slurm syntax (e.g. 02:00:00).
     #[arg(long)]
     time: Option<String>,
+    /// Scripts for `--until-settled`: the pilot's array and its merge, then an array for the seeds the
+    /// merged pilot asks for and the final merge, chained by dependencies.
+    #[arg(long, conflicts_with = "nodes")]
+    until_settled: bool,
+    /// The most seeds an arm may end with under --until-settled (default 10).
+    #[arg(long, requires = "until_settled")]
+    max_seeds: Option<usize>,
 }
 
 /// `ablate RECIPE`: a complexity benchmark, or the recipe's runs here, on workers or as one rank of a
@@ -152,10 +233,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     };
     let rank = ablate::train::distributed::current().map_or(0, |g| g.rank);
     if args.until_settled {
-        let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet: args.quiet, shard: None };
-        until_settled(args, &sweep, &opts)?;
+        until_settled(args, &sweep, device)?;
+        if args.shard.is_some() {
+            return Ok(());
+        }
     } else if let Some((devices, threads)) = worker_devices(args, &sweep.recipe, device)? {
-        run_on_workers(args, &sweep, devices, threads)?;
+        run_on_workers(args, &sweep, devices, threads, None)?;
     } else {
         let quiet = args.quiet || rank != 0;
         let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet, shard: args.shard };
@@ -168,39 +251,56 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
 }
 
 /// `--until-settled`: the recipe's seeds (the pilot), then the seeds its inconclusive comparisons need
-/// (`run::settle`), trained into the same directory; rows of seeds added by an earlier call are kept.
-fn until_settled(args: &RunArgs, sweep: &Sweep, opts: &SweepOptions) -> anyhow::Result<()> {
-    use ablate::run::settle;
-    let cap = args.max_seeds.unwrap_or(10);
-    let recipe = &sweep.recipe;
-    settle::check(recipe, cap)?;
-    let pool = settle::seed_pool(&recipe.seeds, cap);
-    let mut overrides = args.overrides.parse()?;
-    overrides.seeds = Some((pool.clone(), format!("--until-settled --max-seeds {cap}")));
-    let full = ablate::recipe::load_with(&sweep.path, args.smoke, &overrides)?;
-    let pilot = recipe.seeds.len();
-    let finished: std::collections::HashSet<String> = ablate::run::results::read_runs(&sweep.out.join("runs.csv"))
-        .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
-        .unwrap_or_default();
-    let only = |keep: &dyn Fn(&ablate::recipe::RunSpec) -> bool| ablate::recipe::Recipe {
-        runs: full.runs.iter().filter(|r| keep(r) || finished.contains(&r.id)).cloned().collect(),
-        ..full.clone()
-    };
-    let no_targets = Default::default();
-    run_recipe(&only(&|r| settle::keeps(r, &pool, pilot, &no_targets)), opts)?;
-    let targets = settle::targets(&sweep.out, recipe, cap)?;
-    let settling = only(&|r| settle::keeps(r, &pool, pilot, &targets));
-    let added: Vec<String> =
-        targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect();
-    if !args.quiet {
-        match added.is_empty() {
-            true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
-            false => eprintln!("ablate: --until-settled (at most {cap} seeds per arm): {}", added.join(", ")),
+/// (`run::settle`), trained into the same directory, here or on a worker pool; rows of seeds added by an
+/// earlier call are kept. A shard (`--shard` with `--settle-phase`) trains its part of one pass only.
+fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::Result<()> {
+    let settling = Settling::new(sweep, args.smoke, &args.overrides, args.max_seeds)?;
+    let base = &sweep.recipe;
+    let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet: args.quiet, shard: args.shard };
+    match (args.shard, args.settle_phase) {
+        (Some(_), Some(phase)) => return run_recipe(&settling.pass(base, phase, &sweep.out)?, &opts),
+        (Some(shard), None) => anyhow::bail!(
+            "--until-settled --shard {shard}: a shard trains one of the two passes: add --settle-phase pilot (the recipe's seeds), or --settle-phase added once `ablate merge {} --until-settled` has combined the pilot",
+            sweep.path.display()
+        ),
+        _ => {}
+    }
+    let workers = worker_devices(args, base, device)?;
+    for phase in [SettlePhase::Pilot, SettlePhase::Added] {
+        if phase == SettlePhase::Added && !args.quiet {
+            let added = settling.added(base, &sweep.out)?;
+            match added.is_empty() {
+                true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
+                false => {
+                    eprintln!("ablate: --until-settled (at most {} seeds per arm): {}", settling.cap, added.join(", "))
+                }
+            }
+        }
+        let pass = settling.pass(base, phase, &sweep.out)?;
+        match &workers {
+            Some((devices, threads)) => {
+                let settle = WorkerSettle { phase, cap: settling.cap, merged: &settling.full };
+                let shown = Recipe { runs: pass.runs, ..base.clone() };
+                let shown = Sweep { path: sweep.path.clone(), recipe: shown, out: sweep.out.clone() };
+                run_on_workers(args, &shown, devices.clone(), *threads, Some(settle))?
+            }
+            None => {
+                // Rows an earlier call added beyond this call's plan stay in runs.csv.
+                let finished: std::collections::HashSet<String> =
+                    ablate::run::results::read_runs(&sweep.out.join("runs.csv"))
+                        .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
+                        .unwrap_or_default();
+                let kept = settling.full.runs.iter().filter(|r| finished.contains(&r.id));
+                let mut runs = pass.runs.clone();
+                runs.extend(kept.filter(|r| !pass.runs.iter().any(|p| p.id == r.id)).cloned());
+                runs.sort_by_key(|r| settling.full.runs.iter().position(|f| f.id == r.id));
+                run_recipe(&Recipe { runs, ..pass }, &opts)?
+            }
         }
     }
-    run_recipe(&settling, opts)?;
     if !args.quiet {
-        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &settling, None)? {
+        let every = settling.pass(base, SettlePhase::Added, &sweep.out)?;
+        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &every, None)? {
             let [better, worse, equivalent, inconclusive, untested] = ablate::run::verdicts::counts(&j.rows);
             eprintln!(
                 "ablate: verdicts over every seed: {better} better, {worse} worse, {equivalent} equivalent, {inconclusive} inconclusive, {untested} untested (model quality)"
@@ -208,6 +308,13 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, opts: &SweepOptions) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// What the workers of one `--until-settled` pass are told, and the recipe their shards merge under.
+struct WorkerSettle<'a> {
+    phase: SettlePhase,
+    cap: usize,
+    merged: &'a Recipe,
 }
 
 /// A recipe run by a lone process must not ask for several data-parallel processes.
@@ -242,8 +349,14 @@ fn worker_devices(
     })
 }
 
-/// The sweep on one worker process per device, then merged.
-fn run_on_workers(args: &RunArgs, sweep: &Sweep, devices: Vec<String>, threads: Option<usize>) -> anyhow::Result<()> {
+/// The sweep (one pass of `--until-settled` with `settle`) on one worker process per device, then merged.
+fn run_on_workers(
+    args: &RunArgs,
+    sweep: &Sweep,
+    devices: Vec<String>,
+    threads: Option<usize>,
+    settle: Option<WorkerSettle>,
+) -> anyhow::Result<()> {
     if devices.is_empty() {
         anyhow::bail!("--workers / --devices: need at least one worker");
     }
@@ -271,6 +384,11 @@ fn run_on_workers(args: &RunArgs, sweep: &Sweep, devices: Vec<String>, threads: 
         devices,
         threads,
         share_cores,
+        child_args: settle.as_ref().map_or(Vec::new(), |s| {
+            let cap = s.cap.to_string();
+            ["--until-settled", "--max-seeds", &cap, "--settle-phase", s.phase.name()].map(String::from).to_vec()
+        }),
+        merged: settle.as_ref().map(|s| s.merged),
     };
     scale::run_workers(&sweep.recipe, &plan, args.quiet)
 }
@@ -316,7 +434,26 @@ fn auto_workers(recipe: &Recipe, device: tch::Device, quiet: bool) -> anyhow::Re
 /// `ablate merge`: the shards of a sharded run combined into its output directory.
 pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
     let sweep = Sweep::load(&args.recipe, args.smoke, &args.overrides.parse()?, args.out.clone())?;
+    if args.until_settled {
+        let settling = Settling::new(&sweep, args.smoke, &args.overrides, args.max_seeds)?;
+        return scale::merge(&settling.full, &sweep.out, false).map(|_| ());
+    }
+    if let Some(flags) = settled_with(&sweep.out) {
+        anyhow::bail!(
+            "{}: its runs were trained with `{flags}`: merge with the same flags, or the seeds it added would be dropped",
+            sweep.out.display()
+        );
+    }
     scale::merge(&sweep.recipe, &sweep.out, false).map(|_| ())
+}
+
+/// The `--until-settled --max-seeds N` a results directory's runs were trained with, as its
+/// `recipe.resolved.yaml` records them among the overrides.
+fn settled_with(out: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(out.join("recipe.resolved.yaml")).ok()?;
+    let resolved: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    let overrides = resolved.get("overrides")?.as_sequence()?;
+    overrides.iter().filter_map(|o| o.as_str()).find(|o| o.starts_with("--until-settled")).map(String::from)
 }
 
 /// `ablate slurm`: an array job of shards and its merge job, or one data-parallel job.
@@ -341,6 +478,10 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         overrides = overrides.with(&format!("train.world_size={}", n * t))?;
     }
     let sweep = Sweep::load(&args.recipe, args.smoke, &overrides, args.out.clone())?;
+    let until_settled = match args.until_settled {
+        true => Some(Settling::new(&sweep, args.smoke, &args.overrides, args.max_seeds)?.cap),
+        false => None,
+    };
     // The scripts are written on a login node, which often has no GPU: only the spelling is checked here.
     ablate::device_spec(&args.device).map_err(anyhow::Error::msg)?;
     let plan = SlurmPlan {
@@ -353,6 +494,7 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         gpus_per_task: args.gpus_per_task,
         partition: args.partition.as_deref(),
         time: args.time.as_deref(),
+        until_settled,
     };
     let recipe = &sweep.recipe;
     if let Some((nodes, tasks)) = data_parallel {

@@ -331,6 +331,11 @@ pub struct WorkerPlan<'a> {
     pub threads: usize,
     /// Every worker is on the CPU: when one finishes, the others take its cores ([`crate::train::cores`]).
     pub share_cores: bool,
+    /// Arguments every worker gets after the recipe's (`--until-settled`'s pass).
+    pub child_args: Vec<String>,
+    /// The recipe the shards are merged under when it is not the one trained (`--until-settled`: the recipe
+    /// with every seed an arm may end with, so that rows of the other pass are kept).
+    pub merged: Option<&'a Recipe>,
 }
 
 /// The threads each of `running` CPU workers gets of a pool that started `workers` × `threads`: the
@@ -401,7 +406,7 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
             failures.push(format!("worker {k} failed: {last}"));
         }
     }
-    merge(recipe, plan.out, quiet)?;
+    merge(plan.merged.unwrap_or(recipe), plan.out, quiet)?;
     if interrupted {
         let at = format!("with the workers' states saved under {}", plan.out.join("shards").display());
         return Err(crate::train::Interrupted(at).into());
@@ -427,6 +432,7 @@ fn start_worker(recipe: &Recipe, plan: &WorkerPlan, k: usize, quiet: bool) -> Re
     }
     cmd.arg(plan.recipe_path)
         .args(recipe.overrides.args())
+        .args(&plan.child_args)
         .arg("--shard")
         .arg(format!("{k}/{n}"))
         .arg("--device")
@@ -503,6 +509,8 @@ pub struct SlurmPlan<'a> {
     pub gpus_per_task: usize,
     pub partition: Option<&'a str>,
     pub time: Option<&'a str>,
+    /// `--until-settled` with this cap: the pilot's array and merge, then the added seeds' array and merge.
+    pub until_settled: Option<usize>,
 }
 
 /// Writes `<out>/slurm/{array.sbatch, merge.sbatch, submit.sh}`: an array job with one task per shard,
@@ -578,16 +586,58 @@ impl ScriptParts {
 
 pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf> {
     let parts = ScriptParts::new(recipe, plan)?;
-    let ScriptParts { exe, recipe: recipe_path, out, dir, smoke, overrides, header, gpus } = &parts;
+    let dir = &parts.dir;
+    let Some(cap) = plan.until_settled else {
+        let submit = format!(
+            "#!/bin/bash\n# Submits the array job, then the merge job to run after every shard succeeded.\n\
+             set -euo pipefail\ncd {dir}\n\
+             array=$(sbatch --parsable array.sbatch)\n\
+             merge=$(sbatch --parsable --dependency=afterok:\"${{array%%;*}}\" merge.sbatch)\n\
+             echo \"array job $array ({n} shards), merge job $merge\"\n",
+            dir = shell_quote(dir),
+            n = plan.shards,
+        );
+        let (array, merge) = (array_script(&parts, plan, "", "shard-%a.log"), merge_script(&parts, "", "merge.log"));
+        return parts.write(&[("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)]);
+    };
+    // --until-settled: the seeds the added pass trains are read from the merged pilot, so the pilot's shards
+    // are merged before the second array starts; each job waits for the one before it to succeed.
+    let settle = format!(" --until-settled --max-seeds {cap}");
+    let phase = |p: &str| format!("{settle} --settle-phase {p}");
+    let submit = format!(
+        "#!/bin/bash\n# Submits --until-settled's four jobs, each to run after the one before it succeeded: the pilot's\n\
+         # array (the recipe's seeds), its merge, the added seeds' array (as many as the merged pilot asks\n\
+         # for, up to {cap} per arm), the final merge.\n\
+         set -euo pipefail\ncd {dir}\n\
+         pilot=$(sbatch --parsable pilot.sbatch)\n\
+         pilot_merge=$(sbatch --parsable --dependency=afterok:\"${{pilot%%;*}}\" pilot-merge.sbatch)\n\
+         added=$(sbatch --parsable --dependency=afterok:\"${{pilot_merge%%;*}}\" added.sbatch)\n\
+         merge=$(sbatch --parsable --dependency=afterok:\"${{added%%;*}}\" merge.sbatch)\n\
+         echo \"pilot array $pilot, its merge $pilot_merge, added seeds' array $added, merge $merge ({n} shards each)\"\n",
+        dir = shell_quote(dir),
+        n = plan.shards,
+    );
+    parts.write(&[
+        ("pilot.sbatch", array_script(&parts, plan, &phase("pilot"), "pilot-%a.log")),
+        ("pilot-merge.sbatch", merge_script(&parts, &settle, "pilot-merge.log")),
+        ("added.sbatch", array_script(&parts, plan, &phase("added"), "added-%a.log")),
+        ("merge.sbatch", merge_script(&parts, &settle, "merge.log")),
+        ("submit.sh", submit),
+    ])
+}
+
+/// An array job with one task per shard, each training its runs with `extra` arguments, logging to `log`.
+fn array_script(parts: &ScriptParts, plan: &SlurmPlan, extra: &str, log: &str) -> String {
+    let ScriptParts { exe, recipe, out, dir, smoke, overrides, header, gpus } = parts;
     // Two minutes before the time limit (or on preemption) Slurm sends SIGTERM to this script, which passes
     // it on; ablate finishes its step, saves the state and exits with EXIT_INTERRUPTED, and the task is
     // requeued to continue from there.
-    let array = format!(
+    format!(
         "{header}#SBATCH --array=0-{last}\n#SBATCH --cpus-per-task={cpus}\n{gpus}#SBATCH --output={log}\n\
          #SBATCH --signal=B:TERM@120\n#SBATCH --requeue\n\
          # Shard $SLURM_ARRAY_TASK_ID of {n}: trains every {n}th run of the recipe into {out}/shards/.\n\
          set -uo pipefail\n\
-         {exe} {recipe}{overrides} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
+         {exe} {recipe}{overrides}{extra} --shard \"$SLURM_ARRAY_TASK_ID/{n}\" --out {out} --device {device} \
          --threads \"${{SLURM_CPUS_PER_TASK:-1}}\"{smoke} --quiet &\n\
          pid=$!\n\
          trap 'kill -TERM \"$pid\" 2>/dev/null' TERM INT\n\
@@ -601,28 +651,21 @@ pub fn write_slurm_scripts(recipe: &Recipe, plan: &SlurmPlan) -> Result<PathBuf>
         interrupted = crate::train::EXIT_INTERRUPTED,
         last = plan.shards - 1,
         cpus = plan.cpus_per_task,
-        log = dir.join("shard-%a.log").display(),
+        log = dir.join(log).display(),
         n = plan.shards,
-        recipe = recipe_path,
         device = plan.device,
-    );
-    let merge = format!(
+    )
+}
+
+/// The job that combines the shards (`ablate merge` with `extra` arguments), logging to `log`.
+fn merge_script(parts: &ScriptParts, extra: &str, log: &str) -> String {
+    let ScriptParts { exe, recipe, out, dir, smoke, overrides, header, .. } = parts;
+    format!(
         "{header}#SBATCH --cpus-per-task=1\n#SBATCH --output={log}\n\
          # Combines the shards into {out}/runs.csv, curves.csv and the plots.\n\
-         set -euo pipefail\nexec {exe} merge {recipe}{overrides} --out {out}{smoke}\n",
-        log = dir.join("merge.log").display(),
-        recipe = recipe_path,
-    );
-    let submit = format!(
-        "#!/bin/bash\n# Submits the array job, then the merge job to run after every shard succeeded.\n\
-         set -euo pipefail\ncd {dir}\n\
-         array=$(sbatch --parsable array.sbatch)\n\
-         merge=$(sbatch --parsable --dependency=afterok:\"${{array%%;*}}\" merge.sbatch)\n\
-         echo \"array job $array ({n} shards), merge job $merge\"\n",
-        dir = shell_quote(dir),
-        n = plan.shards,
-    );
-    parts.write(&[("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)])
+         set -euo pipefail\nexec {exe} merge {recipe}{overrides}{extra} --out {out}{smoke}\n",
+        log = dir.join(log).display(),
+    )
 }
 
 /// Writes `<out>/slurm/{ddp.sbatch, submit.sh}`: one job of `nodes` × `tasks_per_node` tasks that `srun`
