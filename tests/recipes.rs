@@ -266,6 +266,31 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     let verdicts = ablate::run::reproduce::compare(&recipe, &again, &out).unwrap().unwrap();
     assert_eq!(verdicts.len(), 4, "2 variants × held-out loss and perplexity");
     assert!(verdicts.iter().all(|v| v.verdict == "reproduces"), "{verdicts:?}");
+    // A reference made before a key existed: without its column it still reproduces while the key is unset
+    // (empty), and is stale, naming the key, once the key has a value.
+    let without = |column: &str| {
+        let old = dir.join(format!("without-{column}"));
+        std::fs::create_dir_all(&old).unwrap();
+        for f in ["curves.csv", "recipe.resolved.yaml"] {
+            std::fs::copy(out.join(f), old.join(f)).unwrap();
+        }
+        let mut reader = csv::Reader::from_path(out.join("runs.csv")).unwrap();
+        let header = reader.headers().unwrap().clone();
+        let keep: Vec<usize> = (0..header.len()).filter(|&i| &header[i] != column).collect();
+        let mut writer = csv::Writer::from_path(old.join("runs.csv")).unwrap();
+        writer.write_record(keep.iter().map(|&i| &header[i])).unwrap();
+        for row in reader.records() {
+            let row = row.unwrap();
+            writer.write_record(keep.iter().map(|&i| &row[i])).unwrap();
+        }
+        writer.flush().unwrap();
+        ablate::run::reproduce::compare(&recipe, &again, &old).unwrap().unwrap()
+    };
+    assert_eq!(runs[0]["transformer.attention.pattern.window"], "", "an unset key's column is empty");
+    let unset = without("transformer.attention.pattern.window");
+    assert!(unset.iter().all(|v| v.verdict == "reproduces"), "{unset:?}");
+    let set = without("train.lr");
+    assert!(set.iter().all(|v| v.verdict == "stale" && v.rule.contains("predates `train.lr`")), "{set:?}");
     let longer = Overrides::parse(&["train.steps=7".to_string()], &[], Some("0")).unwrap();
     let longer = parse_with(&tiny_recipe(&dir), "tiny.yaml", "tiny", false, &longer).unwrap();
     // Rows of other configurations are never mixed into a directory: refused before training.

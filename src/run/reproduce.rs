@@ -70,9 +70,11 @@ fn match_reference<'a>(recipe: &Recipe, label: &str, theirs: &[&'a Row]) -> Matc
     let Some(first) = candidates.first() else {
         return Match::Stale(format!("the recipe has no variant `{label}` any more"));
     };
+    // A key the reference has no column for matches while it is unset (empty): an optional key added
+    // since, off, as every run was before it existed.
+    let agrees = |row: &Row, k: &str, v: &str| row.get(k).map_or(v.is_empty(), |old| old == v);
     for config in &candidates {
-        let rows: Vec<&Row> =
-            theirs.iter().copied().filter(|r| config.iter().all(|(k, v)| r.get(k) == Some(v))).collect();
+        let rows: Vec<&Row> = theirs.iter().copied().filter(|r| config.iter().all(|(k, v)| agrees(r, k, v))).collect();
         if !rows.is_empty() {
             return Match::Rows(rows);
         }
@@ -84,7 +86,7 @@ fn match_reference<'a>(recipe: &Recipe, label: &str, theirs: &[&'a Row]) -> Matc
     let differences: Vec<String> = first
         .iter()
         .filter(|(k, _)| !tuned.contains(&k.as_str()))
-        .filter(|(k, v)| theirs[0].get(k) != Some(v))
+        .filter(|(k, v)| !agrees(theirs[0], k, v))
         .take(3)
         .map(|(k, v)| match theirs[0].get(k) {
             None => format!("the reference predates `{k}` (now {v})"),
