@@ -118,3 +118,53 @@ fn a_tiny_bert_pretrains_and_then_tells_spam_from_ham() {
     assert!(curves.contains("pretrain_val,mlm_loss") && curves.contains("val,f1"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_few_labelled_examples_are_memorised_and_more_than_the_split_holds_is_refused_before_training() {
+    // bert.labelled_examples: 4 fine-tunes on four emails, which a tiny BERT memorises (its training loss
+    // falls near zero) where the whole split (4,361 training emails after validation) keeps it far above.
+    let dir = common::scratch("bert-few-labels");
+    let text = |labelled: &str| {
+        format!(
+            "kind: bert\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 64\n  dropout: 0.0\ndata:\n  max_chars: 200000\n  \
+             tokenizer: wordpiece\n  vocab_size: 800\ntrain:\n  steps: 80\n  batch_size: 16\n  lr: 2.0e-3\n  warmup_steps: 5\n  \
+             eval_interval: 80\n  eval_batches: 2\n  log_interval: 10\nbert:\n  task: spam\n{labelled}"
+        )
+    };
+    let train_loss = |labelled: &str, name: &str| -> Result<f64, String> {
+        let recipe = ablate::recipe::parse(&text(labelled), "b.yaml", "b", false).map_err(|e| e.to_string())?;
+        let out = dir.join(name);
+        let opts =
+            ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
+        ablate::run::sweep::run_recipe(&recipe, &opts).map_err(|e| format!("{e:#}"))?;
+        let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
+        Ok(runs[0]["train_loss"].parse().unwrap())
+    };
+    let few = train_loss("  labelled_examples: 4\n", "few").unwrap();
+    let all = train_loss("", "all").unwrap();
+    assert!(few < 0.1 && few < all / 3.0, "four examples: training loss {few}; all of them: {all}");
+    let err = train_loss("  labelled_examples: 100000\n", "too-many").unwrap_err();
+    assert!(
+        err.contains("bert.labelled_examples 100000") && err.contains("holds") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!dir.join("too-many/runs.csv").exists(), "nothing trained");
+    let err = train_loss("  labelled_examples: 0\n", "zero").unwrap_err();
+    assert!(err.contains("bert.labelled_examples") && err.contains("at least 1"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_spam_emails_corpus_is_the_training_emails_text_without_labels_or_test_emails() {
+    let emails = ablate::data::spam::spam_assassin().unwrap();
+    let text = ablate::data::text::spam_training_text(&emails);
+    let cfg: ablate::recipe::DataConfig = serde_yaml::from_str("corpus: spam_emails").unwrap();
+    assert_eq!(ablate::data::text::load_text(&cfg).unwrap(), text, "data.corpus: spam_emails reads it");
+    let (train, test): (Vec<_>, Vec<_>) = emails.iter().partition(|e| !e.test);
+    assert!(train.iter().all(|e| text.contains(e.text.trim_end())));
+    // A test email whose text is not also a training email's (a few are duplicates across the split).
+    let unseen = test.iter().filter(|e| !train.iter().any(|t| t.text == e.text)).count();
+    let leaked = test.iter().filter(|e| !train.iter().any(|t| t.text == e.text) && text.contains(e.text.trim_end()));
+    assert!(unseen > 1000 && leaked.count() == 0, "{unseen} test emails unseen");
+    assert!(text.matches("\n\n").count() >= train.len());
+}

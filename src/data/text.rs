@@ -19,12 +19,23 @@ pub fn load_text(cfg: &DataConfig) -> Result<String> {
         }
         None => match cfg.corpus {
             Corpus::Bible => std::fs::read_to_string(bible_path()?)?,
+            Corpus::SpamEmails => spam_training_text(&super::spam::spam_assassin()?),
         },
     };
     Ok(match cfg.max_chars {
         Some(n) => text.chars().take(n).collect(),
         None => text,
     })
+}
+
+/// The text of the spam task's training emails, each followed by a blank line; no label, no test email.
+pub fn spam_training_text(emails: &[super::spam::Email]) -> String {
+    let mut text = String::new();
+    for email in emails.iter().filter(|e| !e.test) {
+        text.push_str(email.text.trim_end());
+        text.push_str("\n\n");
+    }
+    text
 }
 
 /// The cached World English Bible, built from the Debian package on first use.

@@ -318,6 +318,9 @@ fn bert_key(cfg: &Config, key: &str) -> Option<String> {
         "init_from" if b.task == BertTask::Pretrain => {
             Some("starts a fine-tuning task from a checkpoint; task: pretrain starts from random weights".into())
         }
+        "labelled_examples" if b.task == BertTask::Pretrain => {
+            Some("limits a fine-tuning task's labelled examples; task: pretrain reads no labels".into())
+        }
         _ => None,
     }
 }

@@ -590,6 +590,11 @@ pub struct BertConfig {
     /// `train.checkpoint`); its model and tokenizer settings must match this run's, and the run tokenises
     /// with the vocabulary stored in it. A path starting with `$RESULTS/` is another recipe's output.
     pub init_from: Option<String>,
+    /// Fine-tune on only this many labelled training examples (`null`: all of them): a subset drawn with the
+    /// run's seed, so arms with the same seed fine-tune on the same examples; the validation and test rows
+    /// are set aside first and stay whole. For the value of pre-training when labels are few (Devlin et al.
+    /// 2019; Gururangan et al. 2020). More than the task's training split holds is refused before training.
+    pub labelled_examples: Option<i64>,
 }
 
 /// `bert.init_from: $RESULTS/<recipe>/checkpoints/<run>.safetensors` names a checkpoint saved by another
@@ -628,6 +633,7 @@ impl Default for BertConfig {
             replace_rule: true,
             eval_mask_fraction: None,
             init_from: None,
+            labelled_examples: None,
         }
     }
 }
@@ -942,7 +948,8 @@ pub struct DataConfig {
     pub copy_length: i64,
     /// Copy task: alphabet size.
     pub copy_symbols: i64,
-    /// The default corpus: `bible` (the World English Bible).
+    /// The corpus: `bible` (the World English Bible, the default) or `spam_emails` (the SpamAssassin
+    /// training emails' text without labels, for pre-training on a task's own text).
     pub corpus: Corpus,
     /// A local UTF-8 text file to use instead of the corpus.
     pub path: Option<String>,
@@ -1048,7 +1055,12 @@ pub enum Task {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Corpus {
+    /// The World English Bible (public domain), one verse per line, from Debian's `sword-text-web`.
     Bible,
+    /// The subject and body of the SpamAssassin emails of the spam task's training split, one after another,
+    /// without their labels; the task's test emails are not in it. Pre-training on it is pre-training on
+    /// the task's own unlabelled text (Gururangan et al. 2020's task-adaptive pre-training).
+    SpamEmails,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]

@@ -579,6 +579,9 @@ impl Config {
         }
         open_fraction("bert.mask_fraction", b.mask_fraction)?;
         at_least("bert.pretrain_steps", b.pretrain_steps, 0)?;
+        if let Some(n) = b.labelled_examples {
+            at_least("bert.labelled_examples", n, 1)?;
+        }
         if let Some(f) = b.eval_mask_fraction {
             open_fraction("bert.eval_mask_fraction", f)?;
         }

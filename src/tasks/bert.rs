@@ -976,13 +976,31 @@ impl Task for Bert {
             }
         }
         let key = text_key(cfg, &data.results_root);
-        let set = DataCache::get_or_load(&mut data.text, key, || match &init_from {
+        let set = DataCache::get_or_load(&mut data.text, key.clone(), || match &init_from {
             Some(path) => pretrained_vocabulary_data(&cfg.data, path),
             None => Dataset::load(&cfg.data),
         })?;
         set.check_block_size(cfg.longest_window())?;
         if cfg.bert().task == BertTask::Spam && data.emails.is_none() {
             data.emails = Some(crate::data::spam::spam_assassin()?);
+        }
+        // More labelled examples than the task's training split holds is refused here, before any run of
+        // the sweep trains: spam's split is one row per training email; the corpus tasks' are built to count.
+        let b = cfg.bert();
+        match (b.labelled_examples, b.task, data.emails.as_deref()) {
+            (None, _, _) | (_, BertTask::Pretrain, _) => {}
+            (Some(n), BertTask::Spam, Some(emails)) => {
+                let training = emails.iter().filter(|e| !e.test).count();
+                let rows = crate::data::carve_validation(training, cfg.data.validation_fraction).0.len();
+                labelled_subset(rows as i64, Some(n), cfg.train.seed, b.task)?;
+            }
+            _ => {
+                let Dataset::Text(text) = DataCache::loaded(&data.text, &key)? else {
+                    bail!("kind bert reads text (data.task: text)")
+                };
+                let specials = Specials::of(&text.tokenizer)?;
+                TaskSplits::make(&TaskExamples { cfg, data: text, emails: data.emails.as_deref(), specials })?;
+            }
         }
         Ok(())
     }
@@ -1095,6 +1113,7 @@ fn train_bert(
         if matches!(head, TaskHead::None) {
             break 'phases optimise(t, &pretraining, &mut vs, device, progress, state)?;
         }
+        let splits = TaskSplits::make(&TaskExamples { cfg, data, emails, specials })?;
         if b.pretrain_steps > 0 {
             let pre = crate::recipe::TrainConfig { steps: b.pretrain_steps, lr: b.pretrain_lr, ..t.clone() };
             let mut run = optimise_phase("pretrain", &pre, &pretraining, &mut vs, device, state)?;
@@ -1109,8 +1128,7 @@ fn train_bert(
             pretrained_eval = Some(run.test_eval);
             pretraining_peak_mb = run.peak_memory_mb;
         }
-        let examples = TaskExamples { cfg, data, emails, specials };
-        fine_tune(&examples, &mlm, &head, &mut vs, Phase { device, progress, state })?
+        fine_tune(&splits, cfg, &mlm, &head, &mut vs, Phase { device, progress, state })?
     };
     tokens_seen += run.steps_done * phase_tokens;
     train_time += run.train_time;
@@ -1141,12 +1159,6 @@ fn train_bert(
     Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer.clone()) })
 }
 
-/// `examples` split into training and validation rows ([`validation_rows`]).
-fn carve_labelled(examples: &Labelled, fraction: f64) -> (Labelled, Labelled) {
-    let (train, validation) = validation_rows(examples.len(), fraction);
-    (examples.rows(&train, Device::Cpu), examples.rows(&validation, Device::Cpu))
-}
-
 /// What a fine-tuning task's examples are made from: the run's config, its corpus and tokenizer, the
 /// emails (task spam) and the tokenizer's special tokens.
 struct TaskExamples<'a> {
@@ -1163,50 +1175,138 @@ struct Phase<'a> {
     state: Option<&'a StateFile>,
 }
 
-/// Fine-tunes `head` (and the encoder under it) on its task: spam classification, punctuation tagging or
-/// phrase location, each with its examples made from `examples`.
+/// A fine-tuning task's examples: training, validation and test rows, made before any training so that
+/// what cannot be made (a phrase that fits no block, more labelled examples than the split holds) is
+/// refused before pre-training starts.
+enum TaskSplits {
+    /// Spam classification and punctuation tagging.
+    Labelled { train: Labelled, validation: Labelled, test: Labelled },
+    /// Phrase location.
+    Span { train: SpanExamples, validation: SpanExamples, test: SpanExamples },
+}
+
+/// The rows of a training split of `len` rows that a run with `bert.labelled_examples: n` fine-tunes on:
+/// `n` of them, drawn with the run's `seed` (a permutation of its own, so the model's initialisation and
+/// the batches draw from libtorch's generator as without the key); `None` for all of them.
+fn labelled_subset(len: i64, n: Option<i64>, seed: u64, task: BertTask) -> Result<Option<Tensor>> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let Some(n) = n else { return Ok(None) };
+    if n > len {
+        bail!(
+            "bert.labelled_examples {n}: the {} task's training split holds {len} examples (after its validation rows)",
+            serde_yaml::to_string(&task).unwrap_or_default().trim()
+        );
+    }
+    let mut order: Vec<i64> = (0..len).collect();
+    order.shuffle(&mut rand_pcg::Pcg64::seed_from_u64(seed ^ 0x1abe_11ed));
+    order.truncate(n as usize);
+    Ok(Some(Tensor::from_slice(&order)))
+}
+
+impl TaskSplits {
+    /// `examples`' task split into rows: the test split as the task defines it, validation rows carved
+    /// from its training split, and of the rest the `bert.labelled_examples` subset.
+    fn make(examples: &TaskExamples) -> Result<Self> {
+        let TaskExamples { cfg, data, emails, specials } = *examples;
+        let (b, block, fraction) = (cfg.bert(), cfg.transformer.block_size, cfg.data.validation_fraction);
+        let subset = |len: i64| labelled_subset(len, b.labelled_examples, cfg.train.seed, b.task);
+        let carve = |all: &Labelled| -> Result<(Labelled, Labelled)> {
+            let (train, validation) = validation_rows(all.len(), fraction);
+            let train = all.rows(&train, Device::Cpu);
+            let train = match subset(train.len())? {
+                Some(rows) => train.rows(&rows, Device::Cpu),
+                None => train,
+            };
+            Ok((train, all.rows(&validation, Device::Cpu)))
+        };
+        Ok(match b.task {
+            BertTask::Pretrain => bail!("task: pretrain has no labelled examples"),
+            BertTask::Spam => {
+                let emails = emails.context("task spam needs the SpamAssassin emails")?;
+                let (all, test) = spam_inputs(emails, &data.tokenizer, block)?;
+                let (train, validation) = carve(&all)?;
+                TaskSplits::Labelled { train, validation, test }
+            }
+            BertTask::Punctuation => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
+                let (all, test) = (examples(&train)?, examples(&test)?);
+                let (train, validation) = carve(&all)?;
+                TaskSplits::Labelled { train, validation, test }
+            }
+            BertTask::Locate => {
+                let (train, test) = task_pieces(cfg)?;
+                let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
+                let (all, test) = (examples(&train, 1)?, examples(&test, 2)?);
+                let (train_rows, validation_rows) = validation_rows(all.ids.size()[0], fraction);
+                let (train, validation) = (all.rows(&train_rows, Device::Cpu), all.rows(&validation_rows, Device::Cpu));
+                if [&train, &validation, &test].iter().any(|split| split.start.numel() == 0) {
+                    bail!(
+                        "task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}"
+                    );
+                }
+                let train = match subset(train.ids.size()[0])? {
+                    Some(rows) => train.rows(&rows, Device::Cpu),
+                    None => train,
+                };
+                TaskSplits::Span { train, validation, test }
+            }
+        })
+    }
+}
+
+/// Fine-tunes `head` (and the encoder under it) on its task's `splits`: spam classification, punctuation
+/// tagging or phrase location.
 fn fine_tune(
-    examples: &TaskExamples,
+    splits: &TaskSplits,
+    cfg: &Config,
     mlm: &MaskedLm,
     head: &TaskHead,
     vs: &mut nn::VarStore,
     phase: Phase,
 ) -> Result<Optimised> {
-    let TaskExamples { cfg, data, emails, specials } = *examples;
-    let (t, block) = (&cfg.train, cfg.transformer.block_size);
+    let t = &cfg.train;
     let (bert, batch, device) = (&mlm.bert, t.batch_size, phase.device);
     let (progress, state) = (phase.progress, phase.state);
-    match head {
-        TaskHead::None => unreachable!("a pre-training run has no head to fine-tune"),
-        TaskHead::Sequence(classifier) => {
-            let emails = emails.context("task spam needs the SpamAssassin emails")?;
-            let (train, test) = spam_inputs(emails, &data.tokenizer, block)?;
-            let (train, validation) = carve_labelled(&train, cfg.data.validation_fraction);
-            let held_out = HeldOutRows { validation: &validation, test: &test };
-            let task = Classification { bert, classifier, train: &train, held_out, batch, device };
+    match (head, splits) {
+        (TaskHead::Sequence(classifier), TaskSplits::Labelled { train, validation, test }) => {
+            let held_out = HeldOutRows { validation, test };
+            let task = Classification { bert, classifier, train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
-        TaskHead::Tokens(tagger) => {
-            let (train, test) = task_pieces(cfg)?;
-            let examples = |p: &[Passage]| punctuation_examples(&data.tokenizer, p, block, specials);
-            let (train, test) = (examples(&train)?, examples(&test)?);
-            let (train, validation) = carve_labelled(&train, cfg.data.validation_fraction);
-            let held_out = HeldOutRows { validation: &validation, test: &test };
-            let task = Tagging { bert, tagger, train: &train, held_out, batch, device };
+        (TaskHead::Tokens(tagger), TaskSplits::Labelled { train, validation, test }) => {
+            let held_out = HeldOutRows { validation, test };
+            let task = Tagging { bert, tagger, train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
-        TaskHead::Span(span) => {
-            let (train, test) = task_pieces(cfg)?;
-            let examples = |p: &[Passage], key: u64| locate_examples(&data.tokenizer, p, block, specials, key);
-            let (train, test) = (examples(&train, 1)?, examples(&test, 2)?);
-            let (train_rows, validation_rows) = validation_rows(train.ids.size()[0], cfg.data.validation_fraction);
-            let (train, validation) = (train.rows(&train_rows, Device::Cpu), train.rows(&validation_rows, Device::Cpu));
-            if [&train, &validation, &test].iter().any(|split| split.start.numel() == 0) {
-                bail!("task locate: no passage of the corpus has a phrase that fits transformer.block_size = {block}");
-            }
-            let held_out = HeldOutRows { validation: &validation, test: &test };
-            let task = Locating { bert, span, train: &train, held_out, batch, device };
+        (TaskHead::Span(span), TaskSplits::Span { train, validation, test }) => {
+            let held_out = HeldOutRows { validation, test };
+            let task = Locating { bert, span, train, held_out, batch, device };
             optimise(t, &task, vs, device, progress, state)
         }
+        _ => unreachable!("TaskSplits::make builds the splits of the head's task"),
+    }
+}
+
+#[cfg(test)]
+mod labelled_subset_tests {
+    use super::*;
+
+    #[test]
+    fn the_labelled_subset_is_n_distinct_rows_drawn_by_the_seed() {
+        let rows = |n, seed| {
+            Vec::<i64>::try_from(labelled_subset(100, Some(n), seed, BertTask::Spam).unwrap().unwrap()).unwrap()
+        };
+        let a = rows(10, 0);
+        assert_eq!(a.len(), 10);
+        assert!(a.iter().all(|&r| (0..100).contains(&r)));
+        assert_eq!(a.iter().collect::<std::collections::HashSet<_>>().len(), 10, "{a:?}");
+        assert_eq!(rows(10, 0), a, "the same seed draws the same rows");
+        assert_ne!(rows(10, 1), a, "another seed draws others");
+        assert_eq!(rows(100, 3).len(), 100);
+        assert!(labelled_subset(100, None, 0, BertTask::Spam).unwrap().is_none());
+        let e = labelled_subset(100, Some(101), 0, BertTask::Punctuation).unwrap_err().to_string();
+        assert!(e.contains("punctuation task's training split holds 100"), "{e}");
     }
 }
