@@ -139,17 +139,16 @@ pub fn refusals() -> Vec<Refusal> {
     let section_refused = |cfg: &Config, key: &str| unread(cfg, key.split('.').next().unwrap_or(key));
     let mut sections_done = Vec::new();
     for (key, kind_of_value, _) in leaves.iter().filter(|(k, _, _)| !k.contains("[]") && k != "kind") {
-        let at_defaults: Vec<(Kind, Option<String>)> = defaults
+        // Every kind whose config has the key, with its defaults and why it does not read the key there.
+        let at_defaults: Vec<(Kind, &Config, Option<String>)> = defaults
             .iter()
             .filter(|(_, _, json)| default_text(json, key) != "missing")
-            .map(|(kind, cfg, _)| (*kind, unread(cfg, key)))
+            .map(|(kind, cfg, _)| (*kind, cfg, unread(cfg, key)))
             .collect();
-        if at_defaults.iter().all(|(_, why)| why.is_some()) {
+        if at_defaults.iter().all(|(_, _, why)| why.is_some()) {
             continue;
         }
-        for ((kind, why), (_, cfg, _)) in
-            at_defaults.iter().zip(defaults.iter().filter(|(_, _, j)| default_text(j, key) != "missing"))
-        {
+        for (kind, cfg, why) in &at_defaults {
             let Some(why) = why else { continue };
             match section_refused(cfg, key) {
                 Some(section_why) => {
@@ -170,8 +169,8 @@ pub fn refusals() -> Vec<Refusal> {
         for value in values {
             let outcomes: Vec<(Kind, Option<String>)> = at_defaults
                 .iter()
-                .filter(|(_, why)| why.is_none())
-                .map(|(kind, _)| {
+                .filter(|(_, _, why)| why.is_none())
+                .map(|(kind, _, _)| {
                     let text = minimal_recipe(*kind, key, value);
                     // The reason after the location and the key (`r.yaml:3: transformer.pe: …`); an error
                     // about another key (a tokenizer's size) is no refusal of this value.
