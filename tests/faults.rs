@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Two (or `runs`) small runs on a text file, with state checkpoints every `every` steps.
-fn write_recipe(dir: &Path, steps: i64, every: i64) -> PathBuf {
+/// Two small runs on a text file, with state checkpoints every `every` steps (none but on a signal: `None`).
+fn write_recipe(dir: &Path, steps: i64, every: Option<i64>) -> PathBuf {
+    let every = every.map_or(String::new(), |k| format!("  checkpoint_every: {k}\n"));
     let data = dir.join("corpus.txt");
     std::fs::write(&data, "what survives a fault is what was written whole. ".repeat(80)).unwrap();
     let recipe = dir.join("faults.yaml");
@@ -18,8 +19,8 @@ fn write_recipe(dir: &Path, steps: i64, every: i64) -> PathBuf {
         &recipe,
         format!(
             "kind: lm\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\ndata:\n  path: {}\n\
-             train:\n  steps: {steps}\n  batch_size: 8\n  eval_interval: 50\n  eval_batches: 2\n  log_interval: 10\n  \
-             checkpoint_every: {every}\nsweep:\n  transformer.heads: [1, 2]\n",
+             train:\n  steps: {steps}\n  batch_size: 8\n  eval_interval: 50\n  eval_batches: 2\n  log_interval: 10\n\
+             {every}sweep:\n  transformer.heads: [1, 2]\n",
             data.display()
         ),
     )
@@ -45,7 +46,7 @@ fn message_lines(log: &str, marker: &str) -> Vec<String> {
 #[test]
 fn a_torn_runs_csv_loses_only_its_torn_record() {
     let dir = scratch("torn");
-    let recipe = write_recipe(&dir, 30, 1000);
+    let recipe = write_recipe(&dir, 30, Some(1000));
     let reference = dir.join("reference");
     assert!(ablate(&recipe, &reference).arg("--quiet").status().unwrap().success());
     // A write cut short: the second row loses its end (no line break), as power loss or a full disk leaves it.
@@ -76,7 +77,7 @@ fn a_torn_runs_csv_loses_only_its_torn_record() {
 #[test]
 fn an_unreadable_state_is_set_aside_and_the_run_restarts() {
     let dir = scratch("bad-state");
-    let recipe = write_recipe(&dir, 30, 10);
+    let recipe = write_recipe(&dir, 30, Some(10));
     let reference = dir.join("reference");
     assert!(ablate(&recipe, &reference).arg("--quiet").status().unwrap().success());
     // A state file of garbage where the first run's state would be (a safetensors header of absurd size).
@@ -106,7 +107,7 @@ fn an_unreadable_state_is_set_aside_and_the_run_restarts() {
 #[test]
 fn a_second_process_on_the_same_directory_is_refused_naming_the_first() {
     let dir = scratch("lock");
-    let recipe = write_recipe(&dir, 30, 1000);
+    let recipe = write_recipe(&dir, 30, Some(1000));
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     // This test process holds the directory, as a running sweep would.
@@ -129,15 +130,19 @@ fn a_second_process_on_the_same_directory_is_refused_naming_the_first() {
 #[test]
 fn sigterm_saves_the_state_and_the_rerun_ends_as_an_undisturbed_run() {
     let dir = scratch("sigterm");
-    let recipe = write_recipe(&dir, 1500, 100_000);
+    let recipe = write_recipe(&dir, 1500, None);
     let reference = dir.join("reference");
     assert!(ablate(&recipe, &reference).arg("--quiet").status().unwrap().success());
-    // No state is saved before the signal but at a run's end (checkpoint_every is past it): SIGTERM after a
-    // moment of training.
+    // Without checkpoint_every no state is saved but on the signal: SIGTERM after a moment of training.
     let out = dir.join("out");
     let mut child = ablate(&recipe, &out).arg("--quiet").stderr(Stdio::piped()).spawn().unwrap();
     let started = Instant::now();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The signal handler is installed before the sweep locks its directory: wait for the lock (a loaded
+    // machine can take seconds to load libtorch), then for a moment of training.
+    while !out.join(".ablate.lock").exists() && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
     assert!(child.try_wait().unwrap().is_none(), "the run finished before the signal");
     // SAFETY: kill() on our own child's pid.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -154,13 +159,15 @@ fn sigterm_saves_the_state_and_the_rerun_ends_as_an_undisturbed_run() {
     let log = stderr_of(&resumed);
     assert!(resumed.status.success() && log.contains("resumed from step"), "{log}");
     assert_eq!(runs_without_timings(&out), runs_without_timings(&reference));
+    // The signal's state belonged to a step the finished run has passed: it is gone.
+    assert!(!Path::new(state).exists(), "a finished run keeps the state of its interruption: {state}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_full_disk_fails_cleanly_and_leaves_no_temporary_file() {
     let dir = scratch("full-disk");
-    let recipe = write_recipe(&dir, 30, 10);
+    let recipe = write_recipe(&dir, 30, Some(10));
     let out = dir.join("out");
     // The file-size limit makes every write past 64 KiB fail as a full disk would (EFBIG; SIGXFSZ ignored):
     // the state checkpoint, well over that, cannot be written.
@@ -198,7 +205,7 @@ fn a_full_disk_fails_cleanly_and_leaves_no_temporary_file() {
 #[test]
 fn an_impossible_size_is_refused_before_training_with_the_estimate() {
     let dir = scratch("huge");
-    let recipe = write_recipe(&dir, 30, 1000);
+    let recipe = write_recipe(&dir, 30, Some(1000));
     let out = dir.join("out");
     for command in [&["check"][..], &[][..]] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ablate"));

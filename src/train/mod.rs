@@ -734,6 +734,11 @@ fn save_or_stop(
             let at = format!("after step {done}, its state saved in {}", s.path.display());
             return Err(Interrupted(at).into());
         }
+        if last && t.checkpoint_every.is_none() {
+            // A state saved on an earlier interruption belongs to a step this run has now passed; a run
+            // without `checkpoint_every` keeps none once it finishes. (Absent: nothing to remove.)
+            let _ = std::fs::remove_file(&s.path);
+        }
     } else if let (true, Some(g)) = (stop, distributed::current()) {
         let at = format!("after step {done} on rank {} (rank 0 saved the state)", g.rank);
         return Err(Interrupted(at).into());
