@@ -110,6 +110,15 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
         let norm = if t.final_norm { crate::transformer::norm::NormLayer::parameters(t.d_model, t.norm) } else { 0 };
         (norm + t.attention.pattern.global_tokens * t.d_model) as f64
     };
+    // A stack over a vocabulary: its layers, its embeddings and output layer, `positions` learned positions,
+    // its final norm and global tokens, its value-embedding tables.
+    let token_model = |spec: &crate::transformer::spec::TransformerSpec, vocab: f64, positions: f64, grid| {
+        stack_parameters(spec, t.layers, no_cross, grid)
+            + outputs(vocab)
+            + learned_positions(positions)
+            + stack_extras
+            + value_tables(vocab)
+    };
     match cfg.kind {
         Kind::Swin | Kind::Davit => {
             let s = cfg.staged_spec();
@@ -151,29 +160,11 @@ pub fn parameters(cfg: &Config, vocab: f64) -> f64 {
             let g = cfg.image_gpt_spec();
             let grid = Some(Grid { side: g.grid(), lead: 1 });
             // The palette and a start token.
-            let vocab = (g.palette + 1) as f64;
-            stack_parameters(&g.transformer, t.layers, no_cross, grid)
-                + outputs(vocab)
-                + learned_positions((g.grid() * g.grid()) as f64)
-                + stack_extras
-                + value_tables(vocab)
+            token_model(&g.transformer, (g.palette + 1) as f64, (g.grid() * g.grid()) as f64, grid)
         }
         // BERT adds a pooler and the masked-LM head's dense layer (D × D each) to the embeddings.
-        Kind::Bert => {
-            stack_parameters(&t, t.layers, no_cross, None)
-                + outputs(vocab)
-                + 2.0 * d * d
-                + learned_positions(blocks)
-                + stack_extras
-                + value_tables(vocab)
-        }
-        _ => {
-            stack_parameters(&t, t.layers, no_cross, None)
-                + outputs(vocab)
-                + learned_positions(blocks)
-                + stack_extras
-                + value_tables(vocab)
-        }
+        Kind::Bert => token_model(&t, vocab, blocks, None) + 2.0 * d * d,
+        _ => token_model(&t, vocab, blocks, None),
     }
 }
 
