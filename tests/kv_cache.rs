@@ -14,6 +14,13 @@ use ablate::transformer::spec::{
 };
 use tch::{nn, Device, Kind, Tensor};
 
+/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
+/// test holds this lock, so no other test draws between its seed and its draws.
+fn generator() -> std::sync::MutexGuard<'static, ()> {
+    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const VOCAB: i64 = 13;
 
 /// libtorch's generator is one per process: the tests here take turns, so a seeded sample is not disturbed
@@ -101,6 +108,7 @@ fn patterns() -> Vec<(&'static str, Pattern, Implementation)> {
 
 #[test]
 fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern() {
+    let _generator = generator();
     let _turn = exclusive();
     use PositionEncoding::*;
     let mut cases = Vec::new();
@@ -142,6 +150,7 @@ fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern
 
 #[test]
 fn greedy_sampled_and_beam_tokens_are_the_same_with_and_without_the_cache() {
+    let _generator = generator();
     let _turn = exclusive();
     for (i, encoding) in
         [PositionEncoding::Learned, PositionEncoding::Rope, PositionEncoding::T5].into_iter().enumerate()
@@ -168,6 +177,7 @@ fn greedy_sampled_and_beam_tokens_are_the_same_with_and_without_the_cache() {
 
 #[test]
 fn a_batch_through_the_cache_one_token_at_a_time_equals_one_forward_pass() {
+    let _generator = generator();
     let _turn = exclusive();
     // Prefill 3 positions, then one at a time: the logits of every position equal the uncached forward's.
     let spec = decoder_spec(PositionEncoding::Rope, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
@@ -196,6 +206,7 @@ fn a_batch_through_the_cache_one_token_at_a_time_equals_one_forward_pass() {
 
 #[test]
 fn the_cache_grows_past_its_buffers_and_reorders_without_losing_a_position() {
+    let _generator = generator();
     let _turn = exclusive();
     // Chunks of uneven size cross the buffers' doublings (16, 32, 64 positions), with a beam-style reorder
     // in the middle: every chunk's logits equal the uncached forward's over the reordered sequence.
@@ -222,6 +233,7 @@ fn the_cache_grows_past_its_buffers_and_reorders_without_losing_a_position() {
 
 #[test]
 fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
+    let _generator = generator();
     let _turn = exclusive();
     for (i, encoding) in
         [PositionEncoding::Sinusoidal, PositionEncoding::Rope, PositionEncoding::T5].into_iter().enumerate()
@@ -261,6 +273,7 @@ fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
 
 #[test]
 fn image_completions_are_the_same_with_the_cache_on_the_grid() {
+    let _generator = generator();
     let _turn = exclusive();
     for (i, (encoding, globals)) in
         [(PositionEncoding::Learned, 0), (PositionEncoding::Bias2d, 0), (PositionEncoding::Rope, 2)]
