@@ -174,15 +174,12 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// runs.csv's rows by run id, without the columns that time a run, for comparing runs trained in different
-/// processes (one process appends the added seeds' rows in the order they finish, a merge in the recipe's).
-fn untimed(dir: &Path) -> Vec<std::collections::BTreeMap<String, String>> {
-    let timing = ["wall_s", "tokens_per_s", "model_tflops", "mfu", "peak_memory_mb"];
-    let mut rows = read_runs(&dir.join("runs.csv")).unwrap();
-    for r in &mut rows {
-        r.retain(|k, _| !timing.contains(&k.as_str()));
-    }
-    rows.sort_by(|a, b| a["run_id"].cmp(&b["run_id"]));
+/// `common::runs_without_timings` by run id: one process appends the added seeds' rows in the order they
+/// finish, a merge writes them in the recipe's.
+fn untimed(dir: &Path) -> Vec<Vec<(String, String)>> {
+    let mut rows = common::runs_without_timings(dir);
+    let id = |row: &Vec<(String, String)>| row.iter().find(|(k, _)| k == "run_id").map(|(_, v)| v.clone());
+    rows.sort_by_key(id);
     rows
 }
 

@@ -103,26 +103,26 @@ impl Settling {
         Ok(Self { cap, pool, full })
     }
 
-    /// The runs of one pass over `base` (the recipe as given): the pilot's seeds, or every seed the
-    /// pilot's rows in `out` ask for (a function of those rows alone, so every shard computes the same list).
-    fn pass(&self, base: &Recipe, phase: SettlePhase, out: &std::path::Path) -> anyhow::Result<Recipe> {
-        use ablate::run::settle;
-        let targets = match phase {
-            SettlePhase::Pilot => Default::default(),
-            SettlePhase::Added => settle::targets(out, base, self.cap)?,
-        };
-        let pilot = base.seeds.len();
-        let runs = self.full.runs.iter().filter(|r| settle::keeps(r, &self.pool, pilot, &targets)).cloned().collect();
-        Ok(Recipe { runs, ..self.full.clone() })
+    /// Per arm, the seeds it should end with: none for the pilot, else what the pilot's rows in `out` ask
+    /// for (a function of those rows alone, so every shard computes the same list).
+    fn targets(&self, base: &Recipe, phase: SettlePhase, out: &std::path::Path) -> anyhow::Result<Targets> {
+        Ok(match phase {
+            SettlePhase::Pilot => Targets::new(),
+            SettlePhase::Added => ablate::run::settle::targets(out, base, self.cap)?,
+        })
     }
 
-    /// The arms whose seeds the added pass raises, for the opening line.
-    fn added(&self, base: &Recipe, out: &std::path::Path) -> anyhow::Result<Vec<String>> {
-        let targets = ablate::run::settle::targets(out, base, self.cap)?;
+    /// The runs of one pass over `base` (the recipe as given) with `targets`, and any run `also` keeps, in
+    /// the order of the full recipe.
+    fn pass(&self, base: &Recipe, targets: &Targets, also: impl Fn(&ablate::recipe::RunSpec) -> bool) -> Recipe {
         let pilot = base.seeds.len();
-        Ok(targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect())
+        let keeps = |r: &&ablate::recipe::RunSpec| ablate::run::settle::keeps(r, &self.pool, pilot, targets) || also(r);
+        Recipe { runs: self.full.runs.iter().filter(keeps).cloned().collect(), ..self.full.clone() }
     }
 }
+
+/// Per arm (variant label), the seeds it should end with under `--until-settled`.
+type Targets = std::collections::BTreeMap<String, usize>;
 
 impl RunArgs {
     /// Whether the sweep is spread over several processes of this machine (or limited to one shard).
@@ -258,7 +258,10 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
     let base = &sweep.recipe;
     let opts = SweepOptions { out: &sweep.out, device, force: args.force, quiet: args.quiet, shard: args.shard };
     match (args.shard, args.settle_phase) {
-        (Some(_), Some(phase)) => return run_recipe(&settling.pass(base, phase, &sweep.out)?, &opts),
+        (Some(_), Some(phase)) => {
+            let targets = settling.targets(base, phase, &sweep.out)?;
+            return run_recipe(&settling.pass(base, &targets, |_| false), &opts);
+        }
         (Some(shard), None) => anyhow::bail!(
             "--until-settled --shard {shard}: a shard trains one of the two passes: add --settle-phase pilot (the recipe's seeds), or --settle-phase added once `ablate merge {} --until-settled` has combined the pilot",
             sweep.path.display()
@@ -266,9 +269,13 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         _ => {}
     }
     let workers = worker_devices(args, base, device)?;
+    let mut targets = Targets::new();
     for phase in [SettlePhase::Pilot, SettlePhase::Added] {
+        targets = settling.targets(base, phase, &sweep.out)?;
         if phase == SettlePhase::Added && !args.quiet {
-            let added = settling.added(base, &sweep.out)?;
+            let pilot = base.seeds.len();
+            let added: Vec<String> =
+                targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect();
             match added.is_empty() {
                 true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
                 false => {
@@ -276,11 +283,10 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
                 }
             }
         }
-        let pass = settling.pass(base, phase, &sweep.out)?;
         match &workers {
             Some((devices, threads)) => {
                 let settle = WorkerSettle { phase, cap: settling.cap, merged: &settling.full };
-                let shown = Recipe { runs: pass.runs, ..base.clone() };
+                let shown = Recipe { runs: settling.pass(base, &targets, |_| false).runs, ..base.clone() };
                 let shown = Sweep { path: sweep.path.clone(), recipe: shown, out: sweep.out.clone() };
                 run_on_workers(args, &shown, devices.clone(), *threads, Some(settle))?
             }
@@ -290,16 +296,12 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
                     ablate::run::results::read_runs(&sweep.out.join("runs.csv"))
                         .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
                         .unwrap_or_default();
-                let kept = settling.full.runs.iter().filter(|r| finished.contains(&r.id));
-                let mut runs = pass.runs.clone();
-                runs.extend(kept.filter(|r| !pass.runs.iter().any(|p| p.id == r.id)).cloned());
-                runs.sort_by_key(|r| settling.full.runs.iter().position(|f| f.id == r.id));
-                run_recipe(&Recipe { runs, ..pass }, &opts)?
+                run_recipe(&settling.pass(base, &targets, |r| finished.contains(&r.id)), &opts)?
             }
         }
     }
     if !args.quiet {
-        let every = settling.pass(base, SettlePhase::Added, &sweep.out)?;
+        let every = settling.pass(base, &targets, |_| false);
         if let Some(j) = ablate::run::summary::judgements(&sweep.out, &every, None)? {
             let [better, worse, equivalent, inconclusive, untested] = ablate::run::verdicts::counts(&j.rows);
             eprintln!(
@@ -450,10 +452,7 @@ pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
 /// The `--until-settled --max-seeds N` a results directory's runs were trained with, as its
 /// `recipe.resolved.yaml` records them among the overrides.
 fn settled_with(out: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(out.join("recipe.resolved.yaml")).ok()?;
-    let resolved: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
-    let overrides = resolved.get("overrides")?.as_sequence()?;
-    overrides.iter().filter_map(|o| o.as_str()).find(|o| o.starts_with("--until-settled")).map(String::from)
+    ablate::run::results::recorded(out).overrides.into_iter().find(|o| o.starts_with("--until-settled"))
 }
 
 /// `ablate slurm`: an array job of shards and its merge job, or one data-parallel job.

@@ -88,6 +88,24 @@ pub fn row_under(header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Vec
     header.iter().map(|c| values.get(c).cloned().unwrap_or_default()).collect()
 }
 
+/// What a results directory's `recipe.resolved.yaml` recorded that later commands read back (the rest of
+/// the file is for people): the command line's overrides and the predictions the runs were made against.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct Recorded {
+    #[serde(default)]
+    pub overrides: Vec<String>,
+    #[serde(default)]
+    pub predictions: Vec<crate::recipe::compare::Prediction>,
+}
+
+/// `dir`'s recorded overrides and predictions; empty when it has no readable `recipe.resolved.yaml`.
+pub fn recorded(dir: &Path) -> Recorded {
+    std::fs::read_to_string(dir.join("recipe.resolved.yaml"))
+        .ok()
+        .and_then(|text| serde_yaml::from_str(&text).ok())
+        .unwrap_or_default()
+}
+
 /// Writes `recipe.resolved.yaml`: the recipe as it ran, every run's full config and hash.
 pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
     #[derive(serde::Serialize)]

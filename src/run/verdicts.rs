@@ -124,16 +124,7 @@ pub fn prediction_outcome(expect: Expect, verdict: Verdict) -> &'static str {
 
 /// The predictions `dir`'s results ran against (its `recipe.resolved.yaml`); empty when it recorded none.
 pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
-    #[derive(serde::Deserialize)]
-    struct Recorded {
-        #[serde(default)]
-        predictions: Vec<Prediction>,
-    }
-    std::fs::read_to_string(dir.join("recipe.resolved.yaml"))
-        .ok()
-        .and_then(|text| serde_yaml::from_str::<Recorded>(&text).ok())
-        .map(|r| r.predictions)
-        .unwrap_or_default()
+    super::results::recorded(dir).predictions
 }
 
 /// One prediction's verdict text and outcome in `rows` (the judged comparisons of its results), the outcome
