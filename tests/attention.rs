@@ -1,4 +1,5 @@
 //! Properties of the attention core and the Transformer layer (UDL §12.2–12.4), not snapshots.
+mod common;
 use ablate::models::gpt::Gpt;
 use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention, ScoreMap};
 use ablate::transformer::layers::{LayerInit, Placement, TransformerLayer};
@@ -6,13 +7,6 @@ use ablate::transformer::spec::{
     Activation, AttentionSpec, Implementation, OutputGate, PositionEncoding, PositionSpec, Scale, TransformerSpec,
 };
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
@@ -36,7 +30,7 @@ fn mha_with(d: i64, spec: AttentionSpec) -> (nn::VarStore, MultiHeadAttention) {
 
 #[test]
 fn attention_rows_sum_to_one_and_masked_keys_get_zero_weight() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let (_vs, m) = mha(16, 4, Scale::SqrtDk, Implementation::Explicit);
     let x = Tensor::randn([3, 7, 16], (Kind::Float, Device::Cpu));
@@ -59,7 +53,7 @@ fn attention_rows_sum_to_one_and_masked_keys_get_zero_weight() {
 
 #[test]
 fn without_position_encoding_permuting_the_input_permutes_the_output() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(1);
     let (_vs, m) = mha(24, 3, Scale::SqrtDk, Implementation::Auto);
     let x = Tensor::randn([2, 9, 24], (Kind::Float, Device::Cpu));
@@ -81,7 +75,7 @@ fn small_gpt(pe: PositionEncoding, pre_ln: bool, implementation: Implementation)
 
 #[test]
 fn causal_outputs_do_not_depend_on_future_tokens() {
-    let _generator = generator();
+    let _serial = common::serial();
     for pe in [PositionEncoding::None, PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
         for implementation in [Implementation::Fused, Implementation::Explicit] {
             tch::manual_seed(2);
@@ -99,7 +93,7 @@ fn causal_outputs_do_not_depend_on_future_tokens() {
 
 #[test]
 fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(3);
     let opts = (Kind::Float, Device::Cpu);
     let (b, h, n_q, n_k, d) = (2, 3, 5, 8, 6);
@@ -129,7 +123,7 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
 
 #[test]
 fn module_level_fused_and_explicit_agree_for_self_and_cross_attention() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(4);
     let (vs_a, fused) = mha(32, 4, Scale::SqrtDk, Implementation::Fused);
     let (mut vs_b, explicit) = mha(32, 4, Scale::SqrtDk, Implementation::Explicit);
@@ -147,7 +141,7 @@ fn module_level_fused_and_explicit_agree_for_self_and_cross_attention() {
 
 #[test]
 fn cross_attention_reads_keys_and_values_from_the_other_sequence() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(5);
     let (_vs, m) = mha(16, 2, Scale::SqrtDk, Implementation::Explicit);
     let x = Tensor::randn([1, 4, 16], (Kind::Float, Device::Cpu));
@@ -167,7 +161,7 @@ fn cross_attention_reads_keys_and_values_from_the_other_sequence() {
 
 #[test]
 fn scaling_by_sqrt_dq_matches_the_closed_form() {
-    let _generator = generator();
+    let _serial = common::serial();
     // One head, D_q = 4, two keys. Scores kᵀq = [4, 0]; divided by sqrt(4) = 2 they are [2, 0].
     let q = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0]).view([1, 1, 1, 4]);
     let k = Tensor::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0, -1.0]).view([1, 1, 2, 4]);
@@ -187,7 +181,7 @@ fn scaling_by_sqrt_dq_matches_the_closed_form() {
 
 #[test]
 fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() {
-    let _generator = generator();
+    let _serial = common::serial();
     // UDL's MhSa[X] = Ω_c [Sa_1[X]; …; Sa_H[X]], written out head by head with plain matmuls; heads of
     // D/H dimensions, and heads whose concatenation is wider than D (transformer.head_dim).
     tch::manual_seed(6);
@@ -218,7 +212,7 @@ fn multi_head_attention_equals_per_head_attention_concatenated_then_projected() 
 
 #[test]
 fn the_2d_bias_adds_one_learned_scalar_per_head_and_grid_offset_and_none_off_the_grid() {
-    let _generator = generator();
+    let _serial = common::serial();
     // A 3×3 grid after one leading token (a <cls>): the bias of tokens i, j on the grid is the table row of
     // their offset (Δrow + 2)·5 + (Δcol + 2); pairs with the leading token get none.
     tch::manual_seed(9);
@@ -268,7 +262,7 @@ fn the_2d_bias_adds_one_learned_scalar_per_head_and_grid_offset_and_none_off_the
 
 #[test]
 fn post_ln_and_pre_ln_layers_normalise_where_udl_says() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Post-LN: the layer's output is a LayerNorm output, so every token has mean 0 and variance 1.
     tch::manual_seed(7);
     let layer_for = |pre_ln: bool| {
@@ -312,7 +306,7 @@ fn set_gate(vs: &nn::VarStore, bias: &Tensor) {
 
 #[test]
 fn the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_query_input() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Gated attention (Qiu et al. 2025): out = Ω_c (concat_h(head_h) ⊙ σ(X W_g + b_g)) + β_c. With W_g = 0
     // the gates are σ(b_g): wide open (b_g = 30) the unit is the ungated one with the same weights; shut
     // (−30) the output is the output projection's bias alone; a headwise gate shut on one head is that head

@@ -1,18 +1,12 @@
 //! The shapes of an attention unit (`transformer.attention.kv_heads`, `qk_dim`, `scoring`): multi-query
 //! and grouped-query attention, queries and keys narrower or wider than the values, and Bahdanau's additive
 //! scores, each written out head by head with plain matmuls and compared with the attention core.
+mod common;
 use ablate::models::gpt::Gpt;
 use ablate::transformer::attention::{Mask, MultiHeadAttention};
 use ablate::transformer::layers::StackCache;
 use ablate::transformer::spec::{AttentionSpec, Implementation, Pattern, Scoring, TransformerSpec};
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
@@ -63,7 +57,7 @@ fn written_out(vs: &nn::VarStore, spec: &AttentionSpec, x: &Tensor, causal: bool
 
 #[test]
 fn grouped_query_and_unequal_widths_match_attention_written_out_head_by_head() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(1);
     let d = 16;
     for (heads, kv_heads, qk_dim, head_dim) in [(4, 4, 4, 4), (4, 1, 4, 4), (4, 2, 4, 4), (4, 2, 3, 5), (2, 2, 8, 2)] {
@@ -86,7 +80,7 @@ fn grouped_query_and_unequal_widths_match_attention_written_out_head_by_head() {
 
 #[test]
 fn additive_scores_match_bahdanau_written_out_and_differ_from_dot_products() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(2);
     let d = 12;
     for (kv_heads, qk_dim) in [(3, 4), (1, 6)] {
@@ -107,7 +101,7 @@ fn additive_scores_match_bahdanau_written_out_and_differ_from_dot_products() {
 
 #[test]
 fn the_sparse_kernel_agrees_with_the_mask_for_grouped_queries_and_unequal_widths() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(3);
     let d = 16;
     let pattern = Pattern { window: Some(3), dilation: 2, global_every: Some(7), ..Pattern::dense() };
@@ -144,7 +138,7 @@ fn the_sparse_kernel_agrees_with_the_mask_for_grouped_queries_and_unequal_widths
 
 #[test]
 fn the_kv_cache_of_a_grouped_query_model_holds_one_entry_per_key_value_head_and_decodes_exactly() {
-    let _generator = generator();
+    let _serial = common::serial();
     for (kv_heads, qk_dim, scoring) in [(1, 8, Scoring::Dot), (2, 4, Scoring::Dot), (2, 8, Scoring::Additive)] {
         tch::manual_seed(5);
         let mut spec = TransformerSpec::small(32, 2, 4, 12);

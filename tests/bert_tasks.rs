@@ -8,18 +8,11 @@ use tch::{Device, Kind, Tensor};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const SPECIALS: Specials = Specials { cls: 3, sep: 4, pad: 0, mask: 5, first_ordinary: 7 };
 
 #[test]
 fn masking_chooses_the_fraction_of_ordinary_tokens_and_follows_the_80_10_10_rule() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let vocab = 1000;
     let ids = Tensor::randint_low(7, vocab, [400, 128], (Kind::Int64, Device::Cpu));
@@ -59,7 +52,7 @@ fn masking_chooses_the_fraction_of_ordinary_tokens_and_follows_the_80_10_10_rule
 
 #[test]
 fn f1_matches_its_definition_on_a_hand_counted_case() {
-    let _generator = generator();
+    let _serial = common::serial();
     let predicted = Tensor::from_slice(&[1i64, 1, 0, 0, 1, 0]);
     let labels = Tensor::from_slice(&[1i64, 0, 1, 0, 1, 0]);
     // tp 2, fp 1, fn 1: precision 2/3, recall 2/3, F1 2/3.
@@ -72,7 +65,7 @@ fn f1_matches_its_definition_on_a_hand_counted_case() {
 
 #[test]
 fn labelled_inputs_are_cls_text_sep_then_padding_cut_to_the_block() {
-    let _generator = generator();
+    let _serial = common::serial();
     let text = "the cat sat on the mat\nthe dog sat on the log\n".repeat(30);
     let t = TextTokenizer::train_wordpiece(&text, 60).unwrap();
     let s = Specials::of(&t).unwrap();
@@ -93,7 +86,7 @@ fn labelled_inputs_are_cls_text_sep_then_padding_cut_to_the_block() {
 
 #[test]
 fn spam_assassin_is_fetched_split_and_stripped_of_headers() {
-    let _generator = generator();
+    let _serial = common::serial();
     let emails = ablate::data::spam::spam_assassin().unwrap();
     assert_eq!(emails.len(), 6_046);
     let spam = emails.iter().filter(|e| e.spam).count();
@@ -107,7 +100,7 @@ fn spam_assassin_is_fetched_split_and_stripped_of_headers() {
 
 #[test]
 fn a_tiny_bert_pretrains_and_then_tells_spam_from_ham() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = common::scratch("bert-spam");
     let recipe =
         "kind: bert\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 64\n  dropout: 0.0\ndata:\n  max_chars: 200000\n  \
@@ -133,7 +126,7 @@ fn a_tiny_bert_pretrains_and_then_tells_spam_from_ham() {
 
 #[test]
 fn a_few_labelled_examples_are_memorised_and_more_than_the_split_holds_is_refused_before_training() {
-    let _generator = generator();
+    let _serial = common::serial();
     // bert.labelled_examples: 4 fine-tunes on four emails, which a tiny BERT memorises (its training loss
     // falls near zero) where the whole split (4,361 training emails after validation) keeps it far above.
     let dir = common::scratch("bert-few-labels");
@@ -169,7 +162,7 @@ fn a_few_labelled_examples_are_memorised_and_more_than_the_split_holds_is_refuse
 
 #[test]
 fn the_spam_emails_corpus_is_the_training_emails_text_without_labels_or_test_emails() {
-    let _generator = generator();
+    let _serial = common::serial();
     let emails = ablate::data::spam::spam_assassin().unwrap();
     let text = ablate::data::text::spam_training_text(&emails);
     let cfg: ablate::recipe::DataConfig = serde_yaml::from_str("corpus: spam_emails").unwrap();

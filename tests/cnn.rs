@@ -7,20 +7,13 @@ use tch::{nn, Device, Kind, Tensor};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn spec(channels: &[i64], kernel: i64) -> CnnSpec {
     CnnSpec { image: Image { size: 28, channels: 1, classes: 10, patch: 1 }, channels: channels.to_vec(), kernel }
 }
 
 #[test]
 fn parameters_and_multiply_accumulates_match_their_closed_forms() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let s = spec(&[8, 16], 3);
     let _model = Cnn::new(&vs.root(), &s);
@@ -47,7 +40,7 @@ fn reach(output: &Tensor, images: &Tensor) -> (Vec<i64>, Vec<i64>) {
 
 #[test]
 fn a_convolutional_feature_sees_only_its_receptive_field_while_a_vit_token_sees_the_whole_image() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Cnn::new(&vs.root(), &spec(&[4, 4], 3));
@@ -74,7 +67,7 @@ fn a_convolutional_feature_sees_only_its_receptive_field_while_a_vit_token_sees_
 
 #[test]
 fn the_cnn_section_shapes_the_model_and_the_transformer_section_is_refused() {
-    let _generator = generator();
+    let _serial = common::serial();
     let params = |text: &str| {
         let cfg = common::config(text);
         let vs = nn::VarStore::new(Device::Cpu);
@@ -108,7 +101,7 @@ fn the_cnn_section_shapes_the_model_and_the_transformer_section_is_refused() {
 
 #[test]
 fn a_small_cnn_learns_fashion_mnist_through_the_classification_loop() {
-    let _generator = generator();
+    let _serial = common::serial();
     let cfg = common::config(
         "kind: cnn\ncnn: {channels: [16, 32, 64]}\ndata:\n  images:\n    dataset: fashion_mnist\n    train_fraction: 0.1\n\
          train:\n  steps: 150\n  batch_size: 64\n  lr: 3.0e-3\n  warmup_steps: 10\n  eval_interval: 150\n  eval_batches: 2\n",

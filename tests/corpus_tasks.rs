@@ -13,13 +13,6 @@ use tch::{nn, Device, Kind, Tensor};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The first 300,000 characters of the Bible: enough lines for real tokenizers, quick to train on.
 fn bible_start() -> String {
     let cfg = ablate::recipe::DataConfig { max_chars: Some(300_000), ..Default::default() };
@@ -28,7 +21,7 @@ fn bible_start() -> String {
 
 #[test]
 fn marks_are_stripped_and_classified_with_closing_quotes_kept() {
-    let _generator = generator();
+    let _serial = common::serial();
     let cases = [
         ("said,", "said", 1),
         ("light,”", "light”", 1),
@@ -51,7 +44,7 @@ fn marks_are_stripped_and_classified_with_closing_quotes_kept() {
 
 #[test]
 fn words_encoded_one_by_one_give_the_tokens_of_the_whole_line() {
-    let _generator = generator();
+    let _serial = common::serial();
     let text = bible_start();
     let pieces: Vec<Vec<String>> =
         word_pieces(&text).into_iter().take(400).map(|w| w.into_iter().map(String::from).collect()).collect();
@@ -68,7 +61,7 @@ fn words_encoded_one_by_one_give_the_tokens_of_the_whole_line() {
 
 #[test]
 fn punctuation_rows_label_each_word_s_last_token_with_the_mark_that_followed_it() {
-    let _generator = generator();
+    let _serial = common::serial();
     let text = bible_start();
     let t = TextTokenizer::train_wordpiece(&text, 1000).unwrap();
     let s = Specials::of(&t).unwrap();
@@ -108,7 +101,7 @@ fn punctuation_rows_label_each_word_s_last_token_with_the_mark_that_followed_it(
 
 #[test]
 fn location_rows_ask_for_a_phrase_that_occurs_once_and_the_answer_span_spells_it() {
-    let _generator = generator();
+    let _serial = common::serial();
     let text = bible_start();
     for t in [TextTokenizer::train_bpe(&text, 1000).unwrap(), TextTokenizer::train_wordpiece(&text, 1000).unwrap()] {
         let s = Specials::of(&t).unwrap();
@@ -153,7 +146,7 @@ fn location_rows_ask_for_a_phrase_that_occurs_once_and_the_answer_span_spells_it
 
 #[test]
 fn span_scores_and_mark_f1_match_hand_counts() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Exact; half overlap (predicted 2 tokens, gold 4, share 2: P 1, R 1/2, F1 2/3); disjoint.
     let (exact, f1) = span_scores(&[(3, 5), (10, 11), (20, 21)], &[(3, 5), (10, 13), (30, 31)]);
     assert!((exact - 1.0 / 3.0).abs() < 1e-12);
@@ -166,7 +159,7 @@ fn span_scores_and_mark_f1_match_hand_counts() {
 
 #[test]
 fn the_span_head_decodes_the_best_span_with_start_before_end_and_bounded_length() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let head = SpanPredictor::new(&vs.root(), 8, 3);
     let ninf = f64::NEG_INFINITY;
@@ -190,7 +183,7 @@ fn the_span_head_decodes_the_best_span_with_start_before_end_and_bounded_length(
 
 #[test]
 fn next_token_targets_shift_by_one_and_skip_special_tokens() {
-    let _generator = generator();
+    let _serial = common::serial();
     let windows = Tensor::from_slice(&[3i64, 10, 11, 12, 4]).view([1, 5]);
     let targets = Vec::<i64>::try_from(next_token_targets(&windows, 7).view([-1])).unwrap();
     assert_eq!(targets, vec![10, 11, 12, IGNORE, IGNORE]);
@@ -198,7 +191,7 @@ fn next_token_targets_shift_by_one_and_skip_special_tokens() {
 
 #[test]
 fn a_causal_encoder_never_reads_later_tokens_and_a_bidirectional_one_does() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let bert = Bert::new(&vs.root(), &BertSpec::new(TransformerSpec::small(128, 4, 4, 64), 50));
@@ -238,7 +231,7 @@ fn toy_punctuation_corpus(path: &std::path::Path) {
 
 #[test]
 fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = common::scratch("corpus-tasks");
     std::fs::create_dir_all(&dir).unwrap();
     let corpus = dir.join("toy.txt");
@@ -269,7 +262,7 @@ fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
 
 #[test]
 fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = common::scratch("init-from");
     let model = "kind: bert\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n";
     let data = "data:\n  max_chars: 100000\n  tokenizer: wordpiece\n  vocab_size: 300\n";

@@ -2,18 +2,12 @@
 //! the heads are mixed, which is the same as zeroing its columns of the output projection; a head that
 //! contributes nothing has importance 0; the pruning curve starts at the full model and ends with every head
 //! removed; the model is whole again afterwards.
+mod common;
 use ablate::models::gpt::Gpt;
 use ablate::run::heads::head_importance;
 use ablate::transformer::attention::{Mask, MultiHeadAttention};
 use ablate::transformer::spec::{AttentionSpec, TransformerSpec};
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
@@ -30,7 +24,7 @@ fn zero_head(vs: &nn::VarStore, layer: usize, head: i64, head_dim: i64) {
 
 #[test]
 fn removing_a_head_equals_zeroing_its_columns_of_the_output_projection() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let spec = AttentionSpec { kv_heads: 2, ..AttentionSpec::standard(16, 4) };
     let vs = nn::VarStore::new(Device::Cpu);
@@ -52,7 +46,7 @@ fn removing_a_head_equals_zeroing_its_columns_of_the_output_projection() {
 
 #[test]
 fn a_silent_head_has_importance_zero_and_the_pruning_curve_runs_from_the_whole_model_to_no_heads() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(1);
     let mut spec = TransformerSpec::small(16, 2, 4, 8);
     spec.pre_ln = true;

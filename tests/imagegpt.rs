@@ -8,13 +8,6 @@ use tch::{nn, Device, Kind, Tensor};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn small(size: i64, patch: i64, palette: i64) -> ImageGptSpec {
     let grid = size / patch;
     let mut transformer = TransformerSpec::small(32, 2, 2, grid * grid);
@@ -24,7 +17,7 @@ fn small(size: i64, patch: i64, palette: i64) -> ImageGptSpec {
 
 #[test]
 fn kmeans_finds_well_separated_colour_clusters() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(3);
     let truth = Tensor::from_slice(&[10.0f32, 10.0, 10.0, 120.0, 60.0, 0.0, 200.0, 210.0, 250.0]).view([3, 3]);
     let labels = Tensor::randint(3, [3000], (Kind::Int64, Device::Cpu));
@@ -42,7 +35,7 @@ fn kmeans_finds_well_separated_colour_clusters() {
 
 #[test]
 fn bins_split_the_intensity_range_evenly_and_tokens_average_each_block_first() {
-    let _generator = generator();
+    let _serial = common::serial();
     let palette = fit_palette(&Tensor::zeros([10, 1], (Kind::Float, Device::Cpu)), 4, false);
     assert_eq!(Vec::<f32>::try_from(palette.view([-1])).unwrap(), vec![32.0, 96.0, 160.0, 224.0]);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -71,7 +64,7 @@ fn bins_split_the_intensity_range_evenly_and_tokens_average_each_block_first() {
 
 #[test]
 fn a_pixel_prediction_never_reads_that_pixel_or_later_ones() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = ImageGpt::new(&vs.root(), &small(6, 1, 8));
@@ -105,7 +98,7 @@ fn bars(n: i64) -> ImageSet {
 
 #[test]
 fn a_small_image_gpt_completes_lower_halves_and_its_features_separate_the_classes() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = common::scratch("imagegpt-bars");
     // The bars as an IDX set on disk, read like any other: the training images in a fixed shuffle.
     for (name, set) in [("train", bars(256)), ("t10k", bars(64))] {
@@ -142,7 +135,7 @@ fn a_small_image_gpt_completes_lower_halves_and_its_features_separate_the_classe
 
 #[test]
 fn image_gpt_configs_are_checked() {
-    let _generator = generator();
+    let _serial = common::serial();
     let parse = |extra: &str| {
         let text = format!("kind: image_gpt\nvision:\n  image_size: 28\n  patch_size: 2\n{extra}");
         ablate::recipe::parse(&text, "i.yaml", "i", false).map(|_| ()).unwrap_err().to_string()

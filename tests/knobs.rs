@@ -1,18 +1,11 @@
 //! Every knob of the Transformer section on every kind of model: setting it changes the model's output on
 //! a fixed input, or the recipe is refused with one line naming the key and the kind. Nothing is silently
 //! ignored. The refusals are listed below and must stay exactly those (each argued in the README).
+mod common;
 use ablate::recipe::{parse, Kind};
 use ablate::tasks::{task, Built};
 use ablate::transformer::attention::path_counts;
 use tch::{nn, Device, Kind as DType, Tensor};
-
-/// libtorch has one random generator per process and this file's tests run on parallel threads: each test
-/// holds this while it seeds and draws, so that no other test draws in between (a model built from a seed must
-/// be that seed's model; a draw between two builds once made the matrix see two equal outputs).
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A small model of each kind (data settings only where the kind's validation needs them).
 fn base(kind: Kind) -> &'static str {
@@ -284,7 +277,7 @@ fn output(model: &dyn Built, train: bool) -> Tensor {
 
 #[test]
 fn every_transformer_knob_changes_every_kind_of_model_or_is_refused_with_one_line() {
-    let _generator = generator();
+    let _serial = common::serial();
     let mut matrix = String::new();
     let mut failures = Vec::new();
     for kind in Kind::ALL {
@@ -401,7 +394,7 @@ fn built_parameters(vs: &nn::VarStore) -> i64 {
 
 #[test]
 fn the_core_counts_the_parameters_it_builds_for_every_knob() {
-    let _generator = generator();
+    let _serial = common::serial();
     // The memory estimate counts a model's parameters from the core's own formulas (`layers_parameters`,
     // `AttentionBlock::parameters`), written beside each constructor: held here to the built stacks, exactly,
     // under every row of the matrix. A weight added to a constructor and not to its count fails here.
@@ -464,7 +457,7 @@ fn the_core_counts_the_parameters_it_builds_for_every_knob() {
 
 #[test]
 fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights() {
-    let _generator = generator();
+    let _serial = common::serial();
     // The estimate is written from the config before anything is built: its parameter count is held to the
     // built model's within 10% for every kind and row of the matrix, and a knob that adds or removes weights
     // (a gate, a grouped K/V projection, a gated FFN) by more than 1% must move the estimate by what it moves
@@ -503,7 +496,7 @@ fn the_memory_estimate_counts_the_built_model_and_every_knob_that_adds_weights()
 
 #[test]
 fn knobs_added_later_are_recorded_only_away_from_their_defaults_and_may_be_set_back_to_them() {
-    let _generator = generator();
+    let _serial = common::serial();
     // A variant that sets a knob back to the value every earlier run had is accepted; that run's columns
     // and config hash are those of a recipe that never named the knob.
     let text = "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 16, scale_embeddings: true, norm: rms_norm}\nvariants:\n  - {label: on}\n  - {label: off, transformer.scale_embeddings: false, transformer.norm: layer_norm, transformer.attention: {kv_heads: 4, qk_dim: 8, scoring: dot}}\n";
@@ -545,7 +538,7 @@ const TESTED_ELSEWHERE: &[(&str, &str)] = &[];
 
 #[test]
 fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
-    let _generator = generator();
+    let _serial = common::serial();
     // A knob added to the schema without a row here would pass every test of this file: the list of rows is
     // checked against the schema itself (every kind's defaults, so kind-specific keys count too).
     let mut keys = Vec::new();
@@ -568,7 +561,7 @@ fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
 
 #[test]
 fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
     // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
     // optimiser by where it happens to sit. Every kind, every row of the matrix.

@@ -3,6 +3,7 @@
 //! sparse kernel, past the context (where the cache slides or is rebuilt), for greedy decoding, sampling and
 //! beam search (whose beams reorder the cache); for the encoder–decoder's self and cross attention; and for
 //! ImageGPT's completions on its 2-D grid.
+mod common;
 use ablate::models::decode::{generate, Decoder, Decoding};
 use ablate::models::gpt::Gpt;
 use ablate::models::imagegpt::ImageGpt;
@@ -13,13 +14,6 @@ use ablate::transformer::spec::{
     AbsoluteAt, Combine, Implementation, OutputGate, Pattern, PositionEncoding, PositionSpec, TransformerSpec,
 };
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const VOCAB: i64 = 13;
 
@@ -108,7 +102,7 @@ fn patterns() -> Vec<(&'static str, Pattern, Implementation)> {
 
 #[test]
 fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     use PositionEncoding::*;
     let mut cases = Vec::new();
@@ -150,7 +144,7 @@ fn cached_logits_match_the_whole_context_for_every_position_encoding_and_pattern
 
 #[test]
 fn greedy_sampled_and_beam_tokens_are_the_same_with_and_without_the_cache() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     for (i, encoding) in
         [PositionEncoding::Learned, PositionEncoding::Rope, PositionEncoding::T5].into_iter().enumerate()
@@ -177,7 +171,7 @@ fn greedy_sampled_and_beam_tokens_are_the_same_with_and_without_the_cache() {
 
 #[test]
 fn a_batch_through_the_cache_one_token_at_a_time_equals_one_forward_pass() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     // Prefill 3 positions, then one at a time: the logits of every position equal the uncached forward's.
     let spec = decoder_spec(PositionEncoding::Rope, AbsoluteAt::Input, Pattern::dense(), Implementation::Auto);
@@ -206,7 +200,7 @@ fn a_batch_through_the_cache_one_token_at_a_time_equals_one_forward_pass() {
 
 #[test]
 fn the_cache_grows_past_its_buffers_and_reorders_without_losing_a_position() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     // Chunks of uneven size cross the buffers' doublings (16, 32, 64 positions), with a beam-style reorder
     // in the middle: every chunk's logits equal the uncached forward's over the reordered sequence.
@@ -233,7 +227,7 @@ fn the_cache_grows_past_its_buffers_and_reorders_without_losing_a_position() {
 
 #[test]
 fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     for (i, encoding) in
         [PositionEncoding::Sinusoidal, PositionEncoding::Rope, PositionEncoding::T5].into_iter().enumerate()
@@ -273,7 +267,7 @@ fn translations_are_the_same_with_the_cache_for_greedy_and_beam_search() {
 
 #[test]
 fn image_completions_are_the_same_with_the_cache_on_the_grid() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _turn = exclusive();
     for (i, (encoding, globals)) in
         [(PositionEncoding::Learned, 0), (PositionEncoding::Bias2d, 0), (PositionEncoding::Rope, 2)]

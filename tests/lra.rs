@@ -1,16 +1,10 @@
 //! The Long Range Arena generators (`data::lra`): ListOps labels against an independent evaluation of the
 //! printed expression, Pathfinder labels against the image's own connectivity, lengths, balance, disjoint
 //! splits and determinism, and `ablate data`'s JSON lines for every task.
+mod common;
 use ablate::data::lra::{self, listops, pathfinder, Example, Split};
 use ablate::models::seq_classifier::SeqClassifier;
 use std::collections::HashSet;
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Evaluates LRA's printed tokens with a stack, apart from the generator's tree: the value, the deepest
 /// nesting and the most arguments of an operator.
@@ -62,7 +56,7 @@ fn text(e: &Example) -> String {
 
 #[test]
 fn listops_labels_equal_an_independent_evaluation_within_lras_limits_and_lengths() {
-    let _generator = generator();
+    let _serial = common::serial();
     for (lo, hi) in [(10, 40), (500, 2000)] {
         let spec = listops::Spec::lengths(lo, hi);
         let examples =
@@ -78,7 +72,7 @@ fn listops_labels_equal_an_independent_evaluation_within_lras_limits_and_lengths
 
 #[test]
 fn med_of_an_even_count_is_the_truncated_mean_of_the_middle_two() {
-    let _generator = generator();
+    let _serial = common::serial();
     assert_eq!(listops::Op::Med.apply(&[1, 2]), 1);
     assert_eq!(listops::Op::Med.apply(&[9, 2, 4, 3]), 3);
     assert_eq!(listops::Op::Med.apply(&[7, 7, 1]), 7);
@@ -87,7 +81,7 @@ fn med_of_an_even_count_is_the_truncated_mean_of_the_middle_two() {
 
 #[test]
 fn listops_labels_cover_every_class_within_stated_bounds() {
-    let _generator = generator();
+    let _serial = common::serial();
     // ListOps is not balanced (nor is LRA's): MIN and MAX pull towards 0 and 9. Measured over 2,000
     // expressions of 100–300 tokens: every class between 2% and 40%.
     let spec = listops::Spec::lengths(100, 300);
@@ -104,7 +98,7 @@ fn listops_labels_cover_every_class_within_stated_bounds() {
 
 #[test]
 fn splits_are_disjoint_and_a_seed_gives_the_same_examples() {
-    let _generator = generator();
+    let _serial = common::serial();
     let spec = listops::Spec::lengths(6, 12);
     let draw = |seed, split| lra::examples_of(seed, split, 200, |r| listops::generate(r, &spec));
     let [train, validation, test] = [Split::Train, Split::Validation, Split::Test].map(|s| draw(7, s));
@@ -161,7 +155,7 @@ fn joined(px: &[u32], n: usize, a: (usize, usize), b: (usize, usize), bridge: us
 
 #[test]
 fn every_pathfinder_positive_joins_its_dots_and_no_negative_does_and_labels_are_balanced() {
-    let _generator = generator();
+    let _serial = common::serial();
     for (size, length) in [(32, 14), (32, 20)] {
         let spec = pathfinder::Spec::sized(size, length);
         let examples = lra::try_examples_of(5, Split::Train, 300, |r| pathfinder::generate(r, &spec)).unwrap();
@@ -186,7 +180,7 @@ fn every_pathfinder_positive_joins_its_dots_and_no_negative_does_and_labels_are_
 
 #[test]
 fn the_amount_of_ink_does_not_give_a_pathfinder_label_away() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Both classes draw as many contours: no threshold on the count of lit pixels beats chance by much (an
     // image with one contour fewer per positive, as a first version drew them, is told apart every time).
     let spec = pathfinder::Spec::sized(32, 14);
@@ -204,7 +198,7 @@ fn the_amount_of_ink_does_not_give_a_pathfinder_label_away() {
 
 #[test]
 fn byte_and_pixel_sequences_have_their_lengths_values_and_disjoint_splits() {
-    let _generator = generator();
+    let _serial = common::serial();
     let emails = ablate::data::spam::spam_assassin().unwrap();
     let bytes = |split, n| lra::byte_examples(&emails, split, n, 1024);
     let train = bytes(Split::Train, 10_000);
@@ -237,7 +231,7 @@ fn byte_and_pixel_sequences_have_their_lengths_values_and_disjoint_splits() {
 
 #[test]
 fn ablate_data_prints_the_documented_json_lines_for_every_task() {
-    let _generator = generator();
+    let _serial = common::serial();
     for args in [
         vec!["listops", "--n", "3", "--length", "20-60"],
         vec!["pathfinder", "--n", "2", "--split", "test"],
@@ -265,7 +259,7 @@ fn ablate_data_prints_the_documented_json_lines_for_every_task() {
 
 #[test]
 fn contours_that_cannot_fit_are_refused_with_one_line() {
-    let _generator = generator();
+    let _serial = common::serial();
     let spec = pathfinder::Spec { distractors: 30, ..pathfinder::Spec::sized(16, 30) };
     let e = lra::try_examples_of(0, Split::Train, 1, |r| pathfinder::generate(r, &spec)).unwrap_err().to_string();
     assert!(e.contains("do not fit") && e.lines().count() == 1, "{e}");
@@ -285,7 +279,7 @@ fn classifier(attention: &str, pe: &str, pool: &str) -> (tch::nn::VarStore, SeqC
 
 #[test]
 fn padding_changes_no_class_score_under_any_pattern_position_scheme_or_pooling() {
-    let _generator = generator();
+    let _serial = common::serial();
     use tch::{Device, Kind, Tensor};
     for attention in [
         "{}",
@@ -345,7 +339,7 @@ fn best_threshold_accuracy(examples: &[(f64, u32)]) -> f64 {
 
 #[test]
 fn the_threshold_helper_finds_a_perfect_split_and_none_in_noise() {
-    let _generator = generator();
+    let _serial = common::serial();
     let split: Vec<(f64, u32)> = (0..100).map(|i| (i as f64, u32::from(i >= 40))).collect();
     assert_eq!(best_threshold_accuracy(&split), 1.0);
     let reversed: Vec<(f64, u32)> = (0..100).map(|i| (i as f64, u32::from(i < 40))).collect();
@@ -356,7 +350,7 @@ fn the_threshold_helper_finds_a_perfect_split_and_none_in_noise() {
 
 #[test]
 fn no_one_number_summary_of_the_dots_gives_a_pathfinder_label_away() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Positives mark the two ends of one contour of bounded length, so their dots were close together and a
     // negative's (ends of two contours) anywhere: one threshold on the dots' distance classified 74.5% of
     // a first generator's images (and the dots' mean row 61.8%). Both classes now start from the ends of

@@ -1,6 +1,7 @@
 //! The mechanisms that came after UDL and the Annotated Transformer (QK-norm, gated and squared FFNs,
 //! soft-capping, zero and scaled output init, parallel blocks, value residuals and value embeddings, U-net
 //! skips), each checked against its closed form or a property that fails without it.
+mod common;
 use ablate::models::gpt::Gpt;
 use ablate::transformer::attention::{explicit_attention, ExtraValues, Mask, MultiHeadAttention, ScoreMap};
 use ablate::transformer::layers::{softcap, FeedForward, LayerInit, Placement, StackCache, TransformerLayer};
@@ -9,13 +10,6 @@ use ablate::transformer::spec::{
 };
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
 
@@ -63,7 +57,7 @@ fn set_all(vs: &nn::VarStore, suffix: &str, value: &[f32]) -> usize {
 
 #[test]
 fn qk_norm_makes_the_scores_blind_to_the_scale_of_the_query_and_key_projections() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Under QK-norm the scores depend on each head's q and k directions only: multiplying the Q and K rows of
     // the projection (weights and biases) by 7 leaves the output unchanged. Without it the output moves.
     let d = 16;
@@ -89,7 +83,7 @@ fn qk_norm_makes_the_scores_blind_to_the_scale_of_the_query_and_key_projections(
 
 #[test]
 fn qk_norm_normalises_each_heads_queries_to_unit_rms_before_the_dot_product() {
-    let _generator = generator();
+    let _serial = common::serial();
     // With unit gains, RMS-normalised queries and keys of width d_k score at most d_k (Cauchy–Schwarz); with a
     // scale of 1 and one key equal to the query direction, the weights follow from the closed form.
     let d = 8;
@@ -126,7 +120,7 @@ fn qk_norm_normalises_each_heads_queries_to_unit_rms_before_the_dot_product() {
 
 #[test]
 fn soft_capped_scores_follow_the_closed_form_and_stay_within_the_cap() {
-    let _generator = generator();
+    let _serial = common::serial();
     let (q, k, v) = (
         Tensor::randn([2, 3, 5, 4], CPU) * 3.0,
         Tensor::randn([2, 3, 7, 4], CPU) * 3.0,
@@ -151,7 +145,7 @@ fn soft_capped_scores_follow_the_closed_form_and_stay_within_the_cap() {
 
 #[test]
 fn attention_with_a_soft_cap_takes_the_explicit_path_even_when_auto() {
-    let _generator = generator();
+    let _serial = common::serial();
     let d = 16;
     let spec = AttentionSpec { softcap: Some(1.0), ..AttentionSpec::standard(d, 4) };
     let vs = nn::VarStore::new(Device::Cpu);
@@ -164,7 +158,7 @@ fn attention_with_a_soft_cap_takes_the_explicit_path_even_when_auto() {
 
 #[test]
 fn capped_output_logits_are_the_uncapped_ones_through_cap_tanh() {
-    let _generator = generator();
+    let _serial = common::serial();
     let mut spec = TransformerSpec::small(16, 2, 2, 8);
     let plain = nn::VarStore::new(Device::Cpu);
     let a = Gpt::new(&plain.root(), &spec, 11);
@@ -181,7 +175,7 @@ fn capped_output_logits_are_the_uncapped_ones_through_cap_tanh() {
 
 #[test]
 fn the_feed_forward_variants_compute_their_formulas() {
-    let _generator = generator();
+    let _serial = common::serial();
     let (d, hidden) = (6, 10);
     let x = Tensor::randn([3, d], CPU);
     for activation in [Activation::Relu, Activation::Gelu, Activation::Relu2, Activation::Swiglu, Activation::Geglu] {
@@ -207,7 +201,7 @@ fn the_feed_forward_variants_compute_their_formulas() {
 
 #[test]
 fn a_gated_ffn_at_its_default_width_has_the_parameters_of_a_4d_ffn() {
-    let _generator = generator();
+    let _serial = common::serial();
     // round(8·D/3) hidden units in three matrices against 4·D in two: equal up to the rounding (and biases).
     for d in [64i64, 96, 128, 200] {
         let cfg = |activation: &str| {
@@ -252,7 +246,7 @@ fn run(l: &TransformerLayer, x: &Tensor) -> Tensor {
 
 #[test]
 fn a_parallel_block_adds_two_branches_that_read_the_same_input() {
-    let _generator = generator();
+    let _serial = common::serial();
     // x + attn(LN x) + ffn(LN x): the change a block makes is the sum of the changes each branch makes
     // alone (the other's output projection zeroed). A sequential block fails this: its FFN reads x + attn.
     let d = 12;
@@ -288,7 +282,7 @@ fn a_parallel_block_adds_two_branches_that_read_the_same_input() {
 
 #[test]
 fn zero_output_init_makes_every_pre_ln_block_the_identity_and_scaled_init_shrinks_by_depth() {
-    let _generator = generator();
+    let _serial = common::serial();
     let d = 32;
     let mut spec = pre_ln(d);
     spec.output_init = OutputInit::Zero;
@@ -324,7 +318,7 @@ fn decoder(spec: &TransformerSpec, seed: i64) -> (nn::VarStore, Gpt) {
 
 #[test]
 fn value_residual_at_weights_one_and_zero_is_the_plain_model_and_acts_otherwise() {
-    let _generator = generator();
+    let _serial = common::serial();
     let mut spec = TransformerSpec::small(16, 3, 2, 8);
     let (vs_plain, plain) = decoder(&spec, 21);
     spec.value_residual = true;
@@ -342,7 +336,7 @@ fn value_residual_at_weights_one_and_zero_is_the_plain_model_and_acts_otherwise(
 
 #[test]
 fn value_embeddings_mix_token_rows_into_the_first_and_last_layers_values() {
-    let _generator = generator();
+    let _serial = common::serial();
     let reads =
         |count, tables| (0..count).map(|i| Placement { index: i, count }.value_table(tables)).collect::<Vec<_>>();
     assert_eq!(reads(6, 2), [Some(0), Some(1), None, None, Some(0), Some(1)]);
@@ -401,7 +395,7 @@ fn value_embeddings_mix_token_rows_into_the_first_and_last_layers_values() {
 
 #[test]
 fn unet_skips_at_weight_zero_are_the_plain_model_and_connect_mirrored_layers() {
-    let _generator = generator();
+    let _serial = common::serial();
     assert_eq!(Placement { index: 3, count: 4 }.mirror(), Some(0));
     assert_eq!(Placement { index: 2, count: 4 }.mirror(), Some(1));
     assert_eq!(Placement { index: 1, count: 4 }.mirror(), None);
@@ -422,7 +416,7 @@ fn unet_skips_at_weight_zero_are_the_plain_model_and_connect_mirrored_layers() {
 
 #[test]
 fn cached_decoding_equals_the_whole_forward_with_every_new_mechanism_on() {
-    let _generator = generator();
+    let _serial = common::serial();
     let mut spec = TransformerSpec::small(16, 4, 2, 12);
     spec.pre_ln = true;
     spec.position = PositionSpec::of(PositionEncoding::Rope);
@@ -456,7 +450,7 @@ fn vit_config(extra: &str) -> Result<ablate::recipe::Config, String> {
 
 #[test]
 fn registers_are_learned_tokens_that_every_patch_sees_and_the_output_drops() {
-    let _generator = generator();
+    let _serial = common::serial();
     use ablate::models::vit::Vit;
     use ablate::models::ImageClassifier;
     let plain = vit_config("").unwrap();
@@ -483,7 +477,7 @@ fn registers_are_learned_tokens_that_every_patch_sees_and_the_output_drops() {
 
 #[test]
 fn the_token_norm_ratio_is_one_when_every_patch_is_alike_and_grows_with_an_outlier() {
-    let _generator = generator();
+    let _serial = common::serial();
     use ablate::models::vit::Vit;
     let cfg = vit_config("").unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
@@ -501,7 +495,7 @@ fn the_token_norm_ratio_is_one_when_every_patch_is_alike_and_grows_with_an_outli
 
 #[test]
 fn a_window_warm_up_uses_each_steps_window_while_training_and_the_final_one_after() {
-    let _generator = generator();
+    let _serial = common::serial();
     use ablate::transformer::attention::set_training_step;
     use ablate::transformer::spec::Pattern;
     let mut spec = TransformerSpec::small(16, 2, 2, 12);
@@ -531,7 +525,7 @@ fn a_window_warm_up_uses_each_steps_window_while_training_and_the_final_one_afte
 
 #[test]
 fn the_window_in_force_is_recorded_as_a_training_curve() {
-    let _generator = generator();
+    let _serial = common::serial();
     let cfg = ablate::recipe::parse(
         "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16, attention: {pattern: {window: 8, window_schedule: [[4, 2], [8, 4]]}}}\ndata: {max_chars: 20000}\ntrain: {steps: 10, batch_size: 2, log_interval: 1, eval_interval: 5, eval_batches: 1, warmup_steps: 1}\n",
         "w.yaml",

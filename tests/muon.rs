@@ -1,16 +1,10 @@
 //! Muon (`train.optimizer: muon`): its update against PyTorch's own `torch.optim.Muon`, the Newton–Schulz
 //! iteration's singular values against the band its coefficients promise, and which parameters it takes.
+mod common;
 use ablate::train::optim::{is_hidden_matrix, newton_schulz, AdamW, Muon};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use tch::{Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const CPU: (Kind, Device) = (Kind::Float, Device::Cpu);
 
@@ -64,7 +58,7 @@ print(json.dumps(out))
 
 #[test]
 fn three_muon_steps_equal_torch_optim_muon_on_the_same_tensors() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let (lr, wd, momentum) = (0.02, 0.1, 0.9);
     let mut cases = Vec::new();
@@ -109,7 +103,7 @@ fn band(muon: &Muon, lo: f64) -> (f64, f64) {
 
 #[test]
 fn newton_schulz_singular_values_lie_in_the_band_its_coefficients_promise() {
-    let _generator = generator();
+    let _serial = common::serial();
     let muon = Muon::default();
     tch::manual_seed(1);
     for (rows, cols) in [(16i64, 64i64), (64, 16), (32, 32), (48, 40)] {
@@ -135,7 +129,7 @@ fn newton_schulz_singular_values_lie_in_the_band_its_coefficients_promise() {
 
 #[test]
 fn muon_takes_the_hidden_layers_matrices_and_adamw_the_rest() {
-    let _generator = generator();
+    let _serial = common::serial();
     let cfg = ablate::recipe::parse(
         "kind: lm\ntransformer: {d_model: 16, layers: 2, heads: 2, block_size: 8, activation: swiglu, value_residual: true, value_embeddings: 1, attention: {qk_norm: rms_norm}}\ntrain: {optimizer: muon}\n",
         "a.yaml",
@@ -167,7 +161,7 @@ fn muon_takes_the_hidden_layers_matrices_and_adamw_the_rest() {
 
 #[test]
 fn muons_momentum_is_saved_and_restored_with_the_optimiser_state() {
-    let _generator = generator();
+    let _serial = common::serial();
     // A checkpoint holds (m, v, step): Muon's momentum lives in m, so a restored optimiser continues exactly.
     tch::manual_seed(2);
     let make = |p: &Tensor, b: &Tensor| {

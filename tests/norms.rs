@@ -1,17 +1,11 @@
 //! The normalisations and residual connections of `transformer.norm` / `transformer.residual` (UDL §12.4),
 //! against their closed forms and their defining properties.
+mod common;
 use ablate::models::gpt::Gpt;
 use ablate::transformer::layers::{NormLayer, Residual};
 use ablate::transformer::spec::{Norm, TransformerSpec};
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[])
@@ -36,7 +30,7 @@ fn var(vs: &nn::VarStore, name: &str) -> Tensor {
 
 #[test]
 fn layer_norm_and_rms_norm_match_their_closed_forms_per_token() {
-    let _generator = generator();
+    let _serial = common::serial();
     let x = Tensor::randn([2, 5, 8], (Kind::Float, Device::Cpu)) * 3.0 + 1.5;
     let (vs, layer) = norm(Norm::LayerNorm);
     let mean = x.mean_dim(-1, true, Kind::Float);
@@ -56,7 +50,7 @@ fn layer_norm_and_rms_norm_match_their_closed_forms_per_token() {
 
 #[test]
 fn batch_norm_normalises_each_feature_over_the_batch_while_training_and_uses_running_statistics_after() {
-    let _generator = generator();
+    let _serial = common::serial();
     let (vs, batch) = norm(Norm::BatchNorm);
     tch::no_grad(|| {
         // Gain 1 and bias 0 so the output is the normalised input itself.
@@ -85,7 +79,7 @@ fn batch_norm_normalises_each_feature_over_the_batch_while_training_and_uses_run
 
 #[test]
 fn norm_none_builds_nothing() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     assert!(NormLayer::new(vs.root(), 8, Norm::None, 1e-5).is_none());
     assert!(vs.variables().is_empty());
@@ -110,7 +104,7 @@ fn branch(spec: &TransformerSpec, x: &Tensor) -> (Tensor, Tensor) {
 
 #[test]
 fn residual_branches_follow_pre_and_post_ln_with_and_without_the_skip_connection() {
-    let _generator = generator();
+    let _serial = common::serial();
     let x = Tensor::randn([2, 3, 8], (Kind::Float, Device::Cpu));
     for norm in [Norm::LayerNorm, Norm::RmsNorm, Norm::None] {
         for pre_ln in [false, true] {
@@ -136,7 +130,7 @@ fn residual_branches_follow_pre_and_post_ln_with_and_without_the_skip_connection
 
 #[test]
 fn every_norm_trains_a_gpt_and_the_final_norm_follows_the_kind() {
-    let _generator = generator();
+    let _serial = common::serial();
     for norm in [Norm::LayerNorm, Norm::RmsNorm, Norm::BatchNorm, Norm::None] {
         tch::manual_seed(0);
         let mut spec = TransformerSpec::small(16, 2, 2, 8);
@@ -171,7 +165,7 @@ fn every_norm_trains_a_gpt_and_the_final_norm_follows_the_kind() {
 
 #[test]
 fn scaled_embeddings_are_the_token_embeddings_times_sqrt_d_before_the_positions() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Scaling on, against a copy without it whose token table is multiplied by √d: the two agree only if the
     // scale multiplies the tokens and not the positions added after.
     let d = 16;

@@ -9,13 +9,6 @@ use tch::{Device, Kind, Tensor};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const SPECIALS: Specials = Specials { cls: 3, sep: 4, pad: 0, mask: 5, first_ordinary: 7 };
 
 fn row(t: &Tensor, i: i64) -> Vec<i64> {
@@ -24,7 +17,7 @@ fn row(t: &Tensor, i: i64) -> Vec<i64> {
 
 #[test]
 fn pairs_are_cls_a_sep_b_sep_with_b_following_a_or_taken_from_elsewhere() {
-    let _generator = generator();
+    let _serial = common::serial();
     let block = 20;
     let (first, second) = segment_lengths(block);
     assert_eq!((first, second), (8, 9));
@@ -85,7 +78,7 @@ fn nsp_accuracy(model: &MaskedLm, corpus: &Tensor, block: i64) -> f64 {
 
 #[test]
 fn the_next_sentence_head_learns_to_compare_the_two_segments() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let block = 16;
     let corpus = topic_corpus(20_000);
@@ -110,7 +103,7 @@ fn the_next_sentence_head_learns_to_compare_the_two_segments() {
 
 #[test]
 fn a_masked_nsp_run_records_both_losses_and_fine_tunes_after_it() {
-    let _generator = generator();
+    let _serial = common::serial();
     let base = "kind: bert\ntransformer:\n  d_model: 32\n  layers: 1\n  heads: 2\n  block_size: 32\n  dropout: 0.0\n\
                 data:\n  max_chars: 200000\n  tokenizer: wordpiece\n  vocab_size: 600\n\
                 train:\n  steps: 30\n  batch_size: 8\n  warmup_steps: 2\n  eval_interval: 30\n  eval_batches: 2\n";

@@ -1,19 +1,12 @@
 //! Sparse attention patterns (UDL §12.9): the truly sparse kernel equals its mask-based twin, a window
 //! covering the whole sequence is dense attention, and no token ever receives weight from outside its pattern.
+mod common;
 use ablate::transformer::attention::{pattern::allowed, Mask, MultiHeadAttention};
 use ablate::transformer::layers::Pass;
 use ablate::transformer::spec::{
     AttentionSpec, Implementation, Pattern as PatternConfig, PositionEncoding, PositionSpec,
 };
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test that seeds it and draws holds this lock, so another test cannot draw between its seed and its draws
-/// (a bf16 tolerance once failed on inputs another test had shifted).
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn attention(
     pattern: &PatternConfig,
@@ -67,7 +60,7 @@ fn allowed_by_definition(p: &PatternConfig, n: i64, causal: bool, i: i64, j: i64
 
 #[test]
 fn the_sparse_kernel_equals_its_mask_based_twin() {
-    let _generator = generator();
+    let _serial = common::serial();
     let cases = [
         (pattern(Some(2), 1, None, 0), 13),
         (pattern(Some(3), 1, None, 0), 12),
@@ -109,7 +102,7 @@ fn real_tokens(lengths: &[i64], n: i64) -> Tensor {
 
 #[test]
 fn with_padding_the_sparse_kernel_equals_its_twin_and_real_tokens_ignore_the_padding() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Windows whose padding queries have no real key in reach (window 2 over 9 padding positions), dilated,
     // with global positions and tokens; the fused block path (no score bias) and the explicit one (ALiBi).
     let cases = [
@@ -153,7 +146,7 @@ fn with_padding_the_sparse_kernel_equals_its_twin_and_real_tokens_ignore_the_pad
 
 #[test]
 fn the_sparse_kernel_has_the_same_gradients_as_the_mask_based_twin() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(21);
     let p = pattern(Some(2), 2, Some(6), 1);
     let (_vs, sparse, masked) = twins(&p, PositionEncoding::Alibi);
@@ -170,7 +163,7 @@ fn the_sparse_kernel_has_the_same_gradients_as_the_mask_based_twin() {
 
 #[test]
 fn a_window_that_covers_the_sequence_is_dense_attention() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(22);
     let n = 9;
     for causal in [false, true] {
@@ -191,7 +184,7 @@ fn a_window_that_covers_the_sequence_is_dense_attention() {
 
 #[test]
 fn no_token_receives_weight_from_outside_its_pattern() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(23);
     let n = 16;
     for p in [
@@ -227,7 +220,7 @@ fn no_token_receives_weight_from_outside_its_pattern() {
 
 #[test]
 fn each_layer_keeps_its_own_pattern_and_the_sparse_kernel_agrees_layer_by_layer() {
-    let _generator = generator();
+    let _serial = common::serial();
     use ablate::models::gpt::Gpt;
     use ablate::transformer::spec::TransformerSpec;
     // Layer 0 a window of 2, layer 1 dense, layer 2 (the list repeats) a window of 2 again.
@@ -270,7 +263,7 @@ fn each_layer_keeps_its_own_pattern_and_the_sparse_kernel_agrees_layer_by_layer(
 
 #[test]
 fn every_attention_path_and_pattern_runs_in_half_and_bfloat16_and_stays_near_float32() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Under fp16 the scores are Half, whose largest finite value is 65504: a masking constant of −1e9 made
     // `masked_fill` fail ("cannot be converted to type at::Half without overflow"). Every path (fused,
     // explicit, the sparse kernel), dense and windowed with dilation and globals, causal and padded, runs

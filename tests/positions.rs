@@ -1,5 +1,6 @@
 //! Position encodings (UDL §12.3.1; Shaw, T5, ALiBi, RoPE): relative schemes see offsets only, and
 //! every encoding makes the model order-sensitive where no encoding cannot be.
+mod common;
 use ablate::transformer::attention::relative::{alibi_slopes, t5_bucket, Relative};
 use ablate::transformer::attention::{Mask, MultiHeadAttention};
 use ablate::transformer::layers::{LayerInit, Pass, Placement, TransformerLayer};
@@ -9,13 +10,6 @@ use ablate::transformer::spec::{
 };
 use tch::nn::Module;
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const RELATIVE: [PositionEncoding; 4] =
     [PositionEncoding::Shaw, PositionEncoding::T5, PositionEncoding::Alibi, PositionEncoding::Rope];
@@ -39,7 +33,7 @@ fn attention_with(pe: PositionEncoding) -> (nn::VarStore, MultiHeadAttention) {
 
 #[test]
 fn relative_schemes_give_the_same_scores_when_every_position_shifts() {
-    let _generator = generator();
+    let _serial = common::serial();
     for pe in RELATIVE {
         for causal in [false, true] {
             tch::manual_seed(10);
@@ -68,7 +62,7 @@ fn relative_schemes_give_the_same_scores_when_every_position_shifts() {
 
 #[test]
 fn alibi_slopes_are_the_papers_geometric_sequence() {
-    let _generator = generator();
+    let _serial = common::serial();
     let eight = alibi_slopes(8);
     let expected: Vec<f64> = (1..=8).map(|i| 0.5f64.powi(i)).collect();
     assert_eq!(eight, expected);
@@ -79,7 +73,7 @@ fn alibi_slopes_are_the_papers_geometric_sequence() {
 
 #[test]
 fn alibi_bias_is_minus_slope_times_distance() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let r = Relative::new(&vs.root(), &PositionSpec::of(PositionEncoding::Alibi), 8, 4, None);
     let q = Tensor::zeros([1, 8, 5, 4], (Kind::Float, Device::Cpu));
@@ -93,7 +87,7 @@ fn alibi_bias_is_minus_slope_times_distance() {
 
 #[test]
 fn t5_buckets_are_exact_near_and_logarithmic_far() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dist = Tensor::from_slice(&[0i64, 1, 3, 4, 7, 8, 15, 16, 100, 1000, -1, -5]);
     let causal = Vec::<i64>::try_from(t5_bucket(&dist, false, 16, 64)).unwrap();
     // 8 exact buckets (0..7), then log-spaced up to the last bucket at max_distance 64; keys after the query
@@ -112,7 +106,7 @@ fn t5_buckets_are_exact_near_and_logarithmic_far() {
 
 #[test]
 fn rope_scores_depend_only_on_the_offset() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     for fraction in [1.0, 0.5] {
         let cfg = PositionSpec { rope_fraction: fraction, ..PositionSpec::of(PositionEncoding::Rope) };
@@ -181,7 +175,7 @@ impl Encoder {
 
 #[test]
 fn position_encodings_tell_who_ate_whom_and_no_encoding_cannot() {
-    let _generator = generator();
+    let _serial = common::serial();
     // "the woman ate the raccoon" vs "the raccoon ate the woman": the same bag of words.
     let (the, woman, ate, raccoon) = (1, 2, 3, 4);
     let a = [the, woman, ate, the, raccoon];
@@ -225,7 +219,7 @@ fn joined_input(encoding: PositionEncoding, concat: bool, x: &Tensor, table_widt
 
 #[test]
 fn concatenated_positions_take_their_own_dimensions_and_added_ones_share_all() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     for encoding in [PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
         // Concatenated: 24 token features, then the 8 of the position table, untouched by each other.
@@ -249,7 +243,7 @@ fn concatenated_positions_take_their_own_dimensions_and_added_ones_share_all() {
 
 #[test]
 fn concatenated_positions_shrink_the_token_embedding_and_the_table() {
-    let _generator = generator();
+    let _serial = common::serial();
     let count = |extra: &str| {
         let text = format!(
             "kind: lm\ntransformer: {{d_model: 32, layers: 1, heads: 4, block_size: 16, pe: learned{extra}}}\n"

@@ -1,17 +1,11 @@
 //! The encoder–decoder: the Annotated Transformer's copy task (greedy and beam decoding must return the
 //! source exactly), the length penalty, cross-attention's reach, and corpus BLEU against sacreBLEU.
+mod common;
 use ablate::models::seq2seq::{bleu, length_penalty, tokenize_13a, translate, PairBatch, Seq2Seq, Seq2SeqSpec};
 use ablate::recipe::TrainConfig;
 use ablate::train::distributed::BatchShard;
 use ablate::train::{optimise, Evaluation, Objective};
 use tch::{nn, Device, Kind, Tensor};
-
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const PAD: i64 = 0;
 const BOS: i64 = 1;
@@ -55,7 +49,7 @@ impl Objective for Copy<'_> {
 
 #[test]
 fn a_trained_model_copies_its_source_exactly_with_greedy_and_beam_decoding() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let mut vs = nn::VarStore::new(Device::Cpu);
     let model = Seq2Seq::new(&vs.root(), &Seq2SeqSpec::small(VOCAB));
@@ -82,7 +76,7 @@ fn a_trained_model_copies_its_source_exactly_with_greedy_and_beam_decoding() {
 
 #[test]
 fn decoder_outputs_depend_on_the_source_only_through_cross_attention_and_never_on_padding() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(1);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Seq2Seq::new(&vs.root(), &Seq2SeqSpec::small(VOCAB));
@@ -112,7 +106,7 @@ fn decoder_outputs_depend_on_the_source_only_through_cross_attention_and_never_o
 
 #[test]
 fn the_length_penalty_is_gnmts() {
-    let _generator = generator();
+    let _serial = common::serial();
     assert_eq!(length_penalty(1, 0.0), 1.0);
     assert!((length_penalty(1, 1.0) - 1.0).abs() < 1e-12);
     assert!((length_penalty(7, 0.6) - 2.0f64.powf(0.6)).abs() < 1e-12);
@@ -120,7 +114,7 @@ fn the_length_penalty_is_gnmts() {
 
 #[test]
 fn bleu_matches_sacrebleu_and_its_13a_tokens() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Reference values from sacreBLEU 2.6.0 (`sacrebleu.corpus_bleu(hyps, [refs]).score`, default 13a
     // tokens and exp smoothing), computed once on these sentences.
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
@@ -159,7 +153,7 @@ fn bleu_matches_sacrebleu_and_its_13a_tokens() {
 
 #[test]
 fn english_spanish_bible_pairs_align_by_verse() {
-    let _generator = generator();
+    let _serial = common::serial();
     let pairs = ablate::data::pairs::bible_en_es().unwrap();
     // The anchors' count with pysword: 31,077 aligned verses.
     assert!((30_000..=31_200).contains(&pairs.len()), "{} pairs", pairs.len());
@@ -171,7 +165,7 @@ fn english_spanish_bible_pairs_align_by_verse() {
 
 #[test]
 fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
-    let _generator = generator();
+    let _serial = common::serial();
     let pairs: Vec<(String, String)> = (0..200)
         .map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen")))
         .chain(std::iter::once(("a very long sentence ".repeat(20), "una frase".to_string())))
@@ -202,7 +196,7 @@ fn translation_batches_pad_per_batch_and_frame_targets_with_bos_and_eos() {
 
 #[test]
 fn noam_peaks_at_the_end_of_warm_up_then_falls_as_the_inverse_square_root() {
-    let _generator = generator();
+    let _serial = common::serial();
     let t = TrainConfig { lr: 1e-3, warmup_steps: 100, schedule: ablate::recipe::Schedule::Noam, ..Default::default() };
     // Steps are 0-based: step 99 is the 100th update.
     assert!((t.lr_at(49) - 0.5e-3).abs() < 1e-15);

@@ -17,13 +17,6 @@ use ablate::train::distributed::BatchShard;
 use ablate::train::{optimise, Evaluation, Objective};
 use tch::{nn, Device, Kind, Tensor};
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// libtorch's generator is one per process and the tests of a file run on parallel threads: a test that
 /// compares what two seeded draws produce holds this while it draws, and so does every other test here
 /// that draws, so that none moves the generator in between.
@@ -58,7 +51,7 @@ impl Objective for Counted<'_> {
 
 #[test]
 fn the_loop_reads_the_test_split_once_after_the_last_step_and_reports_it_as_test() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let mut vs = nn::VarStore::new(Device::Cpu);
     let w = vs.root().randn("w", &[4], 0.0, 1.0);
@@ -80,7 +73,7 @@ fn the_loop_reads_the_test_split_once_after_the_last_step_and_reports_it_as_test
 
 #[test]
 fn carving_validation_partitions_the_examples_evenly() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let (train, validation) = carve_validation(1000, 0.1);
     assert_eq!(validation.len(), 100);
@@ -93,7 +86,7 @@ fn carving_validation_partitions_the_examples_evenly() {
 
 #[test]
 fn the_copy_task_draws_validation_and_test_sequences_apart() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let copy = CopyTask::new(12, 10);
     let rows = |split| -> HashSet<Vec<i64>> {
@@ -126,7 +119,7 @@ fn image_ids(images: &Tensor) -> HashSet<i64> {
 
 #[test]
 fn image_validation_is_carved_from_the_training_images_and_never_trained_on() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let dir = common::scratch("splits-images");
     unique_images(&dir, "train", 500, 0);
@@ -153,7 +146,7 @@ fn image_validation_is_carved_from_the_training_images_and_never_trained_on() {
 
 #[test]
 fn translation_pairs_fall_in_exactly_one_split() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let pairs: Vec<(String, String)> =
         (0..400).map(|i| (format!("the {i} cats sleep"), format!("los {i} gatos duermen"))).collect();
@@ -196,7 +189,7 @@ impl Objective for Recording<'_> {
 /// change no shape). A paired difference then leaves out the noise both arms share.
 #[test]
 fn arms_with_one_seed_share_the_data_order_and_where_shapes_agree_the_initial_weights() {
-    let _generator = generator();
+    let _serial = common::serial();
     let _generator = exclusive();
     let batches = |width: i64, seed: u64| {
         tch::manual_seed(seed as i64);

