@@ -229,3 +229,50 @@ fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
     assert!(!dir.join("out/runs.csv").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_runs_csv_from_before_a_column_was_added_is_widened_when_a_run_is_appended_and_a_foreign_one_is_refused() {
+    let _serial = in_process();
+    let dir = scratch("widen");
+    let recipe = write_recipe(&dir, 20);
+    let out = dir.join("out");
+    assert!(ablate(&recipe, &out).arg("--quiet").status().unwrap().success());
+    let runs = out.join("runs.csv");
+    let finished = ablate::run::results::read_all_runs(&runs).unwrap();
+    // An older ablate's file: no params_non_embedding column, and only the first run finished.
+    let mut reader = csv::Reader::from_path(&runs).unwrap();
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let first: Vec<String> = reader.records().next().unwrap().unwrap().iter().map(String::from).collect();
+    let dropped = header.iter().position(|c| c == "params_non_embedding").expect("the column exists");
+    let without = |row: &[String]| -> Vec<String> {
+        row.iter().enumerate().filter(|(i, _)| *i != dropped).map(|(_, v)| v.clone()).collect()
+    };
+    let mut writer = csv::Writer::from_path(&runs).unwrap();
+    writer.write_record(without(&header)).unwrap();
+    writer.write_record(without(&first)).unwrap();
+    writer.flush().unwrap();
+    drop(writer);
+
+    let resumed = ablate(&recipe, &out).output().unwrap();
+    let log = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{log}");
+    assert!(log.contains("1 already finished, 1 to train"), "{log}");
+    assert!(log.contains("predates the column(s) params_non_embedding"), "{log}");
+    let rows = ablate::run::results::read_all_runs(&runs).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["params_non_embedding"], "", "the old row gets the new column empty");
+    assert_eq!(rows[1]["params_non_embedding"], finished[1]["params_non_embedding"], "the new row fills it");
+    for column in ["run_id", "test_loss", "train_loss"] {
+        assert_eq!(rows[0][column], finished[0][column], "{column} kept");
+    }
+
+    // A column the recipe does not write is a different recipe: refused, the file untouched.
+    let renamed = std::fs::read_to_string(&runs).unwrap().replacen("test_loss", "test_losses", 1);
+    let keep_one: String = renamed.lines().take(2).map(|l| l.to_string() + "\n").collect();
+    std::fs::write(&runs, &keep_one).unwrap();
+    let refused = ablate(&recipe, &out).output().unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("written by a different version of this recipe"));
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), keep_one);
+    let _ = std::fs::remove_dir_all(&dir);
+}

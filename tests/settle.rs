@@ -183,6 +183,18 @@ fn untimed(dir: &Path) -> Vec<Vec<(String, String)>> {
     rows
 }
 
+/// Fails naming the first cells where `dir`'s rows differ from `reference`'s (timings aside).
+fn assert_same_rows(dir: &Path, reference: &Path, what: &str) {
+    let (a, b) = (untimed(dir), untimed(reference));
+    let differing: Vec<String> = a
+        .iter()
+        .zip(&b)
+        .flat_map(|(x, y)| x.iter().zip(y).filter(|(p, q)| p != q).map(|(p, q)| format!("{p:?} vs {q:?}")))
+        .take(5)
+        .collect();
+    assert!(a == b, "{what} trained other rows than one process: {} vs {} rows; {differing:?}", a.len(), b.len());
+}
+
 #[test]
 fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains() {
     let dir = scratch("settle-scale");
@@ -202,7 +214,7 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
     assert_eq!(untimed(&local).len(), 8, "both arms raised to the cap of 4 seeds");
     let (ok, err) = run(&pool, &["--workers", "2"]);
     assert!(ok, "{err}");
-    assert!(untimed(&pool) == untimed(&local), "the worker pool trained other rows than one process");
+    assert_same_rows(&pool, &local, "the worker pool");
     // By hand, as the Slurm scripts do: the pilot's shards, their merge, the added seeds' shards, the merge.
     let merge = |extra: &[&str]| {
         let mut args = vec!["merge", p, "--out", shards.to_str().unwrap()];
@@ -219,10 +231,63 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
         let (ok, err) = merge(&["--until-settled", "--max-seeds", "4"]);
         assert!(ok, "{phase}: {err}");
     }
-    assert!(untimed(&shards) == untimed(&local), "the shards merged by hand hold other rows than one process");
+    assert_same_rows(&shards, &local, "the shards merged by hand");
     // A plain merge would drop the added seeds: refused, naming the flags.
     let (ok, err) = merge(&[]);
     assert!(!ok && err.trim().lines().count() == 1 && err.contains("--until-settled --max-seeds 4"), "{err}");
     assert_eq!(untimed(&shards).len(), 8);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_recipes_seeds() {
+    let dir = scratch("settle-second");
+    let text = |delta: f64| recipe_text(&dir, delta) + "scale_check:\n  transformer.d_model: 8\n";
+    // Targets: each scale from its own pilot rows, so a narrow spread at the second scale asks for fewer.
+    let recipe = parse(&text(0.01), "settle.yaml", "settle", false).unwrap();
+    let csvs = dir.join("csvs");
+    write_pilot(&csvs, [2.0, 2.1, 1.9], [-0.018, 0.002, 0.022]);
+    write_pilot(&csvs.join("scale_check"), [2.0, 2.1, 1.9], [-0.009, 0.001, 0.011]);
+    let main = ablate::run::settle::targets(&csvs, &recipe, 50).unwrap();
+    let second = ablate::run::settle::second_scale_targets(&csvs, &recipe, 50).unwrap();
+    assert_eq!(second["heads=1"], ablate::stats::seeds_to_settle(0.01, 0.01, 0.05).unwrap());
+    assert!(main["heads=1"] > second["heads=1"], "{main:?} {second:?}");
+    assert!(ablate::run::settle::second_scale_targets(&dir.join("nothing"), &recipe, 50).unwrap().is_empty());
+
+    // A δ so wide that three seeds settle every comparison: neither scale trains a seed beyond the recipe's.
+    let path = dir.join("settle.yaml");
+    std::fs::write(&path, text(10.0).replace("test_accuracy: 0.5", "test_accuracy: 10.0")).unwrap();
+    let out = dir.join("wide");
+    let args = |out: &Path| {
+        [
+            path.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--until-settled",
+            "--max-seeds",
+            "4",
+        ]
+        .map(String::from)
+    };
+    let (ok, err) = ablate(&args(&out).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    let seeds = |csv: &Path| -> Vec<u64> {
+        let mut s: Vec<u64> = read_runs(csv).unwrap().iter().map(|r| r["seed"].parse().unwrap()).collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    assert_eq!(seeds(&out.join("runs.csv")), [0, 1, 2], "{err}");
+    assert_eq!(seeds(&out.join("scale_check/runs.csv")), [0, 1, 2], "{err}");
+    // δ tiny: both scales raised to the cap.
+    std::fs::write(&path, text(1e-6)).unwrap();
+    let out = dir.join("tiny");
+    let (ok, err) = ablate(&args(&out).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    assert_eq!(seeds(&out.join("runs.csv")), [0, 1, 2, 3], "{err}");
+    assert_eq!(seeds(&out.join("scale_check/runs.csv")), [0, 1, 2, 3], "{err}");
+    assert!(err.contains("(second scale): 4 seeds"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -103,26 +103,51 @@ impl Settling {
         Ok(Self { cap, pool, full })
     }
 
-    /// Per arm, the seeds it should end with: none for the pilot, else what the pilot's rows in `out` ask
-    /// for (a function of those rows alone, so every shard computes the same list).
+    /// Per arm, the seeds it should end with at each scale: none for the pilot, else what the pilot's rows in
+    /// `out` (and `out/scale_check`) ask for (a function of those rows alone, so every shard computes the same).
     fn targets(&self, base: &Recipe, phase: SettlePhase, out: &std::path::Path) -> anyhow::Result<Targets> {
         Ok(match phase {
-            SettlePhase::Pilot => Targets::new(),
-            SettlePhase::Added => ablate::run::settle::targets(out, base, self.cap)?,
+            SettlePhase::Pilot => Targets::default(),
+            SettlePhase::Added => Targets {
+                main: ablate::run::settle::targets(out, base, self.cap)?,
+                second: ablate::run::settle::second_scale_targets(out, base, self.cap)?,
+            },
         })
     }
 
-    /// The runs of one pass over `base` (the recipe as given) with `targets`, and any run `also` keeps, in
-    /// the order of the full recipe.
-    fn pass(&self, base: &Recipe, targets: &Targets, also: impl Fn(&ablate::recipe::RunSpec) -> bool) -> Recipe {
+    /// The runs of one pass over `base` (the recipe as given) with `targets`, in the order of the full recipe,
+    /// its second scale filtered the same way by that scale's targets; with `finished_in`, also every run
+    /// already in that directory's `runs.csv` (rows an earlier call added beyond this call's plan).
+    fn pass(&self, base: &Recipe, targets: &Targets, finished_in: Option<&std::path::Path>) -> Recipe {
         let pilot = base.seeds.len();
-        let keeps = |r: &&ablate::recipe::RunSpec| ablate::run::settle::keeps(r, &self.pool, pilot, targets) || also(r);
-        Recipe { runs: self.full.runs.iter().filter(keeps).cloned().collect(), ..self.full.clone() }
+        let filter = |recipe: &Recipe, arms: &ArmTargets, dir: Option<std::path::PathBuf>| {
+            let finished: std::collections::HashSet<String> = dir
+                .and_then(|d| ablate::run::results::read_runs(&d.join("runs.csv")).ok())
+                .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
+                .unwrap_or_default();
+            let keeps = |r: &&ablate::recipe::RunSpec| {
+                ablate::run::settle::keeps(r, &self.pool, pilot, arms) || finished.contains(&r.id)
+            };
+            recipe.runs.iter().filter(keeps).cloned().collect::<Vec<_>>()
+        };
+        let scale_check = self.full.scale_check.as_ref().map(|(check, settings)| {
+            let runs = filter(check, &targets.second, finished_in.map(|d| d.join("scale_check")));
+            (Box::new(Recipe { runs, ..(**check).clone() }), settings.clone())
+        });
+        let runs = filter(&self.full, &targets.main, finished_in.map(std::path::Path::to_path_buf));
+        Recipe { runs, scale_check, ..self.full.clone() }
     }
 }
 
 /// Per arm (variant label), the seeds it should end with under `--until-settled`.
-type Targets = std::collections::BTreeMap<String, usize>;
+type ArmTargets = std::collections::BTreeMap<String, usize>;
+
+/// [`ArmTargets`] at the recipe's scale and at its second scale (`scale_check:`), each from its own pilot.
+#[derive(Default)]
+struct Targets {
+    main: ArmTargets,
+    second: ArmTargets,
+}
 
 impl RunArgs {
     /// Whether the sweep is spread over several processes of this machine (or limited to one shard).
@@ -260,7 +285,7 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
     match (args.shard, args.settle_phase) {
         (Some(_), Some(phase)) => {
             let targets = settling.targets(base, phase, &sweep.out)?;
-            return run_recipe(&settling.pass(base, &targets, |_| false), &opts);
+            return run_recipe(&settling.pass(base, &targets, None), &opts);
         }
         (Some(shard), None) => anyhow::bail!(
             "--until-settled --shard {shard}: a shard trains one of the two passes: add --settle-phase pilot (the recipe's seeds), or --settle-phase added once `ablate merge {} --until-settled` has combined the pilot",
@@ -269,13 +294,16 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         _ => {}
     }
     let workers = worker_devices(args, base, device)?;
-    let mut targets = Targets::new();
+    let mut targets = Targets::default();
     for phase in [SettlePhase::Pilot, SettlePhase::Added] {
         targets = settling.targets(base, phase, &sweep.out)?;
         if phase == SettlePhase::Added && !args.quiet {
             let pilot = base.seeds.len();
-            let added: Vec<String> =
-                targets.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}: {n} seeds")).collect();
+            let mut added: Vec<String> = Vec::new();
+            for (arms, scale) in [(&targets.main, ""), (&targets.second, " (second scale)")] {
+                added
+                    .extend(arms.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}{scale}: {n} seeds")));
+            }
             match added.is_empty() {
                 true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
                 false => {
@@ -286,22 +314,17 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         match &workers {
             Some((devices, threads)) => {
                 let settle = WorkerSettle { phase, cap: settling.cap, merged: &settling.full };
-                let shown = Recipe { runs: settling.pass(base, &targets, |_| false).runs, ..base.clone() };
+                let pass = settling.pass(base, &targets, None);
+                let shown = Recipe { runs: pass.runs, scale_check: pass.scale_check, ..base.clone() };
                 let shown = Sweep { path: sweep.path.clone(), recipe: shown, out: sweep.out.clone() };
                 run_on_workers(args, &shown, devices.clone(), *threads, Some(settle))?
             }
-            None => {
-                // Rows an earlier call added beyond this call's plan stay in runs.csv.
-                let finished: std::collections::HashSet<String> =
-                    ablate::run::results::read_runs(&sweep.out.join("runs.csv"))
-                        .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
-                        .unwrap_or_default();
-                run_recipe(&settling.pass(base, &targets, |r| finished.contains(&r.id)), &opts)?
-            }
+            // Rows an earlier call added beyond this call's plan stay in runs.csv.
+            None => run_recipe(&settling.pass(base, &targets, Some(&sweep.out)), &opts)?,
         }
     }
     if !args.quiet {
-        let every = settling.pass(base, &targets, |_| false);
+        let every = settling.pass(base, &targets, None);
         if let Some(j) = ablate::run::summary::judgements(&sweep.out, &every, None)? {
             let [better, worse, equivalent, inconclusive, untested] = ablate::run::verdicts::counts(&j.rows);
             eprintln!(

@@ -370,10 +370,13 @@ fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<(
         let mut reader = csv::Reader::from_path(path)?;
         let existing: Vec<String> = reader.headers()?.iter().map(String::from).collect();
         if existing != header {
-            bail!(
-                "{} was written by a different version of this recipe (its columns differ); re-run with --force to start over",
-                path.display()
-            );
+            if !existing.iter().all(|c| header.contains(c)) {
+                bail!(
+                    "{} was written by a different version of this recipe (its columns differ); re-run with --force to start over",
+                    path.display()
+                );
+            }
+            widen_csv(path, &existing, header)?;
         }
     }
     // Build the whole chunk first and write it with one call, so a crash cannot leave half a row.
@@ -388,6 +391,31 @@ fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<(
     let mut f = OpenOptions::new().create(true).append(true).open(path)?;
     f.write_all(&bytes)?;
     f.sync_data()?;
+    Ok(())
+}
+
+/// Rewrites `path` (atomically) under `header`, a superset of the columns it has: a file written before a
+/// column was added (e.g. `params_non_embedding`) keeps every row, with the new columns empty, so resuming or
+/// adding seeds to an older results directory appends instead of refusing. Says so in one line.
+fn widen_csv(path: &Path, existing: &[String], header: &[String]) -> Result<()> {
+    let mut reader = csv::Reader::from_path(path)?;
+    let mut buf = csv::Writer::from_writer(Vec::new());
+    buf.write_record(header)?;
+    let mut rows = 0usize;
+    for record in reader.records() {
+        let record = record?;
+        let by_column: BTreeMap<&str, &str> = existing.iter().map(String::as_str).zip(record.iter()).collect();
+        buf.write_record(header.iter().map(|c| by_column.get(c.as_str()).copied().unwrap_or("")))?;
+        rows += 1;
+    }
+    let bytes = buf.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    write_atomically(path, &bytes)?;
+    let added: Vec<&str> = header.iter().filter(|c| !existing.contains(c)).map(String::as_str).collect();
+    eprintln!(
+        "ablate: {} predates the column(s) {}: its {rows} row(s) keep their values, with those columns empty",
+        path.display(),
+        added.join(", ")
+    );
     Ok(())
 }
 

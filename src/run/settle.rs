@@ -49,9 +49,26 @@ pub fn check(recipe: &Recipe, max_seeds: usize) -> Result<()> {
 /// Per arm (variant label), the seeds it should end with: its pilot's count, raised for every arm of an
 /// inconclusive comparison of model quality to the seeds that comparison needs, capped at `max_seeds`.
 pub fn targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
-    let pilot = recipe.seeds.len();
+    arm_targets(dir, recipe, &recipe.seeds, max_seeds)
+}
+
+/// [`targets`] at the recipe's second scale (`scale_check:`), from the pilot rows in `<dir>/scale_check`:
+/// that scale's comparisons are judged over their own family and settle on their own spread. Empty without
+/// a second scale or before its pilot has rows.
+pub fn second_scale_targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
+    let check_dir = dir.join("scale_check");
+    match &recipe.scale_check {
+        Some((check, _)) if check_dir.join("runs.csv").is_file() => {
+            arm_targets(&check_dir, check, &recipe.seeds, max_seeds)
+        }
+        _ => Ok(BTreeMap::new()),
+    }
+}
+
+fn arm_targets(dir: &Path, recipe: &Recipe, pilot_seeds: &[u64], max_seeds: usize) -> Result<BTreeMap<String, usize>> {
+    let pilot = pilot_seeds.len();
     let mut out: BTreeMap<String, usize> = BTreeMap::new();
-    let Some(rows) = judge_pilot(dir, recipe, &recipe.seeds)? else { return Ok(out) };
+    let Some(rows) = judge_pilot(dir, recipe, pilot_seeds)? else { return Ok(out) };
     for row in rows.iter().filter(|r| is_quality(r)) {
         let needed = match row.judged.verdict {
             Verdict::Inconclusive { seeds: Some(n) } => n.min(max_seeds),
