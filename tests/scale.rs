@@ -251,3 +251,47 @@ fn the_data_parallel_slurm_job_starts_every_rank_with_srun_and_requeues_when_sto
     assert!(submit.contains("sbatch --parsable ddp.sbatch"), "{submit}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_merge_over_a_directory_from_before_a_column_was_added_keeps_its_rows_under_the_wider_header() {
+    let dir = scratch("shards-widen");
+    let recipe = parse(&recipe_text(&dir), "shards.yaml", "shards", false).unwrap();
+    let out = dir.join("out");
+    let opts = |out, shard| SweepOptions { out, device: Device::Cpu, force: false, quiet: true, shard };
+    run_recipe(&recipe, &opts(&out, None)).unwrap();
+    let single = runs_without_timings(&out);
+    // The main directory as an older ablate wrote it: no params_non_embedding column.
+    let runs = out.join("runs.csv");
+    let mut reader = csv::Reader::from_path(&runs).unwrap();
+    let header = reader.headers().unwrap().clone();
+    let dropped = header.iter().position(|c| c == "params_non_embedding").unwrap();
+    let without = |r: &csv::StringRecord| -> Vec<String> {
+        r.iter().enumerate().filter(|(i, _)| *i != dropped).map(|(_, v)| v.to_string()).collect()
+    };
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
+    let mut writer = csv::Writer::from_path(&runs).unwrap();
+    writer.write_record(without(&header)).unwrap();
+    // ... and with its last two runs unfinished.
+    for r in &rows[..4] {
+        writer.write_record(without(r)).unwrap();
+    }
+    writer.flush().unwrap();
+    drop(writer);
+    // The shards train those two under today's header; the merge widens the older rows.
+    for index in 0..3 {
+        run_recipe(&recipe, &opts(&out, Some(Shard { index, count: 3 }))).unwrap();
+    }
+    assert_eq!(merge(&recipe, &out, true).unwrap(), (6, 0));
+    let merged = ablate::run::results::read_runs(&runs).unwrap();
+    let filled: Vec<bool> = merged.iter().map(|r| !r["params_non_embedding"].is_empty()).collect();
+    assert_eq!(
+        filled.iter().filter(|&&f| f).count(),
+        2,
+        "the shard's rows fill the column, the older rows leave it empty"
+    );
+    let strip = |rows: Vec<Vec<(String, String)>>| -> Vec<Vec<(String, String)>> {
+        rows.into_iter().map(|r| r.into_iter().filter(|(k, _)| k != "params_non_embedding").collect()).collect()
+    };
+    assert_eq!(strip(runs_without_timings(&out)), strip(single), "every other value kept");
+    let _ = std::fs::remove_dir_all(&dir);
+}

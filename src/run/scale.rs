@@ -151,6 +151,17 @@ struct StoredRun {
     sample: Option<String>,
 }
 
+/// Whether `wide` has every column of `narrow`.
+fn covers(wide: &csv::StringRecord, narrow: &csv::StringRecord) -> bool {
+    narrow.iter().all(|c| wide.iter().any(|w| w == c))
+}
+
+/// `row`, written under `own`, under `target` (a header that covers it): the columns it lacks empty.
+fn widened(row: &csv::StringRecord, own: &csv::StringRecord, target: &csv::StringRecord) -> csv::StringRecord {
+    let by_column: HashMap<&str, &str> = own.iter().zip(row.iter()).collect();
+    target.iter().map(|c| by_column.get(c).copied().unwrap_or("")).collect()
+}
+
 /// A results directory's `runs.csv` header (if it has one) and its finished runs by id.
 type DirRuns = (Option<csv::StringRecord>, Vec<(String, StoredRun)>);
 
@@ -239,18 +250,36 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     sources.extend(shard_dirs(out)?);
     for dir in &sources {
         let (h, runs) = read_dir_runs(dir, &order)?;
+        // A directory written before a column was added merges under the wider header, its rows with that
+        // column empty; columns that differ otherwise are different recipes.
+        let this_header = h.clone();
         if let Some(h) = h {
             match &header {
-                Some((first, existing)) if existing != &h => bail!(
-                    "{} and {} have different columns (written by different versions of the recipe); re-run the stale one with --force",
-                    first.join("runs.csv").display(),
-                    dir.join("runs.csv").display()
-                ),
-                Some(_) => {}
+                Some((_, existing)) if existing == &h => {}
+                Some((first, existing)) => {
+                    if covers(&h, existing) {
+                        for run in merged.values_mut() {
+                            run.row = widened(&run.row, existing, &h);
+                        }
+                        header = Some((first.clone(), h));
+                    } else if !covers(existing, &h) {
+                        bail!(
+                            "{} and {} have different columns (written by different versions of the recipe); re-run the stale one with --force",
+                            first.join("runs.csv").display(),
+                            dir.join("runs.csv").display()
+                        )
+                    }
+                }
                 None => header = Some((dir.clone(), h)),
             }
         }
-        for (id, run) in runs {
+        let target = header.as_ref().map(|(_, h)| h.clone());
+        for (id, mut run) in runs {
+            if let (Some(own), Some(target)) = (&this_header, &target) {
+                if own != target {
+                    run.row = widened(&run.row, own, target);
+                }
+            }
             let current = recipe.runs.get(*order.get(&id).unwrap_or(&usize::MAX));
             if current.is_some_and(|r| r.config_hash == run.hash) {
                 merged.insert(id, run);
