@@ -139,6 +139,13 @@ pub fn prediction_result(rows: &[JudgedRow], p: &Prediction, as_run: &[Predictio
     (verdict_text, format!("{outcome}{post_hoc}"))
 }
 
+/// The measured difference of a prediction's comparison, with its 95% interval ("–" without one).
+pub fn prediction_measured(rows: &[JudgedRow], p: &Prediction) -> String {
+    rows.iter()
+        .find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()))
+        .map_or_else(|| "–".into(), difference)
+}
+
 /// How a prediction's expectation is written.
 pub fn expect_word(expect: Expect) -> &'static str {
     match expect {
