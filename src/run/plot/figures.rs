@@ -119,10 +119,15 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         }
     }
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
+    // Seeds added to some arms only (`--until-settled`) leave the variants with different n: say so.
+    let per_variant: Vec<usize> = variants.iter().map(|(_, ids)| ids.len()).collect();
+    let fewest = per_variant.iter().copied().min().unwrap_or(seeds);
+    let n =
+        if fewest < seeds { format!("n = {fewest}–{seeds} seeds per variant") } else { format!("n = {seeds} seeds") };
     let band = if seeds > SEED_CURVES_UP_TO {
-        format!(" (mean, {:.0}% CI over n = {seeds} seeds)", 100.0 * CONFIDENCE)
+        format!(" (mean, {:.0}% CI over {n})", 100.0 * CONFIDENCE)
     } else if seeds > 1 {
-        format!(" (mean; each of n = {seeds} seeds drawn)")
+        format!(" (mean; each of {n} drawn)")
     } else {
         String::new()
     };
