@@ -240,18 +240,7 @@ fn a_runs_csv_from_before_a_column_was_added_is_widened_when_a_run_is_appended_a
     let runs = out.join("runs.csv");
     let finished = ablate::run::results::read_all_runs(&runs).unwrap();
     // An older ablate's file: no params_non_embedding column, and only the first run finished.
-    let mut reader = csv::Reader::from_path(&runs).unwrap();
-    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
-    let first: Vec<String> = reader.records().next().unwrap().unwrap().iter().map(String::from).collect();
-    let dropped = header.iter().position(|c| c == "params_non_embedding").expect("the column exists");
-    let without = |row: &[String]| -> Vec<String> {
-        row.iter().enumerate().filter(|(i, _)| *i != dropped).map(|(_, v)| v.clone()).collect()
-    };
-    let mut writer = csv::Writer::from_path(&runs).unwrap();
-    writer.write_record(without(&header)).unwrap();
-    writer.write_record(without(&first)).unwrap();
-    writer.flush().unwrap();
-    drop(writer);
+    common::runs_csv_before_column(&runs, "params_non_embedding", 1);
 
     let resumed = ablate(&recipe, &out).output().unwrap();
     let log = String::from_utf8_lossy(&resumed.stderr);

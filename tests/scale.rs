@@ -260,23 +260,10 @@ fn a_merge_over_a_directory_from_before_a_column_was_added_keeps_its_rows_under_
     let opts = |out, shard| SweepOptions { out, device: Device::Cpu, force: false, quiet: true, shard };
     run_recipe(&recipe, &opts(&out, None)).unwrap();
     let single = runs_without_timings(&out);
-    // The main directory as an older ablate wrote it: no params_non_embedding column.
+    // The main directory as an older ablate wrote it: no params_non_embedding column, and its last two runs
+    // unfinished.
     let runs = out.join("runs.csv");
-    let mut reader = csv::Reader::from_path(&runs).unwrap();
-    let header = reader.headers().unwrap().clone();
-    let dropped = header.iter().position(|c| c == "params_non_embedding").unwrap();
-    let without = |r: &csv::StringRecord| -> Vec<String> {
-        r.iter().enumerate().filter(|(i, _)| *i != dropped).map(|(_, v)| v.to_string()).collect()
-    };
-    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
-    let mut writer = csv::Writer::from_path(&runs).unwrap();
-    writer.write_record(without(&header)).unwrap();
-    // ... and with its last two runs unfinished.
-    for r in &rows[..4] {
-        writer.write_record(without(r)).unwrap();
-    }
-    writer.flush().unwrap();
-    drop(writer);
+    common::runs_csv_before_column(&runs, "params_non_embedding", 4);
     // The shards train those two under today's header; the merge widens the older rows.
     for index in 0..3 {
         run_recipe(&recipe, &opts(&out, Some(Shard { index, count: 3 }))).unwrap();

@@ -312,12 +312,8 @@ pub fn reproductions() -> anyhow::Result<()> {
 /// The recorded training time of a results directory in minutes: every row's `wall_s` (tuning runs too),
 /// its second scale's included; `None` without results.
 fn training_minutes(dir: &std::path::Path) -> Option<f64> {
-    let seconds = |csv: PathBuf| -> Option<f64> {
-        let rows = ablate::run::results::read_all_runs(&csv).ok()?;
-        Some(rows.iter().filter_map(|r| r.get("wall_s")?.parse::<f64>().ok()).sum())
-    };
-    let main = seconds(dir.join("runs.csv"))?;
-    Some((main + seconds(dir.join("scale_check").join("runs.csv")).unwrap_or(0.0)) / 60.0)
+    let main = reproduce::recorded_minutes(&dir.join("runs.csv"))?;
+    Some(main + reproduce::recorded_minutes(&dir.join("scale_check").join("runs.csv")).unwrap_or(0.0))
 }
 
 /// `ablate findings`: per shipped recipe with results, its question (the recipe's description), the decided

@@ -105,14 +105,19 @@ fn match_reference<'a>(recipe: &Recipe, label: &str, theirs: &[&'a Row]) -> Matc
 /// What refreshing the reference in `reference` costs: the wall time its rows record (tuning runs
 /// included), as a phrase.
 pub fn refresh_cost(reference: &Path) -> String {
-    let minutes: f64 = super::results::read_all_runs(&reference.join("runs.csv"))
-        .map(|rows| rows.iter().filter_map(|r| r.get("wall_s")?.parse::<f64>().ok()).sum::<f64>() / 60.0)
-        .unwrap_or(f64::NAN);
+    let minutes = recorded_minutes(&reference.join("runs.csv")).unwrap_or(f64::NAN);
     if minutes.is_finite() {
         format!("refreshing it took {minutes:.0} min of training when it was made")
     } else {
         "its cost is not recorded".into()
     }
+}
+
+/// The training time a `runs.csv` records, in minutes: every row's `wall_s`, tuning runs included; `None`
+/// when the file cannot be read.
+pub fn recorded_minutes(runs_csv: &Path) -> Option<f64> {
+    let rows = super::results::read_all_runs(runs_csv).ok()?;
+    Some(rows.iter().filter_map(|r| r.get("wall_s")?.parse::<f64>().ok()).sum::<f64>() / 60.0)
 }
 
 /// Why `recipe`'s committed reference in `reference` cannot be compared with a rerun today, one line per

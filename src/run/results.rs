@@ -368,15 +368,16 @@ fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<(
     let exists = path.exists() && std::fs::metadata(path)?.len() > 0;
     if exists {
         let mut reader = csv::Reader::from_path(path)?;
-        let existing: Vec<String> = reader.headers()?.iter().map(String::from).collect();
-        if existing != header {
-            if !existing.iter().all(|c| header.contains(c)) {
+        let existing = reader.headers()?.clone();
+        let wanted = csv::StringRecord::from(header.to_vec());
+        if existing != wanted {
+            if !covers(&wanted, &existing) {
                 bail!(
                     "{} was written by a different version of this recipe (its columns differ); re-run with --force to start over",
                     path.display()
                 );
             }
-            widen_csv(path, &existing, header)?;
+            widen_csv(path, &existing, &wanted)?;
         }
     }
     // Build the whole chunk first and write it with one call, so a crash cannot leave half a row.
@@ -394,23 +395,37 @@ fn append_rows(path: &Path, header: &[String], rows: &[Vec<String>]) -> Result<(
     Ok(())
 }
 
-/// Rewrites `path` (atomically) under `header`, a superset of the columns it has: a file written before a
+/// Whether `wide` has every column of `narrow`: a `runs.csv` written under `narrow` predates columns added
+/// since, and can be widened to `wide` ([`widened`]) rather than refused.
+pub(crate) fn covers(wide: &csv::StringRecord, narrow: &csv::StringRecord) -> bool {
+    narrow.iter().all(|c| wide.iter().any(|w| w == c))
+}
+
+/// `row`, written under `own`, under `target` (a header that [`covers`] it): the columns it lacks empty.
+pub(crate) fn widened(
+    row: &csv::StringRecord,
+    own: &csv::StringRecord,
+    target: &csv::StringRecord,
+) -> csv::StringRecord {
+    let by_column: HashMap<&str, &str> = own.iter().zip(row.iter()).collect();
+    target.iter().map(|c| by_column.get(c).copied().unwrap_or("")).collect()
+}
+
+/// Rewrites `path` (atomically) under `header`, which [`covers`] the `existing` one: a file written before a
 /// column was added (e.g. `params_non_embedding`) keeps every row, with the new columns empty, so resuming or
 /// adding seeds to an older results directory appends instead of refusing. Says so in one line.
-fn widen_csv(path: &Path, existing: &[String], header: &[String]) -> Result<()> {
+fn widen_csv(path: &Path, existing: &csv::StringRecord, header: &csv::StringRecord) -> Result<()> {
     let mut reader = csv::Reader::from_path(path)?;
     let mut buf = csv::Writer::from_writer(Vec::new());
     buf.write_record(header)?;
     let mut rows = 0usize;
     for record in reader.records() {
-        let record = record?;
-        let by_column: BTreeMap<&str, &str> = existing.iter().map(String::as_str).zip(record.iter()).collect();
-        buf.write_record(header.iter().map(|c| by_column.get(c.as_str()).copied().unwrap_or("")))?;
+        buf.write_record(&widened(&record?, existing, header))?;
         rows += 1;
     }
     let bytes = buf.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
     write_atomically(path, &bytes)?;
-    let added: Vec<&str> = header.iter().filter(|c| !existing.contains(c)).map(String::as_str).collect();
+    let added: Vec<&str> = header.iter().filter(|c| !existing.iter().any(|e| e == *c)).collect();
     eprintln!(
         "ablate: {} predates the column(s) {}: its {rows} row(s) keep their values, with those columns empty",
         path.display(),

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::str::FromStr;
 
 use super::bench::BenchModel;
-use super::results::{write_resolved, ResultsDir};
+use super::results::{covers, widened, write_resolved, ResultsDir};
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
 
@@ -149,17 +149,6 @@ struct StoredRun {
     row: csv::StringRecord,
     curves: Vec<csv::StringRecord>,
     sample: Option<String>,
-}
-
-/// Whether `wide` has every column of `narrow`.
-fn covers(wide: &csv::StringRecord, narrow: &csv::StringRecord) -> bool {
-    narrow.iter().all(|c| wide.iter().any(|w| w == c))
-}
-
-/// `row`, written under `own`, under `target` (a header that covers it): the columns it lacks empty.
-fn widened(row: &csv::StringRecord, own: &csv::StringRecord, target: &csv::StringRecord) -> csv::StringRecord {
-    let by_column: HashMap<&str, &str> = own.iter().zip(row.iter()).collect();
-    target.iter().map(|c| by_column.get(c).copied().unwrap_or("")).collect()
 }
 
 /// A results directory's `runs.csv` header (if it has one) and its finished runs by id.

@@ -130,8 +130,7 @@ pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
 /// One prediction's verdict text and outcome in `rows` (the judged comparisons of its results), the outcome
 /// marked post hoc when the results did not run against it (`as_run`, their recorded predictions).
 pub fn prediction_result(rows: &[JudgedRow], p: &Prediction, as_run: &[Prediction]) -> (String, String) {
-    let row = rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()));
-    let (verdict_text, outcome) = match row {
+    let (verdict_text, outcome) = match predicted_row(rows, p) {
         Some(r) => (verdict(r), prediction_outcome(p.expect, r.judged.verdict).to_string()),
         None => ("–".into(), "no such comparison in these results".into()),
     };
@@ -141,9 +140,12 @@ pub fn prediction_result(rows: &[JudgedRow], p: &Prediction, as_run: &[Predictio
 
 /// The measured difference of a prediction's comparison, with its 95% interval ("–" without one).
 pub fn prediction_measured(rows: &[JudgedRow], p: &Prediction) -> String {
-    rows.iter()
-        .find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()))
-        .map_or_else(|| "–".into(), difference)
+    predicted_row(rows, p).map_or_else(|| "–".into(), difference)
+}
+
+/// The comparison a prediction is about: its variant against the baseline, on its metric.
+fn predicted_row<'a>(rows: &'a [JudgedRow], p: &Prediction) -> Option<&'a JudgedRow> {
+    rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()))
 }
 
 /// How a prediction's expectation is written.

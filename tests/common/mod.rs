@@ -90,3 +90,21 @@ pub fn trained_model(
     vs.copy(&trained.vs).unwrap();
     (vs, model)
 }
+
+/// Rewrites `runs.csv` as an older ablate wrote it: without `column`, and with only its first `keep` rows
+/// finished.
+pub fn runs_csv_before_column(runs: &Path, column: &str, keep: usize) {
+    let mut reader = csv::Reader::from_path(runs).unwrap();
+    let header = reader.headers().unwrap().clone();
+    let dropped = header.iter().position(|c| c == column).expect("the column exists");
+    let without = |r: &csv::StringRecord| -> Vec<String> {
+        r.iter().enumerate().filter(|(i, _)| *i != dropped).map(|(_, v)| v.to_string()).collect()
+    };
+    let rows: Vec<csv::StringRecord> = reader.records().take(keep).map(|r| r.unwrap()).collect();
+    let mut writer = csv::Writer::from_path(runs).unwrap();
+    writer.write_record(without(&header)).unwrap();
+    for r in &rows {
+        writer.write_record(without(r)).unwrap();
+    }
+    writer.flush().unwrap();
+}
