@@ -21,6 +21,8 @@ fn recipe_text(dir: &Path) -> String {
 
 #[test]
 fn shards_merged_in_any_order_equal_a_single_run() {
+    // Trains in this process: libtorch's one generator must not be shared with the other such test.
+    let _serial = common::serial();
     let dir = scratch("shards");
     let recipe = parse(&recipe_text(&dir), "shards.yaml", "shards", false).unwrap();
     let single = dir.join("single");
@@ -254,6 +256,8 @@ fn the_data_parallel_slurm_job_starts_every_rank_with_srun_and_requeues_when_sto
 
 #[test]
 fn a_merge_over_a_directory_from_before_a_column_was_added_keeps_its_rows_under_the_wider_header() {
+    // Trains in this process: libtorch's one generator must not be shared with the other such test.
+    let _serial = common::serial();
     let dir = scratch("shards-widen");
     let recipe = parse(&recipe_text(&dir), "shards.yaml", "shards", false).unwrap();
     let out = dir.join("out");
