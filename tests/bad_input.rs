@@ -131,7 +131,7 @@ const CASES: &[(&str, usize, &str)] = &[
     ("kind: bert\nbert:\n  task: spam\n", 1, "use a wordpiece or bpe tokenizer"),
     ("kind: bert\nbert:\n  task: qa\n", 3, "expected one of `mlm`, `pretrain`, `spam`, `punctuation`, `locate`"),
     ("kind: bert\nbert:\n  objective: electra\n", 3, "expected one of `masked`, `masked_nsp`, `next_token`"),
-    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: next_token\n", 7, "this fine-tuning run does not pre-train"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  task: locate\n  objective: masked_nsp\n", 7, "this fine-tuning run does not pre-train"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  eval_mask_fraction: 0\n", 6, "bert.eval_mask_fraction: must be in (0, 1), got 0"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  mask_fraction: 1.5\n", 6, "bert.mask_fraction"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\nbert:\n  pretrain_steps: 5\n", 6, "task: pretrain pre-trains for train.steps"),

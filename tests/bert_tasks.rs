@@ -3,7 +3,7 @@
 use ablate::data::corpus_tasks::{encode_labelled, Specials};
 use ablate::data::tokenize::TextTokenizer;
 use ablate::data::IGNORE;
-use ablate::tasks::bert::{f1_score, mask_tokens};
+use ablate::tasks::bert::{build_model, f1_score, mask_tokens, TaskHead};
 use tch::{Device, Kind, Tensor};
 
 mod common;
@@ -174,4 +174,79 @@ fn the_spam_emails_corpus_is_the_training_emails_text_without_labels_or_test_ema
     let leaked = test.iter().filter(|e| !train.iter().any(|t| t.text == e.text) && text.contains(e.text.trim_end()));
     assert!(unseen > 1000 && leaked.count() == 0, "{unseen} test emails unseen");
     assert!(text.matches("\n\n").count() >= train.len());
+}
+
+/// A tiny BERT of `objective` with `task`'s head, in evaluation mode: (encoder and pre-training head, task head).
+fn tiny_model(vs: &tch::nn::VarStore, task: &str, objective: &str) -> (ablate::tasks::bert::MaskedLm, TaskHead) {
+    let cfg = common::config(&format!(
+        "kind: bert\ntransformer:\n  d_model: 16\n  layers: 2\n  heads: 2\n  block_size: 12\n  dropout: 0.0\n\
+         data:\n  tokenizer: wordpiece\n  vocab_size: 300\nbert:\n  task: {task}\n  objective: {objective}\n  pretrain_steps: 1\n"
+    ));
+    build_model(&vs.root(), &cfg, 40)
+}
+
+#[test]
+fn left_to_right_fine_tuning_tags_each_token_from_its_left_context_only() {
+    let _serial = common::serial();
+    tch::manual_seed(3);
+    let ids = Tensor::from_slice(&[3i64, 10, 11, 12, 13, 14, 15, 4, 0, 0, 0, 0]).view([1, 12]);
+    let padding =
+        Tensor::from_slice(&[true, true, true, true, true, true, true, true, false, false, false, false]).view([1, 12]);
+    // The same row with token 4 changed.
+    let changed = ids.copy();
+    let _ = changed.get(0).get(4).fill_(20);
+    for (objective, left_only) in [("next_token", true), ("masked", false)] {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let (mlm, head) = tiny_model(&vs, "punctuation", objective);
+        let TaskHead::Tokens(tagger) = head else { panic!("punctuation has a token head") };
+        let before = tagger.logits(&mlm.bert, &ids, &padding, false);
+        let after = tagger.logits(&mlm.bert, &changed, &padding, false);
+        let moved = |from: i64, len: i64| {
+            (before.narrow(1, from, len) - after.narrow(1, from, len)).abs().max().double_value(&[])
+        };
+        // Tokens 0–3 come before the change: a left-to-right tagger's logits there cannot move.
+        assert_eq!(moved(0, 4) == 0.0, left_only, "{objective}: tokens before the change moved by {}", moved(0, 4));
+        assert!(moved(4, 4) > 1e-6, "{objective}: the changed token and those after it must move");
+    }
+}
+
+#[test]
+fn left_to_right_classification_reads_the_last_real_token() {
+    let _serial = common::serial();
+    tch::manual_seed(4);
+    // Two rows of different lengths: 6 and 9 real tokens.
+    let ids = Tensor::from_slice(&[
+        3i64, 10, 11, 12, 13, 4, 0, 0, 0, 0, 0, 0, //
+        3, 10, 11, 12, 13, 14, 15, 16, 4, 0, 0, 0,
+    ])
+    .view([2, 12]);
+    let lengths = [6i64, 9];
+    let padding = Tensor::arange(12, (Kind::Int64, Device::Cpu))
+        .unsqueeze(0)
+        .lt_tensor(&Tensor::from_slice(&lengths).unsqueeze(1));
+    let with = |row: i64, col: i64, id: i64| {
+        let t = ids.copy();
+        let _ = t.get(row).get(col).fill_(id);
+        t
+    };
+    for (objective, causal) in [("next_token", true), ("masked", false)] {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let (mlm, head) = tiny_model(&vs, "spam", objective);
+        let TaskHead::Sequence(classifier) = head else { panic!("spam has a sequence head") };
+        let logits = |x: &Tensor| Vec::<f32>::try_from(classifier.logits(&mlm.bert, x, &padding, false)).unwrap();
+        let base = logits(&ids);
+        for (row, &len) in lengths.iter().enumerate() {
+            let row = row as i64;
+            // The last real token (`<sep>`) is what a causal classifier pools: changing it moves that row's
+            // logit. A causal `<cls>` would have seen only itself, so the move proves the pooled position.
+            let last = logits(&with(row, len - 1, 20));
+            assert!((last[row as usize] - base[row as usize]).abs() > 1e-6, "{objective}: row {row}'s last token");
+            // A padding position changes nothing, under either objective.
+            let pad = logits(&with(row, len, 21));
+            assert_eq!(pad, base, "{objective}: row {row}'s padding moved a logit");
+        }
+        // The other row is never touched.
+        assert_eq!(logits(&with(0, 2, 22))[1], base[1]);
+        assert_eq!(classifier.causal, causal);
+    }
 }

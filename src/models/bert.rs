@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use std::path::Path;
 use tch::nn::{self, Module};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::transformer::attention::Mask;
 use crate::transformer::layers::{self, GlobalTokens, LayerInit, Pass, Stack, ValueEmbeddings};
@@ -203,6 +203,15 @@ impl Bert {
     /// The pooled `<cls>` representation: tanh(W h_cls + b).
     pub fn pooled(&self, hidden: &Tensor) -> Tensor {
         self.pooler.forward(&hidden.select(1, 0)).tanh()
+    }
+
+    /// The pooled state of each row's last real token (`padding` (B, N) true at real tokens): tanh(W h_last + b),
+    /// the only state of a causal encoder that has seen the whole row.
+    pub fn pooled_last(&self, hidden: &Tensor, padding: &Tensor) -> Tensor {
+        let d = hidden.size()[2];
+        let last = (padding.to_kind(Kind::Int64).sum_dim_intlist(1, false, Kind::Int64) - 1).clamp_min(0);
+        let index = last.view([-1, 1, 1]).expand([-1, 1, d], false);
+        self.pooler.forward(&hidden.gather(1, &index, false).squeeze_dim(1)).tanh()
     }
 
     /// The word embedding matrix (V, D), which a tied MLM head shares.

@@ -3,7 +3,8 @@
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
 use super::schema::{
-    BertTask, BlockKind, Config, ImageDataset, Kind, LraTask, Norm, PositionEncoding, Scoring, Task, Tokenizer,
+    BertTask, BlockKind, Config, ImageDataset, Kind, LraTask, Norm, PositionEncoding, PretrainObjective, Scoring, Task,
+    Tokenizer,
 };
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
@@ -303,7 +304,8 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
 fn bert_key(cfg: &Config, key: &str) -> Option<String> {
     let b = cfg.bert();
     match key {
-        "objective" if !b.pretrains() => Some(
+        // next_token also makes the fine-tuning causal, so it acts without pre-training too.
+        "objective" if !b.pretrains() && b.objective != PretrainObjective::NextToken => Some(
             "chooses the pre-training objective, and this fine-tuning run does not pre-train (bert.pretrain_steps is 0)".into(),
         ),
         "pretrain_steps" | "pretrain_lr" if b.task == BertTask::Pretrain => {

@@ -572,7 +572,9 @@ pub struct BertConfig {
     /// The pre-training objective: `masked` (BERT's masked-LM, bidirectional attention), `masked_nsp`
     /// (masked-LM on segment pairs plus BERT's next-sentence prediction: is the second segment the text
     /// that follows the first, or a random one?) or `next_token` (the same encoder and head with causal
-    /// attention, predicting every next token: the GPT objective).
+    /// attention, predicting every next token: the GPT objective). With `next_token` a fine-tuning task
+    /// stays left to right too (Devlin et al. 2019's "LTR & No NSP" ablation): the encoder is causal, a
+    /// sequence is classified from its last real token, a tagged token sees only the tokens before it.
     pub objective: PretrainObjective,
     /// Pre-training steps before fine-tuning (0: fine-tune from random weights, the baseline).
     pub pretrain_steps: i64,

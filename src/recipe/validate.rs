@@ -588,12 +588,6 @@ impl Config {
         if !(b.pretrain_lr > 0.0 && b.pretrain_lr.is_finite()) {
             return Err(invalid("bert.pretrain_lr", format!("must be positive, got {}", b.pretrain_lr)));
         }
-        if b.objective == PretrainObjective::NextToken && b.task != BertTask::Pretrain {
-            return Err(invalid(
-                "bert.objective",
-                "next_token is for task: pretrain (the fine-tuning heads read both sides of every token, which a causal encoder never learned to)",
-            ));
-        }
         if let Some(path) = &b.init_from {
             // A `$RESULTS/` checkpoint is another recipe's output: the sweep checks it once it knows where
             // results go, still before any training.

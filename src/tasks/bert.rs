@@ -7,7 +7,9 @@
 //! then the word embedding matrix (shared; `transformer.tie_embeddings: false` gives it its own) plus a bias.
 //!
 //! Next-token prediction (`objective: next_token`) is the same encoder and head with causal attention, each
-//! position predicting the following token: the GPT objective, for comparing data efficiency.
+//! position predicting the following token: the GPT objective, for comparing data efficiency. Its
+//! fine-tuning stays causal (Devlin et al. 2019's left-to-right ablation): the sequence head reads the last
+//! real token, the only one that has seen the whole text.
 //!
 //! Sequence classification: `<cls> text <sep>` padded to the block; the head reads BERT's pooled `<cls>`
 //! state. Two classes use one logit with sigmoid / binary cross-entropy, more use softmax / cross-entropy.
@@ -411,23 +413,28 @@ fn capped(bert: &Encoder, logits: Tensor) -> Tensor {
 }
 
 /// A sequence classifier: BERT's pooled `<cls>` state, dropout, a linear layer (one logit for two classes).
+/// Left to right (`causal`) it pools the last real token's state instead, the only one that has seen the
+/// whole text (GPT's choice; a causal `<cls>` sees only itself).
 pub struct SequenceClassifier {
     head: nn::Linear,
     classes: i64,
     dropout: f64,
+    /// Causal attention in the encoder under it (`bert.objective: next_token`).
+    pub causal: bool,
 }
 
 impl SequenceClassifier {
     pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
         let outputs = if classes == 2 { 1 } else { classes };
-        Self { head: nn::linear(vs / "classifier", hidden, outputs, Default::default()), classes, dropout }
+        let head = nn::linear(vs / "classifier", hidden, outputs, Default::default());
+        Self { head, classes, dropout, causal: false }
     }
 
     /// Logits: (B) for two classes, (B, C) otherwise.
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
-        let logits =
-            capped(bert, self.head.forward(&bert.pooled(&hidden).dropout(self.dropout, train))).to_kind(Kind::Float);
+        let hidden = bert.forward(ids, BertInputs { causal: self.causal, ..BertInputs::padded(padding) }, train);
+        let pooled = if self.causal { bert.pooled_last(&hidden, padding) } else { bert.pooled(&hidden) };
+        let logits = capped(bert, self.head.forward(&pooled.dropout(self.dropout, train))).to_kind(Kind::Float);
         if self.classes == 2 {
             logits.squeeze_dim(-1)
         } else {
@@ -458,20 +465,23 @@ impl SequenceClassifier {
     }
 }
 
-/// Token classification: a linear layer over every final hidden state (per-token softmax).
+/// Token classification: a linear layer over every final hidden state (per-token softmax). Left to right
+/// (`causal`) a token's state has seen only the tokens before it.
 pub struct TokenClassifier {
     head: nn::Linear,
     dropout: f64,
+    /// Causal attention in the encoder under it (`bert.objective: next_token`).
+    pub causal: bool,
 }
 
 impl TokenClassifier {
     pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
-        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout }
+        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout, causal: false }
     }
 
     /// Logits (B, N, C).
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
+        let hidden = bert.forward(ids, BertInputs { causal: self.causal, ..BertInputs::padded(padding) }, train);
         capped(bert, self.head.forward(&hidden.dropout(self.dropout, train))).to_kind(Kind::Float)
     }
 
@@ -483,22 +493,26 @@ impl TokenClassifier {
 }
 
 /// Span prediction (BERT's SQuAD head): one start and one end logit per token, softmax over the passage.
+/// Left to right (`causal`) a passage token has seen the question (which comes first) and the passage up to
+/// itself.
 pub struct SpanPredictor {
     head: nn::Linear,
     /// The longest answer considered when decoding, in tokens.
     pub max_tokens: i64,
+    /// Causal attention in the encoder under it (`bert.objective: next_token`).
+    pub causal: bool,
 }
 
 impl SpanPredictor {
     pub fn new(vs: &nn::Path, hidden: i64, max_tokens: i64) -> Self {
-        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens }
+        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens, causal: false }
     }
 
     /// Start and end logits (B, N), −∞ outside the passage (`context`).
     pub fn logits(&self, bert: &Encoder, x: &SpanExamples, train: bool) -> (Tensor, Tensor) {
         let hidden = bert.forward(
             &x.ids,
-            BertInputs { segments: Some(&x.segments), padding: Some(&x.padding), causal: false },
+            BertInputs { segments: Some(&x.segments), padding: Some(&x.padding), causal: self.causal },
             train,
         );
         let both = capped(bert, self.head.forward(&hidden)).to_kind(Kind::Float);
@@ -779,13 +793,21 @@ pub fn build_model(vs: &nn::Path, cfg: &Config, vocab: i64) -> (MaskedLm, TaskHe
         mlm.nsp = Some(nn::linear(vs / "nsp", spec.transformer.d_model, 2, Default::default()));
     }
     let (task, hidden, dropout) = (vs / "task", spec.transformer.d_model, spec.transformer.dropout);
+    // Left to right at fine-tuning too, as Devlin et al. (2019, §5.1) ran their "LTR & No NSP" ablation:
+    // a bidirectional fine-tune of a causal encoder would mix the objective with a train/test mismatch.
+    let causal = mlm.causal;
     let head = match b.task {
         BertTask::Pretrain => TaskHead::None,
-        BertTask::Spam => TaskHead::Sequence(SequenceClassifier::new(&task, hidden, 2, dropout)),
-        BertTask::Punctuation => {
-            TaskHead::Tokens(TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout))
+        BertTask::Spam => {
+            TaskHead::Sequence(SequenceClassifier { causal, ..SequenceClassifier::new(&task, hidden, 2, dropout) })
         }
-        BertTask::Locate => TaskHead::Span(SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS)),
+        BertTask::Punctuation => TaskHead::Tokens(TokenClassifier {
+            causal,
+            ..TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout)
+        }),
+        BertTask::Locate => {
+            TaskHead::Span(SpanPredictor { causal, ..SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS) })
+        }
     };
     (mlm, head)
 }
