@@ -238,33 +238,13 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     let mut sources = vec![out.to_path_buf()];
     sources.extend(shard_dirs(out)?);
     for dir in &sources {
-        let (h, runs) = read_dir_runs(dir, &order)?;
-        // A directory written before a column was added merges under the wider header, its rows with that
-        // column empty; columns that differ otherwise are different recipes.
-        let this_header = h.clone();
-        if let Some(h) = h {
-            match &header {
-                Some((_, existing)) if existing == &h => {}
-                Some((first, existing)) => {
-                    if covers(&h, existing) {
-                        for run in merged.values_mut() {
-                            run.row = widened(&run.row, existing, &h);
-                        }
-                        header = Some((first.clone(), h));
-                    } else if !covers(existing, &h) {
-                        bail!(
-                            "{} and {} have different columns (written by different versions of the recipe); re-run the stale one with --force",
-                            first.join("runs.csv").display(),
-                            dir.join("runs.csv").display()
-                        )
-                    }
-                }
-                None => header = Some((dir.clone(), h)),
-            }
+        let (own, runs) = read_dir_runs(dir, &order)?;
+        if let Some(h) = &own {
+            reconcile_header(&mut header, h, dir, &mut merged)?;
         }
         let target = header.as_ref().map(|(_, h)| h.clone());
         for (id, mut run) in runs {
-            if let (Some(own), Some(target)) = (&this_header, &target) {
+            if let (Some(own), Some(target)) = (&own, &target) {
                 if own != target {
                     run.row = widened(&run.row, own, target);
                 }
@@ -274,19 +254,8 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
                 merged.insert(id, run);
             }
         }
-        // Saved models and ImageGPT's completion grids move to the main directory.
-        for kept in ["checkpoints", "completions"] {
-            let saved = dir.join(kept);
-            if dir == out || !saved.is_dir() {
-                continue;
-            }
-            for entry in std::fs::read_dir(&saved)?.filter_map(|e| e.ok()) {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if !name.contains(".state.") && !name.contains(".tmp") {
-                    std::fs::create_dir_all(out.join(kept))?;
-                    std::fs::rename(entry.path(), out.join(kept).join(&name))?;
-                }
-            }
+        if dir != out {
+            move_saved_outputs(dir, out)?;
         }
     }
     let Some((_, header)) = header else {
@@ -294,26 +263,7 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
     };
     let mut ids: Vec<&String> = merged.keys().collect();
     ids.sort_by_key(|id| order[*id]);
-    let mut runs = csv::Writer::from_writer(Vec::new());
-    runs.write_record(&header)?;
-    let mut curves = csv::Writer::from_writer(Vec::new());
-    curves.write_record(["run_id", "step", "split", "metric", "value"])?;
-    let mut samples = String::new();
-    for id in &ids {
-        let run = &merged[*id];
-        runs.write_record(&run.row)?;
-        for c in &run.curves {
-            curves.write_record(c)?;
-        }
-        if let Some(s) = &run.sample {
-            samples.push_str(&format!("== {id} ==\n{s}\n\n"));
-        }
-    }
-    let results = ResultsDir::create(out)?;
-    // Curves before runs: as in a single-machine run, runs.csv is the commit point.
-    write_atomically(&results.curves_csv(), &curves.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
-    write_atomically(&out.join("samples.txt"), samples.as_bytes())?;
-    write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    write_merged(out, &header, &merged, &ids)?;
     write_resolved(recipe, &out.join("recipe.resolved.yaml"))?;
     let mut missing = recipe.planned_runs().saturating_sub(ids.len());
     // The second scale first, so that this scale's report can show the effects at both.
@@ -335,6 +285,85 @@ pub fn merge(recipe: &Recipe, out: &Path, quiet: bool) -> Result<(usize, usize)>
         );
     }
     Ok((ids.len(), missing))
+}
+
+/// Folds a directory's `runs.csv` header `h` into the merge's `header` (the first directory's, or the widest
+/// seen). A directory written before a column was added merges under the wider header, the rows merged so far
+/// widened with that column empty; columns that differ otherwise are different recipes.
+fn reconcile_header(
+    header: &mut Option<(PathBuf, csv::StringRecord)>,
+    h: &csv::StringRecord,
+    dir: &Path,
+    merged: &mut HashMap<String, StoredRun>,
+) -> Result<()> {
+    match header {
+        Some((_, existing)) if existing == h => {}
+        Some((first, existing)) => {
+            if covers(h, existing) {
+                for run in merged.values_mut() {
+                    run.row = widened(&run.row, existing, h);
+                }
+                *existing = h.clone();
+            } else if !covers(existing, h) {
+                bail!(
+                    "{} and {} have different columns (written by different versions of the recipe); re-run the stale one with --force",
+                    first.join("runs.csv").display(),
+                    dir.join("runs.csv").display()
+                )
+            }
+        }
+        None => *header = Some((dir.to_path_buf(), h.clone())),
+    }
+    Ok(())
+}
+
+/// Moves a shard's saved models and ImageGPT's completion grids to the main directory `out` (not the
+/// resumable states or half-written files).
+fn move_saved_outputs(dir: &Path, out: &Path) -> Result<()> {
+    for kept in ["checkpoints", "completions"] {
+        let saved = dir.join(kept);
+        if !saved.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(&saved)?.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.contains(".state.") && !name.contains(".tmp") {
+                std::fs::create_dir_all(out.join(kept))?;
+                std::fs::rename(entry.path(), out.join(kept).join(&name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes the merged runs `ids` (in the recipe's order) under `header` into `out`: curves and samples first,
+/// then `runs.csv`, which is the commit point as in a single-machine run.
+fn write_merged(
+    out: &Path,
+    header: &csv::StringRecord,
+    merged: &HashMap<String, StoredRun>,
+    ids: &[&String],
+) -> Result<()> {
+    let mut runs = csv::Writer::from_writer(Vec::new());
+    runs.write_record(header)?;
+    let mut curves = csv::Writer::from_writer(Vec::new());
+    curves.write_record(["run_id", "step", "split", "metric", "value"])?;
+    let mut samples = String::new();
+    for id in ids {
+        let run = &merged[*id];
+        runs.write_record(&run.row)?;
+        for c in &run.curves {
+            curves.write_record(c)?;
+        }
+        if let Some(s) = &run.sample {
+            samples.push_str(&format!("== {id} ==\n{s}\n\n"));
+        }
+    }
+    let results = ResultsDir::create(out)?;
+    write_atomically(&results.curves_csv(), &curves.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    write_atomically(&out.join("samples.txt"), samples.as_bytes())?;
+    write_atomically(&results.runs_csv(), &runs.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?;
+    Ok(())
 }
 
 /// What a pool of local workers runs: the recipe file, and the flags every worker shares.
