@@ -247,6 +247,6 @@ fn left_to_right_classification_reads_the_last_real_token() {
         }
         // The other row is never touched.
         assert_eq!(logits(&with(0, 2, 22))[1], base[1]);
-        assert_eq!(classifier.causal, causal);
+        assert_eq!(mlm.bert.causal, causal);
     }
 }

@@ -135,13 +135,11 @@ impl BertSpec {
 }
 
 /// What a BERT forward pass reads besides the token ids (B, N): segment ids (B, N) (all sentence A when
-/// `None`), the padding mask (B, N) true at real tokens (no padding when `None`), and whether attention is
-/// causal (each token sees itself and those before it: the next-token objective on the same encoder).
+/// `None`) and the padding mask (B, N) true at real tokens (no padding when `None`).
 #[derive(Clone, Copy, Default)]
 pub struct BertInputs<'a> {
     pub segments: Option<&'a Tensor>,
     pub padding: Option<&'a Tensor>,
-    pub causal: bool,
 }
 
 impl<'a> BertInputs<'a> {
@@ -158,6 +156,9 @@ pub struct Bert {
     /// BERT's pooler (dense + tanh on the `<cls>` state), the input of its sequence-classification head.
     pooler: nn::Linear,
     pub spec: BertSpec,
+    /// Left to right: in every pass each token sees itself and those before it (the next-token objective on
+    /// the same encoder, and the fine-tuning after it); false for BERT's bidirectional attention.
+    pub causal: bool,
 }
 
 impl Bert {
@@ -180,7 +181,7 @@ impl Bert {
         let stack = Stack::new(t, positions, global_tokens, layers, final_norm)
             .with_embedding_norm(embedding_norm)
             .with_value_embeddings(value_embeddings);
-        Self { word, segment, stack, pooler, spec: spec.clone() }
+        Self { word, segment, stack, pooler, spec: spec.clone(), causal: false }
     }
 
     /// Final hidden states (B, N, D) of token ids (B, N) with what else the pass reads (`inputs`), in
@@ -196,7 +197,7 @@ impl Bert {
             Some(s) => x + self.segment.forward(s),
             None => x + self.segment.ws.get(0),
         };
-        let mask = Mask { causal: inputs.causal, key_padding: inputs.padding, offset: 0, bias: None };
+        let mask = Mask { causal: self.causal, key_padding: inputs.padding, offset: 0, bias: None };
         self.stack.forward(&x, &mask, None, pass.with_tokens(ids))
     }
 

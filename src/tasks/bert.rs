@@ -104,14 +104,13 @@ impl MlmHead {
     }
 }
 
-/// The encoder with its MLM head. With `causal` set the same model is a next-token predictor: attention
-/// sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens. With
+/// The encoder with its MLM head. With a causal encoder (`bert.causal`) the same model is a next-token
+/// predictor: attention sees only earlier tokens, and the targets (see [`next_token_targets`]) are the following tokens. With
 /// `nsp` it also classifies whether a pair's second segment follows its first (BERT's next-sentence head:
 /// a linear layer on the pooled `<cls>` state).
 pub struct MaskedLm {
     pub bert: Encoder,
     head: MlmHead,
-    pub causal: bool,
     pub nsp: Option<nn::Linear>,
 }
 
@@ -127,23 +126,18 @@ pub struct PairLoss {
 
 impl MaskedLm {
     pub fn new(vs: &nn::Path, spec: &BertSpec) -> Self {
-        Self {
-            bert: Encoder::new(&(vs / "bert"), spec),
-            head: MlmHead::new(&(vs / "mlm"), spec),
-            causal: false,
-            nsp: None,
-        }
+        Self { bert: Encoder::new(&(vs / "bert"), spec), head: MlmHead::new(&(vs / "mlm"), spec), nsp: None }
     }
 
     /// Logits (B, N, V) of the head at every position of `inputs` (B, N).
     pub fn logits(&self, inputs: &Tensor, train: bool) -> Tensor {
-        let hidden = self.bert.forward(inputs, BertInputs { causal: self.causal, ..Default::default() }, train);
+        let hidden = self.bert.forward(inputs, BertInputs::default(), train);
         self.head.logits(&hidden, self.bert.word_embeddings())
     }
 
     /// Mean cross-entropy over the predicted positions, their logits (M, V) and their targets (M).
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor, train: bool) -> (Tensor, Tensor, Tensor) {
-        let hidden = self.bert.forward(inputs, BertInputs { causal: self.causal, ..Default::default() }, train);
+        let hidden = self.bert.forward(inputs, BertInputs::default(), train);
         self.predicted_loss(&hidden, targets)
     }
 
@@ -413,27 +407,24 @@ fn capped(bert: &Encoder, logits: Tensor) -> Tensor {
 }
 
 /// A sequence classifier: BERT's pooled `<cls>` state, dropout, a linear layer (one logit for two classes).
-/// Left to right (`causal`) it pools the last real token's state instead, the only one that has seen the
-/// whole text (GPT's choice; a causal `<cls>` sees only itself).
+/// On a causal encoder it pools the last real token's state instead, the only one that has seen the whole
+/// text (GPT's choice; a causal `<cls>` sees only itself).
 pub struct SequenceClassifier {
     head: nn::Linear,
     classes: i64,
     dropout: f64,
-    /// Causal attention in the encoder under it (`bert.objective: next_token`).
-    pub causal: bool,
 }
 
 impl SequenceClassifier {
     pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
         let outputs = if classes == 2 { 1 } else { classes };
-        let head = nn::linear(vs / "classifier", hidden, outputs, Default::default());
-        Self { head, classes, dropout, causal: false }
+        Self { head: nn::linear(vs / "classifier", hidden, outputs, Default::default()), classes, dropout }
     }
 
     /// Logits: (B) for two classes, (B, C) otherwise.
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, BertInputs { causal: self.causal, ..BertInputs::padded(padding) }, train);
-        let pooled = if self.causal { bert.pooled_last(&hidden, padding) } else { bert.pooled(&hidden) };
+        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
+        let pooled = if bert.causal { bert.pooled_last(&hidden, padding) } else { bert.pooled(&hidden) };
         let logits = capped(bert, self.head.forward(&pooled.dropout(self.dropout, train))).to_kind(Kind::Float);
         if self.classes == 2 {
             logits.squeeze_dim(-1)
@@ -465,23 +456,21 @@ impl SequenceClassifier {
     }
 }
 
-/// Token classification: a linear layer over every final hidden state (per-token softmax). Left to right
-/// (`causal`) a token's state has seen only the tokens before it.
+/// Token classification: a linear layer over every final hidden state (per-token softmax). On a causal
+/// encoder a token's state has seen only the tokens before it.
 pub struct TokenClassifier {
     head: nn::Linear,
     dropout: f64,
-    /// Causal attention in the encoder under it (`bert.objective: next_token`).
-    pub causal: bool,
 }
 
 impl TokenClassifier {
     pub fn new(vs: &nn::Path, hidden: i64, classes: i64, dropout: f64) -> Self {
-        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout, causal: false }
+        Self { head: nn::linear(vs / "tagger", hidden, classes, Default::default()), dropout }
     }
 
     /// Logits (B, N, C).
     pub fn logits(&self, bert: &Encoder, ids: &Tensor, padding: &Tensor, train: bool) -> Tensor {
-        let hidden = bert.forward(ids, BertInputs { causal: self.causal, ..BertInputs::padded(padding) }, train);
+        let hidden = bert.forward(ids, BertInputs::padded(padding), train);
         capped(bert, self.head.forward(&hidden.dropout(self.dropout, train))).to_kind(Kind::Float)
     }
 
@@ -493,28 +482,22 @@ impl TokenClassifier {
 }
 
 /// Span prediction (BERT's SQuAD head): one start and one end logit per token, softmax over the passage.
-/// Left to right (`causal`) a passage token has seen the question (which comes first) and the passage up to
+/// On a causal encoder a passage token has seen the question (which comes first) and the passage up to
 /// itself.
 pub struct SpanPredictor {
     head: nn::Linear,
     /// The longest answer considered when decoding, in tokens.
     pub max_tokens: i64,
-    /// Causal attention in the encoder under it (`bert.objective: next_token`).
-    pub causal: bool,
 }
 
 impl SpanPredictor {
     pub fn new(vs: &nn::Path, hidden: i64, max_tokens: i64) -> Self {
-        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens, causal: false }
+        Self { head: nn::linear(vs / "span", hidden, 2, Default::default()), max_tokens }
     }
 
     /// Start and end logits (B, N), −∞ outside the passage (`context`).
     pub fn logits(&self, bert: &Encoder, x: &SpanExamples, train: bool) -> (Tensor, Tensor) {
-        let hidden = bert.forward(
-            &x.ids,
-            BertInputs { segments: Some(&x.segments), padding: Some(&x.padding), causal: self.causal },
-            train,
-        );
+        let hidden = bert.forward(&x.ids, BertInputs { segments: Some(&x.segments), padding: Some(&x.padding) }, train);
         let both = capped(bert, self.head.forward(&hidden)).to_kind(Kind::Float);
         let outside = x.context.logical_not();
         let pick = |i: i64| both.select(2, i).masked_fill(&outside, f64::NEG_INFINITY);
@@ -788,26 +771,20 @@ pub fn build_model(vs: &nn::Path, cfg: &Config, vocab: i64) -> (MaskedLm, TaskHe
     let b = cfg.bert();
     let spec = BertSpec::new(cfg.transformer_spec(), vocab);
     let mut mlm = MaskedLm::new(vs, &spec);
-    mlm.causal = b.objective == PretrainObjective::NextToken;
+    // Left to right at fine-tuning too, as Devlin et al. (2019, §5.1) ran their "LTR & No NSP" ablation:
+    // a bidirectional fine-tune of a causal encoder would mix the objective with a train/test mismatch.
+    mlm.bert.causal = b.objective == PretrainObjective::NextToken;
     if b.pretrains() && b.objective == PretrainObjective::MaskedNsp {
         mlm.nsp = Some(nn::linear(vs / "nsp", spec.transformer.d_model, 2, Default::default()));
     }
     let (task, hidden, dropout) = (vs / "task", spec.transformer.d_model, spec.transformer.dropout);
-    // Left to right at fine-tuning too, as Devlin et al. (2019, §5.1) ran their "LTR & No NSP" ablation:
-    // a bidirectional fine-tune of a causal encoder would mix the objective with a train/test mismatch.
-    let causal = mlm.causal;
     let head = match b.task {
         BertTask::Pretrain => TaskHead::None,
-        BertTask::Spam => {
-            TaskHead::Sequence(SequenceClassifier { causal, ..SequenceClassifier::new(&task, hidden, 2, dropout) })
+        BertTask::Spam => TaskHead::Sequence(SequenceClassifier::new(&task, hidden, 2, dropout)),
+        BertTask::Punctuation => {
+            TaskHead::Tokens(TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout))
         }
-        BertTask::Punctuation => TaskHead::Tokens(TokenClassifier {
-            causal,
-            ..TokenClassifier::new(&task, hidden, PUNCTUATION_CLASSES.len() as i64, dropout)
-        }),
-        BertTask::Locate => {
-            TaskHead::Span(SpanPredictor { causal, ..SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS) })
-        }
+        BertTask::Locate => TaskHead::Span(SpanPredictor::new(&task, hidden, MAX_ANSWER_TOKENS)),
     };
     (mlm, head)
 }
@@ -870,16 +847,7 @@ impl Built for BuiltBert {
     }
 
     fn attention_on_tokens(&self, ids: &Tensor) -> Option<Vec<Tensor>> {
-        Some(
-            self.mlm
-                .bert
-                .forward_with(
-                    ids,
-                    BertInputs { causal: self.mlm.causal, ..Default::default() },
-                    Pass::eval().with_weights(),
-                )
-                .1,
-        )
+        Some(self.mlm.bert.forward_with(ids, BertInputs::default(), Pass::eval().with_weights()).1)
     }
 }
 
