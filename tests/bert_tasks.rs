@@ -250,3 +250,35 @@ fn left_to_right_classification_reads_the_last_real_token() {
         assert_eq!(mlm.bert.causal, causal);
     }
 }
+
+/// A sweep over `bert.task` gives `test_f1` two meanings. The summary's per-variant header names both, and
+/// every comparison row (paired table, verdicts) names its own variant's: punctuation rows never read "F1 of
+/// the spam class". Read from the committed `results/bert_bidirectional` with its recipe.
+#[test]
+fn a_sweep_over_tasks_names_each_comparison_by_its_own_task_metric() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("recipes/bert_bidirectional.yaml")).unwrap();
+    let recipe = ablate::recipe::parse(&text, "bert_bidirectional.yaml", "bert_bidirectional", false).unwrap();
+    let dir = root.join("results/bert_bidirectional");
+    let table = ablate::run::summary::summary_table(&dir, &recipe, None).unwrap();
+    let (spam, punctuation) = ("test F1 of the spam class", "test F1 over the punctuation marks");
+    let header = table.lines().find(|l| l.starts_with("| variant | n |")).expect("per-variant header");
+    assert!(header.contains(&format!("{spam} / {punctuation}")), "{header}");
+    let paired: Vec<&str> = table.lines().filter(|l| l.starts_with("| left-to-right task=")).collect();
+    assert!(!paired.is_empty(), "{table}");
+    for row in paired {
+        let task_is_spam = row.starts_with("| left-to-right task=spam ");
+        let (own, other) = if task_is_spam { (spam, punctuation) } else { (punctuation, spam) };
+        assert!(!row.contains(other), "{row}");
+        if row.contains("F1") {
+            assert!(row.contains(own), "{row}");
+        }
+    }
+    let judged = ablate::run::summary::judgements(&dir, &recipe, None).unwrap().expect("the recipe compares");
+    let f1: Vec<_> = judged.rows.iter().filter(|r| r.metric.column_name() == Some("test_f1")).collect();
+    assert_eq!(f1.len(), 2);
+    for r in f1 {
+        let expected = if r.comparison.starts_with("left-to-right task=spam") { spam } else { punctuation };
+        assert_eq!(r.metric.label, expected, "{}", r.comparison);
+    }
+}

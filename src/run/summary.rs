@@ -13,7 +13,7 @@ use crate::stats::{
     across_scales, format_p, holm, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, tost_p, Estimate,
     Paired, Verdict, ALPHA, CONFIDENCE, POWER,
 };
-use crate::tasks::recipe_metrics;
+use crate::tasks::{metric_heading, metric_of_variant, recipe_metrics};
 
 type Row = BTreeMap<String, String>;
 
@@ -120,7 +120,7 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     if recipe.tuning.is_some() {
         header.push("chosen on validation".to_string());
     }
-    header.extend(metrics.iter().map(|m| m.axis()));
+    header.extend(metrics.iter().map(|m| metric_heading(recipe, m)));
     let mut rows = Vec::new();
     for (label, ids) in &variants {
         let n = runs.iter().filter(|r| ids.contains(&r["run_id"])).count();
@@ -145,7 +145,8 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     }
     if let Some(reference) = &reference {
         let deltas: Vec<Delta> = metrics.iter().map(|m| delta_of(recipe, m)).collect();
-        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas));
+        let own_metric = |v: usize, m: &Metric| metric_of_variant(recipe, &variants[v].0, m);
+        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas, own_metric));
     }
     if let Some((check, settings)) = &recipe.scale_check {
         let check_dir = dir.join("scale_check");
@@ -237,7 +238,7 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
             rows.push(JudgedRow {
                 comparison: comparison_label(reference, &variants, v, against),
                 arms: (variants[v].0.clone(), variants[against].0.clone()),
-                metric: m.clone(),
+                metric: metric_of_variant(recipe, &variants[v].0, m),
                 judged: families[j][k].clone(),
             });
         }
@@ -325,7 +326,7 @@ fn effects_at_both_scales(
             let (Some(here), Some(there)) = (judged[0].get(&key), judged[1].get(&key)) else { continue };
             rows.push(vec![
                 label.clone(),
-                m.axis(),
+                metric_of_variant(recipe, &variants[v].0, m).axis(),
                 here.cell(m),
                 there.cell(m),
                 across_scales(here.verdict, there.verdict).into(),
@@ -626,6 +627,7 @@ fn paired_table(
     reference: &Reference,
     metrics: &[Metric],
     deltas: &[Delta],
+    own_metric: impl Fn(usize, &Metric) -> Metric,
 ) -> Table {
     let confidence = 100.0 * CONFIDENCE;
     let pairs = reference.pairs(variants.len());
@@ -680,7 +682,7 @@ fn paired_table(
     for (k, &(v, against)) in pairs.iter().enumerate() {
         let label = comparison_label(reference, variants, v, against);
         for (j, m) in metrics.iter().enumerate() {
-            rows.push(paired_row(&label, m, &judged[j][k]));
+            rows.push(paired_row(&label, &own_metric(v, m), &judged[j][k]));
         }
     }
     Table { note, header, rows }
@@ -819,7 +821,8 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
             .collect();
         let digits = m.digits + 1;
         if sds.is_empty() {
-            rows.push(vec![m.axis(), "0".into(), "–".into(), seeds.to_string(), "–".into(), "–".into(), "–".into()]);
+            let heading = metric_heading(recipe, m);
+            rows.push(vec![heading, "0".into(), "–".into(), seeds.to_string(), "–".into(), "–".into(), "–".into()]);
             continue;
         }
         let pooled = (sds.iter().map(|s| s * s).sum::<f64>() / sds.len() as f64).sqrt();
@@ -835,7 +838,7 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
             None => "more than 10,000".into(),
         };
         rows.push(vec![
-            m.axis(),
+            metric_heading(recipe, m),
             sds.len().to_string(),
             format!("{pooled:.digits$} [{lo:.digits$}, {hi:.digits$}]"),
             seeds.to_string(),
@@ -927,7 +930,10 @@ mod tests {
     #[test]
     fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
         let (runs, variants, metric) = four_variants();
-        let table = paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)]);
+        let table =
+            paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)], |_, m| {
+                m.clone()
+            });
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
         let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
         let adjusted: Vec<f64> = table.rows.iter().map(|r| r[5].parse().unwrap()).collect();
@@ -952,7 +958,8 @@ mod tests {
         // Each variant meets the one before it: small − base, clear − small, noise − clear, Holm over those
         // three. clear − small is −0.07, −0.095, −0.065 (mean −0.0767, sd 0.0161: t = −8.25, two
         // degrees of freedom, p = 0.0144 by p = 1 − |t|/√(t² + 2)).
-        let ladder = paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)]);
+        let ladder =
+            paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)], |_, m| m.clone());
         let labels: Vec<&str> = ladder.rows.iter().map(|r| r[0].as_str()).collect();
         assert_eq!(labels, ["small vs base", "clear vs small", "noise vs clear"]);
         assert!(ladder.rows[1][3].starts_with("-0.0767"), "{:?}", ladder.rows[1]);

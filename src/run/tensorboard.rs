@@ -21,7 +21,7 @@ use super::results::{read_curves, read_runs};
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
 use crate::tasks::checkpoint::file_stem;
-use crate::tasks::recipe_metrics;
+use crate::tasks::{metric_heading, recipe_metrics};
 
 #[derive(Clone, PartialEq, Message)]
 struct Event {
@@ -363,7 +363,7 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
             let column = m.column_name().expect("filtered to columns");
             MetricInfo {
                 name: Some(MetricName { group: String::new(), tag: format!("final/{column}") }),
-                display_name: m.axis(),
+                display_name: metric_heading(recipe, m),
                 description: format!("runs.csv column {column}"),
                 dataset_type: if column.starts_with("train") { DATASET_TRAINING } else { DATASET_VALIDATION },
             }

@@ -45,6 +45,41 @@ pub fn recipe_metrics(recipe: &crate::recipe::Recipe) -> Vec<Metric> {
     out
 }
 
+/// The declarations of `m`'s column (and curve) by every run of the recipe, in run order.
+fn declarations<'a>(recipe: &'a crate::recipe::Recipe, m: &'a Metric) -> impl Iterator<Item = (&'a str, Metric)> + 'a {
+    recipe.runs.iter().flat_map(move |run| {
+        task(run.config.kind)
+            .metrics(&run.config)
+            .into_iter()
+            .filter(move |o| o.column == m.column && o.curve == m.curve)
+            .map(move |o| (run.label.as_str(), o))
+    })
+}
+
+/// `m` as the runs labelled `variant` declare it. A sweep over tasks (`bert.task: [spam, punctuation]`)
+/// gives one column a meaning per task, and [`recipe_metrics`] keeps the first run's, so a row about one
+/// variant takes its name from that variant's own task; `m` itself when no run of `variant` declares it.
+pub fn metric_of_variant(recipe: &crate::recipe::Recipe, variant: &str, m: &Metric) -> Metric {
+    declarations(recipe, m).find(|(label, _)| *label == variant).map_or_else(|| m.clone(), |(_, o)| o)
+}
+
+/// `m`'s axis title over the whole recipe: its one title, or every distinct title its runs give the column,
+/// joined by " / " (a column shared by tasks that mean different things by it).
+pub fn metric_heading(recipe: &crate::recipe::Recipe, m: &Metric) -> String {
+    let mut titles: Vec<String> = Vec::new();
+    for (_, o) in declarations(recipe, m) {
+        let title = o.axis();
+        if !titles.contains(&title) {
+            titles.push(title);
+        }
+    }
+    if titles.is_empty() {
+        m.axis()
+    } else {
+        titles.join(" / ")
+    }
+}
+
 /// The task of a kind of run.
 pub fn task(kind: Kind) -> &'static dyn Task {
     match kind {
