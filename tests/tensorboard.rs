@@ -1,5 +1,6 @@
 //! TensorBoard's own reader sees what the CSV files hold: every curve as scalars, and in the HParams tab
-//! one session group per variant with its seeds as sessions and the final metrics of `runs.csv`.
+//! one session group per variant with its seeds as sessions and the final metrics of `runs.csv`, each
+//! metric's description with its verdicts; in the TEXT tab, the summary's verdict block.
 //! Needs PyPI's `tensorboard` (bin/test installs it into the cache and sets ABLATE_TENSORBOARD_PYTHONPATH).
 use ablate::recipe::parse;
 use ablate::run::results::{read_curves, read_runs};
@@ -22,7 +23,7 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
     let corpus = dir.path().join("corpus.txt");
     std::fs::write(&corpus, "A small corpus of words, read again and again by a tiny model. ".repeat(100)).unwrap();
     let text = format!(
-        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 6\n  batch_size: 4\n  eval_interval: 3\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  transformer.heads: [1, 2]\n  transformer.pre_ln: [true, false]\nseeds: [0, 1]\n",
+        "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  block_size: 16\ndata:\n  path: {}\ntrain:\n  steps: 6\n  batch_size: 4\n  eval_interval: 3\n  eval_batches: 2\n  log_interval: 2\nsweep:\n  transformer.heads: [1, 2]\n  transformer.pre_ln: [true, false]\nseeds: [0, 1]\ncompare:\n  baseline: transformer.heads=1\n",
         corpus.display()
     );
     let recipe = parse(&text, "tb.yaml", "tb", false).unwrap();
@@ -74,6 +75,28 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
         .map(|m| m["name"]["tag"].as_str().unwrap())
         .collect();
     assert!(metric_tags.contains(&"final/test_loss"), "{metric_tags:?}");
+    // The verdicts (heads=2 against heads=1 within each pre_ln): each metric's in its HParams description,
+    // and the summary's verdict block in the TEXT tab, as the text plugin renders it.
+    let judged = ablate::run::summary::judgements(&out, &recipe, None).unwrap().expect("the recipe compares");
+    let loss_info = seen["experiment"]["metricInfos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"]["tag"] == "final/test_loss")
+        .unwrap();
+    let description = loss_info["description"].as_str().unwrap();
+    let loss_rows: Vec<_> = judged.rows.iter().filter(|r| r.metric.column_name() == Some("test_loss")).collect();
+    assert_eq!(loss_rows.len(), 2, "one comparison per level of pre_ln");
+    for r in &loss_rows {
+        let said = format!("{}: {}", r.comparison, r.judged.verdict.describe(&r.judged.delta_text));
+        assert!(description.contains(&said), "{description} lacks {said}");
+    }
+    let text = seen["texts"]["verdicts"].as_str().expect("a verdicts text");
+    assert!(text.contains("comparison(s) of model quality"), "{text}");
+    assert!(!text.contains("&lt;!--"), "the README's markers stay out of the TEXT tab: {text}");
+    for r in &loss_rows {
+        assert!(text.contains(&r.comparison), "{text}");
+    }
     let groups = seen["session_groups"].as_array().unwrap();
     assert_eq!(groups.len(), 4, "one group per variant");
     for group in groups {

@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::results::{read_curves, read_runs};
+use super::summary::{judgements, JudgedRow};
+use super::verdicts;
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
 use crate::tasks::checkpoint::file_stem;
@@ -57,7 +59,28 @@ struct SummaryValue {
     simple_value: Option<f32>,
     #[prost(message, optional, tag = "9")]
     metadata: Option<SummaryMetadata>,
+    /// The `value` oneof's tensor member: the text plugin's string.
+    #[prost(message, optional, tag = "8")]
+    tensor: Option<TensorProto>,
 }
+
+/// `tensorflow.TensorProto`, only a scalar string (tensorflow/core/framework/tensor.proto).
+#[derive(Clone, PartialEq, Message)]
+struct TensorProto {
+    #[prost(int32, tag = "1")]
+    dtype: i32,
+    #[prost(message, optional, tag = "2")]
+    tensor_shape: Option<TensorShape>,
+    #[prost(bytes = "vec", repeated, tag = "8")]
+    string_val: Vec<Vec<u8>>,
+}
+
+/// `tensorflow.TensorShapeProto` with no dimensions: a scalar.
+#[derive(Clone, PartialEq, Message)]
+struct TensorShape {}
+
+/// `tensorflow.DataType`'s DT_STRING.
+const DT_STRING: i32 = 7;
 
 #[derive(Clone, PartialEq, Message)]
 struct SummaryMetadata {
@@ -220,14 +243,27 @@ fn event_file(events: &[Event], wall_time: f64) -> Vec<u8> {
 }
 
 fn scalar(tag: &str, step: i64, value: f64, wall_time: f64) -> Event {
-    let value = SummaryValue { tag: tag.into(), simple_value: Some(value as f32), metadata: None };
+    let value = SummaryValue { tag: tag.into(), simple_value: Some(value as f32), metadata: None, tensor: None };
     Event { wall_time, step, what: Some(What::Summary(Summary { value: vec![value] })) }
 }
 
 fn hparams_event(tag: &str, data: HParamsData, wall_time: f64) -> Event {
     let content = HParamsPluginData { version: 0, data: Some(data) }.encode_to_vec();
     let metadata = SummaryMetadata { plugin_data: Some(PluginData { plugin_name: "hparams".into(), content }) };
-    let value = SummaryValue { tag: tag.into(), simple_value: None, metadata: Some(metadata) };
+    let value = SummaryValue { tag: tag.into(), simple_value: None, metadata: Some(metadata), tensor: None };
+    Event { wall_time, step: 0, what: Some(What::Summary(Summary { value: vec![value] })) }
+}
+
+/// A markdown text under `tag`, as the text plugin's summaries hold it (the TEXT tab renders it).
+fn text_event(tag: &str, markdown: &str, wall_time: f64) -> Event {
+    let metadata =
+        SummaryMetadata { plugin_data: Some(PluginData { plugin_name: "text".into(), content: Vec::new() }) };
+    let tensor = TensorProto {
+        dtype: DT_STRING,
+        tensor_shape: Some(TensorShape {}),
+        string_val: vec![markdown.as_bytes().to_vec()],
+    };
+    let value = SummaryValue { tag: tag.into(), simple_value: None, metadata: Some(metadata), tensor: Some(tensor) };
     Event { wall_time, step: 0, what: Some(What::Summary(Summary { value: vec![value] })) }
 }
 
@@ -356,6 +392,9 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
             }
         })
         .collect();
+    // The verdicts, where the recipe compares: each metric's in its HParams description, the whole block in
+    // the TEXT tab.
+    let (verdict_text, judged) = verdicts_of(dir, recipe);
     let metric_infos = final_metrics
         .iter()
         .filter(|m| rows.iter().any(|r| r.get(m.column_name().unwrap_or_default()).is_some_and(|v| !v.is_empty())))
@@ -364,7 +403,7 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
             MetricInfo {
                 name: Some(MetricName { group: String::new(), tag: format!("final/{column}") }),
                 display_name: metric_heading(recipe, m),
-                description: format!("runs.csv column {column}"),
+                description: metric_description(column, &judged),
                 dataset_type: if column.starts_with("train") { DATASET_TRAINING } else { DATASET_VALIDATION },
             }
         })
@@ -375,8 +414,46 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
         hparam_infos,
         metric_infos,
     };
-    let event = hparams_event(EXPERIMENT_TAG, HParamsData::Experiment(experiment), now);
-    write_atomically(&events_path(&root), &event_file(&[event], now))
+    let mut events = vec![hparams_event(EXPERIMENT_TAG, HParamsData::Experiment(experiment), now)];
+    if let Some(text) = verdict_text {
+        events.push(text_event(VERDICTS_TAG, &text, now));
+    }
+    write_atomically(&events_path(&root), &event_file(&events, now))
+}
+
+/// The text tag of the verdicts, in the top-level run (`.`).
+pub const VERDICTS_TAG: &str = "verdicts";
+
+/// The verdict block of `dir` as `ablate summary --readme` writes it (without its HTML markers, which the
+/// TEXT tab would print), and its judged rows, where the recipe compares. A sweep whose baseline has not
+/// finished yet has none, and the text says why instead.
+fn verdicts_of(dir: &Path, recipe: &Recipe) -> (Option<String>, Vec<JudgedRow>) {
+    let not_yet = |e: anyhow::Error| Some(format!("No verdicts yet: {e:#}"));
+    let rows = match judgements(dir, recipe, None) {
+        Ok(None) => return (None, Vec::new()),
+        Ok(Some(j)) => j.rows,
+        Err(e) => return (not_yet(e), Vec::new()),
+    };
+    let command = format!("ablate summary {} --out {}", recipe.file, dir.display());
+    let text = match verdicts::block(dir, recipe, None, &command) {
+        Ok(block) => Some(block.lines().filter(|l| !l.starts_with("<!--")).collect::<Vec<_>>().join("\n")),
+        Err(e) => not_yet(e),
+    };
+    (text, rows)
+}
+
+/// A final metric's description in the HParams tab: its `runs.csv` column, then each comparison's verdict.
+fn metric_description(column: &str, judged: &[JudgedRow]) -> String {
+    let verdicts: Vec<String> = judged
+        .iter()
+        .filter(|r| r.metric.column_name() == Some(column))
+        .map(|r| format!("{}: {}", r.comparison, r.judged.verdict.describe(&r.judged.delta_text)))
+        .collect();
+    if verdicts.is_empty() {
+        format!("runs.csv column {column}")
+    } else {
+        format!("runs.csv column {column}; verdicts: {}", verdicts.join("; "))
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 """Reads ablate's TensorBoard event files with TensorBoard's own code and prints what a user would see.
 
 Usage: tensorboard_read.py LOGDIR  (with PyPI's `tensorboard` on PYTHONPATH)
-Prints JSON: {"scalars": {run: {tag: [[step, value], ...]}}, "experiment": {...}, "session_groups": [...]}.
-Scalars come from the event accumulator (which checks every record's CRC); the experiment and session groups
-from the HParams plugin's own HTTP handlers, i.e. what its tab shows.
+Prints JSON: {"scalars": {run: {tag: [[step, value], ...]}}, "experiment": {...}, "session_groups": [...],
+"texts": {tag: text}}. Scalars come from the event accumulator (which checks every record's CRC); the experiment
+and session groups from the HParams plugin's own HTTP handlers, i.e. what its tab shows; the texts of the
+top-level run from the text plugin's own handler (the markdown it renders in the TEXT tab).
 """
 import json
 import sys
@@ -13,6 +14,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.hparams import hparams_plugin
+from tensorboard.plugins.text import text_plugin
 from werkzeug import test as werkzeug_test
 from werkzeug.wrappers import Response
 
@@ -53,7 +55,13 @@ def main(logdir):
             "sliceSize": 1000,
         },
     )
-    print(json.dumps({"scalars": scalars, "experiment": experiment, "session_groups": groups.get("sessionGroups", [])}))
+    texts = {}
+    text_apps = text_plugin.TextPlugin(context).get_plugin_apps()
+    tags = json.loads(werkzeug_test.Client(text_apps["/tags"], Response).get("/tags").get_data(as_text=True))
+    for tag in tags.get(".", []):
+        reply = werkzeug_test.Client(text_apps["/text"], Response).get("/text", query_string={"run": ".", "tag": tag})
+        texts[tag] = json.loads(reply.get_data(as_text=True))[-1]["text"]
+    print(json.dumps({"scalars": scalars, "experiment": experiment, "session_groups": groups.get("sessionGroups", []), "texts": texts}))
 
 
 if __name__ == "__main__":
