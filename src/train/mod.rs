@@ -529,7 +529,7 @@ pub fn optimise(
             log_step(t, &mut at, done, report.grad_norm(), lr);
         }
         if done % t.eval_interval == 0 && !last {
-            objective.evaluate(done)?.record(done, &mut at.curves);
+            objective.evaluate(done).with_context(|| format!("step {done}: validation"))?.record(done, &mut at.curves);
             discard_comm();
         }
         save_or_stop(t, vs, &opt, &at, state, (done, last), stop)?;
@@ -581,9 +581,13 @@ fn final_evaluations(
     last_step: i64,
     curves: &mut Vec<CurvePoint>,
 ) -> Result<(Evaluation, Evaluation)> {
-    let e = objective.evaluate(last_step)?;
+    let e = objective.evaluate(last_step).with_context(|| format!("step {last_step}: validation"))?;
     e.record(last_step, curves);
-    let test = if t.skip_test { Evaluation::default() } else { objective.test()? };
+    let test = if t.skip_test {
+        Evaluation::default()
+    } else {
+        objective.test().with_context(|| format!("step {last_step}: test"))?
+    };
     Ok((e, test))
 }
 
@@ -624,7 +628,8 @@ fn resume_or_start(
         }
         None => {
             let mut curves = Vec::new();
-            objective.evaluate(0)?.record(0, &mut curves);
+            // The context names where a lost rank was noticed, as a training step's does.
+            objective.evaluate(0).context("step 0: validation")?.record(0, &mut curves);
             Standing {
                 first_step: 0,
                 last_loss: f64::NAN,
