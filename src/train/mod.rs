@@ -529,7 +529,7 @@ pub fn optimise(
             log_step(t, &mut at, done, report.grad_norm(), lr);
         }
         if done % t.eval_interval == 0 && !last {
-            objective.evaluate(done).with_context(|| format!("step {done}: validation"))?.record(done, &mut at.curves);
+            validate(objective, done)?.record(done, &mut at.curves);
             discard_comm();
         }
         save_or_stop(t, vs, &opt, &at, state, (done, last), stop)?;
@@ -573,6 +573,12 @@ fn log_step(t: &TrainConfig, at: &mut Standing, done: i64, grad_norm: f64, lr: f
     }
 }
 
+/// The validation evaluation at `step`, its error naming the step as a training step's does (so that a rank
+/// lost during an evaluation's collective is reported where it was noticed).
+fn validate(objective: &dyn Objective, step: i64) -> Result<Evaluation> {
+    objective.evaluate(step).with_context(|| format!("step {step}: validation"))
+}
+
 /// The validation evaluation at the last step (recorded in the curves) and, unless `train.skip_test`, the
 /// test split's, read once here.
 fn final_evaluations(
@@ -581,7 +587,7 @@ fn final_evaluations(
     last_step: i64,
     curves: &mut Vec<CurvePoint>,
 ) -> Result<(Evaluation, Evaluation)> {
-    let e = objective.evaluate(last_step).with_context(|| format!("step {last_step}: validation"))?;
+    let e = validate(objective, last_step)?;
     e.record(last_step, curves);
     let test = if t.skip_test {
         Evaluation::default()
@@ -628,8 +634,7 @@ fn resume_or_start(
         }
         None => {
             let mut curves = Vec::new();
-            // The context names where a lost rank was noticed, as a training step's does.
-            objective.evaluate(0).context("step 0: validation")?.record(0, &mut curves);
+            validate(objective, 0)?.record(0, &mut curves);
             Standing {
                 first_step: 0,
                 last_loss: f64::NAN,
