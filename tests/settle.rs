@@ -311,6 +311,8 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
 }
 
 #[test]
+/// The worker-pool comparison's cell rule: a float32 summation-order difference in the last printed digit
+/// agrees; a different number, column or label does not.
 fn rows_agree_up_to_the_last_float32_digit_and_no_further() {
     let cell = |k: &str, v: &str| (k.to_string(), v.to_string());
     assert!(same_cell(&cell("test_perplexity", "5.430926"), &cell("test_perplexity", "5.430925")));
