@@ -24,6 +24,9 @@ pub struct Metric {
     pub chart: bool,
     /// Its final value gets a chart against the first swept key.
     pub final_chart: bool,
+    /// A diagnostic (a property of the data or of the model's internals, not its quality): judged and
+    /// shown, never a verdict of model quality or a primary metric.
+    pub diagnostic: bool,
 }
 
 impl Metric {
@@ -46,6 +49,7 @@ impl Metric {
             headline: true,
             chart: true,
             final_chart: true,
+            diagnostic: false,
         }
     }
 
@@ -62,6 +66,7 @@ impl Metric {
             headline: false,
             chart: true,
             final_chart: false,
+            diagnostic: false,
         }
     }
 
@@ -78,6 +83,7 @@ impl Metric {
             headline: true,
             chart: true,
             final_chart: true,
+            diagnostic: false,
         }
     }
 
@@ -101,6 +107,12 @@ impl Metric {
     pub const fn no_charts(mut self) -> Self {
         self.chart = false;
         self.final_chart = false;
+        self
+    }
+
+    /// A diagnostic, not a measure of quality ([`Metric::diagnostic`]).
+    pub const fn diagnostic(mut self) -> Self {
+        self.diagnostic = true;
         self
     }
 

@@ -322,9 +322,9 @@ pub const MOST_SEEDS: usize = 10_000;
 /// the smallest effect that matters `delta`, tested at level `alpha` (a family's Bonferroni level, the first
 /// step of Holm): enough that the paired t-test detects a difference of δ with power `POWER`, and that TOST
 /// declares equivalence within ±δ with power `POWER` when there is no difference. Whichever way the truth
-/// lies, a verdict is then likely. It reads the spread and δ only, never the observed difference, so
-/// adding these seeds after a pilot leaves the tests' error rates as they were (an internal pilot: Wittes
-/// & Brittain 1990). `None` above `MOST_SEEDS` (or with no spread to plan from).
+/// lies, a verdict is then likely. It is a planning rule for a fixed design: testing the pooled seeds with
+/// the plain tests after choosing their number from a pilot does not keep the tests' error rates (see
+/// `design`, which does). `None` above `MOST_SEEDS` (or with no spread to plan from).
 pub fn seeds_to_settle(sd: f64, delta: f64, alpha: f64) -> Option<usize> {
     if !(sd.is_finite() && sd > 0.0 && delta.is_finite() && delta > 0.0) {
         return None;
@@ -334,47 +334,61 @@ pub fn seeds_to_settle(sd: f64, delta: f64, alpha: f64) -> Option<usize> {
 }
 
 /// What a comparison settles to, by fixed rules over one family of comparisons (Holm-adjusted):
-/// better or worse when the difference test's adjusted p is below `ALPHA`; equivalent within ±δ when
-/// TOST's adjusted p is; otherwise inconclusive, with the seeds that would settle it.
+/// better or worse when the difference test's adjusted p is below `ALPHA` (*beyond δ* when the margin test's
+/// is too: the 95% interval lies past the margin); equivalent within ±δ when TOST's adjusted p is; otherwise
+/// inconclusive, with the seeds that would settle it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Verdict {
     /// Significantly better; `negligible` when the whole difference also lies within ±δ (TOST rejects
-    /// too): real, but smaller than what matters.
+    /// too): real, but smaller than what matters; `beyond` when it is shown to be larger than δ.
     Better {
         negligible: bool,
+        beyond: bool,
     },
     Worse {
         negligible: bool,
+        beyond: bool,
     },
     /// No difference larger than δ either way.
     Equivalent,
-    /// Neither: `seeds` (in total, per arm) would settle it, `None` above `MOST_SEEDS`.
+    /// Neither: `seeds` (in total, per arm) would settle it in a fixed design, `None` above `MOST_SEEDS`.
     Inconclusive {
         seeds: Option<usize>,
+    },
+    /// Seeds were added to settle it, but its second stage has fewer than the two it is tested on: the
+    /// design is unfinished and nothing is decided (`added`: the seeds it has beyond the pilot).
+    Incomplete {
+        added: usize,
     },
     /// Fewer than two shared seeds: no test.
     Untested,
 }
 
+/// The Holm-adjusted p-values a verdict reads: the difference (two-sided), TOST's equivalence within ±δ,
+/// and the margin tests "above +δ" and "below −δ".
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adjusted {
+    pub difference: f64,
+    pub equivalence: f64,
+    pub above_margin: f64,
+    pub below_margin: f64,
+}
+
 impl Verdict {
-    /// Decides from the mean difference (variant − reference), whether higher is better, the two
-    /// Holm-adjusted p-values and the seeds-to-settle rule's answer.
-    pub fn decide(
-        mean: f64,
-        higher_is_better: bool,
-        p_difference: f64,
-        p_equivalence: f64,
-        seeds: Option<usize>,
-    ) -> Verdict {
-        if p_difference.is_nan() || p_equivalence.is_nan() {
+    /// Decides from the mean difference (variant − reference), whether higher is better, the Holm-adjusted
+    /// p-values and the seeds-to-settle rule's answer.
+    pub fn decide(mean: f64, higher_is_better: bool, p: Adjusted, seeds: Option<usize>) -> Verdict {
+        if p.difference.is_nan() || p.equivalence.is_nan() {
             return Verdict::Untested;
         }
-        let negligible = p_equivalence < ALPHA;
-        if p_difference < ALPHA {
-            if (mean > 0.0) == higher_is_better {
-                Verdict::Better { negligible }
+        let negligible = p.equivalence < ALPHA;
+        if p.difference < ALPHA {
+            let up = mean > 0.0;
+            let beyond = if up { p.above_margin < ALPHA } else { p.below_margin < ALPHA };
+            if up == higher_is_better {
+                Verdict::Better { negligible, beyond }
             } else {
-                Verdict::Worse { negligible }
+                Verdict::Worse { negligible, beyond }
             }
         } else if negligible {
             Verdict::Equivalent
@@ -386,15 +400,21 @@ impl Verdict {
     /// The word a table prints, with δ: `better`, `worse`, `equivalent (±0.01)`, `inconclusive (≈ 11 seeds)`.
     pub fn describe(&self, delta: &str) -> String {
         match self {
-            Verdict::Better { negligible: false } => "better".into(),
-            Verdict::Worse { negligible: false } => "worse".into(),
-            Verdict::Better { negligible: true } => format!("better, by less than ±{delta}"),
-            Verdict::Worse { negligible: true } => format!("worse, by less than ±{delta}"),
+            Verdict::Better { beyond: true, .. } => format!("better, by more than {delta}"),
+            Verdict::Worse { beyond: true, .. } => format!("worse, by more than {delta}"),
+            Verdict::Better { negligible: false, .. } => "better".into(),
+            Verdict::Worse { negligible: false, .. } => "worse".into(),
+            Verdict::Better { negligible: true, .. } => format!("better, by less than ±{delta}"),
+            Verdict::Worse { negligible: true, .. } => format!("worse, by less than ±{delta}"),
             Verdict::Equivalent => format!("equivalent (±{delta})"),
             Verdict::Inconclusive { seeds: Some(n) } => format!("inconclusive (about {n} seeds would settle it)"),
             Verdict::Inconclusive { seeds: None } => {
                 format!("inconclusive (more than {MOST_SEEDS} seeds would be needed)")
             }
+            Verdict::Incomplete { added } => format!(
+                "incomplete (its second stage has {added} of the {} added seeds it is tested on)",
+                crate::design::SECOND_STAGE_MIN
+            ),
             Verdict::Untested => "untested (fewer than two shared seeds)".into(),
         }
     }
@@ -406,6 +426,7 @@ impl Verdict {
             Verdict::Worse { .. } => "worse",
             Verdict::Equivalent => "equivalent",
             Verdict::Inconclusive { .. } => "inconclusive",
+            Verdict::Incomplete { .. } => "incomplete",
             Verdict::Untested => "untested",
         }
     }
@@ -709,18 +730,30 @@ mod tests {
 
     #[test]
     fn verdicts_follow_the_fixed_rules() {
+        let p = |difference, equivalence, above_margin, below_margin| Adjusted {
+            difference,
+            equivalence,
+            above_margin,
+            below_margin,
+        };
         let decide = Verdict::decide;
-        assert_eq!(decide(-0.05, false, 0.01, 0.9, Some(9)), Verdict::Better { negligible: false });
-        assert_eq!(decide(-0.05, true, 0.01, 0.9, Some(9)), Verdict::Worse { negligible: false });
-        assert_eq!(decide(0.002, false, 0.01, 0.01, None), Verdict::Worse { negligible: true });
-        assert_eq!(decide(0.002, false, 0.3, 0.01, None), Verdict::Equivalent);
-        assert_eq!(decide(0.002, false, 0.3, 0.2, Some(12)), Verdict::Inconclusive { seeds: Some(12) });
-        assert_eq!(decide(0.002, false, f64::NAN, f64::NAN, None), Verdict::Untested);
+        let b = |negligible, beyond| Verdict::Better { negligible, beyond };
+        let w = |negligible, beyond| Verdict::Worse { negligible, beyond };
+        assert_eq!(decide(-0.05, false, p(0.01, 0.9, 1.0, 0.2), Some(9)), b(false, false));
+        assert_eq!(decide(-0.05, false, p(0.01, 0.9, 1.0, 0.02), Some(9)), b(false, true));
+        assert_eq!(decide(-0.05, true, p(0.01, 0.9, 1.0, 0.02), Some(9)), w(false, true));
+        assert_eq!(decide(-0.05, true, p(0.01, 0.9, 0.01, 0.2), Some(9)), w(false, false), "the other margin");
+        assert_eq!(decide(0.002, false, p(0.01, 0.01, 1.0, 1.0), None), w(true, false));
+        assert_eq!(decide(0.002, false, p(0.3, 0.01, 1.0, 1.0), None), Verdict::Equivalent);
+        assert_eq!(decide(0.002, false, p(0.3, 0.2, 1.0, 1.0), Some(12)), Verdict::Inconclusive { seeds: Some(12) });
+        assert_eq!(decide(0.002, false, p(f64::NAN, f64::NAN, 1.0, 1.0), None), Verdict::Untested);
+        assert_eq!(b(false, true).describe("0.01"), "better, by more than 0.01");
+        assert!(Verdict::Incomplete { added: 1 }.describe("0.01").starts_with("incomplete"));
         assert_eq!(Verdict::Equivalent.describe("0.01"), "equivalent (±0.01)");
         assert!(!Verdict::Inconclusive { seeds: Some(5) }.describe("0.01").contains("distinguishable"));
         let (b, w, e, i) = (
-            Verdict::Better { negligible: false },
-            Verdict::Worse { negligible: true },
+            Verdict::Better { negligible: false, beyond: false },
+            Verdict::Worse { negligible: true, beyond: false },
             Verdict::Equivalent,
             Verdict::Inconclusive { seeds: None },
         );

@@ -320,7 +320,7 @@ fn training_minutes(dir: &std::path::Path) -> Option<f64> {
 /// verdicts of its comparisons of model quality and the count left inconclusive, and whether its reference
 /// is comparable today. The README's table is this output.
 pub fn findings() -> anyhow::Result<()> {
-    use ablate::run::verdicts::{counts, is_quality};
+    use ablate::run::verdicts::counts;
     println!("| recipe | question | decided verdicts of model quality (generated from the results' verdict blocks) | reference |");
     println!("|---|---|---|---|");
     for path in training_recipes()? {
@@ -333,7 +333,7 @@ pub fn findings() -> anyhow::Result<()> {
         let decided: Vec<String> = j
             .rows
             .iter()
-            .filter(|r| is_quality(r) && r.judged.verdict.is_decided())
+            .filter(|r| r.primary && r.judged.verdict.is_decided())
             .map(|r| {
                 let d = r
                     .judged
@@ -343,23 +343,26 @@ pub fn findings() -> anyhow::Result<()> {
                 format!("{}: {}{d} {}", r.comparison, r.metric.label, r.judged.verdict.word())
             })
             .collect();
-        let [better, worse, equivalent, inconclusive, untested] = counts(&j.rows);
+        let [better, worse, equivalent, inconclusive, untested, incomplete] = counts(&j.rows);
         let tested = better + worse + equivalent + inconclusive;
-        let mut cell = if tested == 0 {
+        let mut cell = if tested == 0 && incomplete == 0 {
             format!("untested: one seed per variant ({untested} comparisons)")
         } else {
-            format!("{} of {tested} decided", better + worse + equivalent)
+            format!("{} of {} decided", better + worse + equivalent, tested + incomplete)
         };
+        if incomplete > 0 {
+            cell.push_str(&format!(" ({incomplete} incomplete: the plan's second stage not run)"));
+        }
         if !decided.is_empty() {
             cell.push_str(&format!(": {}", decided.join("; ")));
         }
         if let Some((settings, second)) = &j.second {
-            let [b, w, e, _, _] = counts(second);
+            let [b, w, e, _, _, _] = counts(second);
             cell.push_str(&format!(". At {settings}: {} decided", b + w + e));
             let both: Vec<String> = j
                 .rows
                 .iter()
-                .filter(|r| is_quality(r))
+                .filter(|r| r.primary)
                 .filter_map(|r| {
                     let s =
                         second.iter().find(|s| s.comparison == r.comparison && s.metric.column == r.metric.column)?;

@@ -47,13 +47,14 @@ pub struct RunArgs {
     /// Intra-op CPU threads of this process (of each worker with --workers/--devices).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// After the recipe's seeds, add seeds to the arms whose comparisons (the recipe's `compare:`) are
-    /// inconclusive, as many as the pilot's paired spread says settle them at δ, up to --max-seeds; then
-    /// recompute the verdicts. The number added never reads the observed difference. With --workers or
+    /// After the recipe's seeds (the pilot), add a second stage: every arm of a comparison of the primary
+    /// metric gets at least two more seeds, as many as the pilot's paired spread says settle it at δ, up to
+    /// the plan's cap (`compare.max_seeds`); the verdicts then combine the two stages (docs/results.md, "The
+    /// two-stage design"). What is added never reads the pilot's verdicts or differences. With --workers or
     /// --devices both passes run on the pool; with --shard, add --settle-phase.
     #[arg(long)]
     until_settled: bool,
-    /// The most seeds an arm may end with under --until-settled (default 10).
+    /// The plan's cap when the recipe has no `compare.max_seeds` (refused when it has a different one).
     #[arg(long, requires = "until_settled")]
     max_seeds: Option<usize>,
     /// With --until-settled --shard: the pass this shard trains, `pilot` (the recipe's seeds) or `added`
@@ -81,9 +82,6 @@ impl SettlePhase {
     }
 }
 
-/// The most seeds an arm ends with under `--until-settled` when `--max-seeds` is not given.
-const DEFAULT_MAX_SEEDS: usize = 10;
-
 /// `--until-settled`'s recipe extended to every seed an arm may end with, and the runs of each pass.
 struct Settling {
     cap: usize,
@@ -94,13 +92,26 @@ struct Settling {
 
 impl Settling {
     fn new(sweep: &Sweep, smoke: bool, overrides: &OverrideArgs, max_seeds: Option<usize>) -> anyhow::Result<Self> {
-        let cap = max_seeds.unwrap_or(DEFAULT_MAX_SEEDS);
-        ablate::run::settle::check(&sweep.recipe, cap)?;
+        // Checked before the pool is built: the cap bounds its size.
+        let cap = ablate::run::settle::check(&sweep.recipe, max_seeds)?;
         let pool = ablate::run::settle::seed_pool(&sweep.recipe.seeds, cap);
         let mut parsed = overrides.parse()?;
         parsed.seeds = Some((pool.clone(), format!("--until-settled --max-seeds {cap}")));
-        let full = ablate::recipe::load_with(&sweep.path, smoke, &parsed)?;
+        let mut full = ablate::recipe::load_with(&sweep.path, smoke, &parsed)?;
+        // The plan the runs record: the cap, whether the recipe or the command line gave it.
+        if let Some(c) = full.compare.as_mut() {
+            c.max_seeds = Some(cap);
+        }
         Ok(Self { cap, pool, full })
+    }
+
+    /// The recipe as given with the plan's cap: its seeds are the pilot, and its verdicts combine the stages.
+    fn planned(&self, base: &Recipe) -> Recipe {
+        let mut planned = base.clone();
+        if let Some(c) = planned.compare.as_mut() {
+            c.max_seeds = Some(self.cap);
+        }
+        planned
     }
 
     /// Per arm, the seeds it should end with at each scale: none for the pilot, else what the pilot's rows in
@@ -169,7 +180,7 @@ pub struct MergeArgs {
     /// plus those added, up to --max-seeds), not only the recipe's.
     #[arg(long)]
     until_settled: bool,
-    /// The cap the run was given (default 10).
+    /// The cap the run was given when the recipe has no `compare.max_seeds`.
     #[arg(long, requires = "until_settled")]
     max_seeds: Option<usize>,
 }
@@ -208,7 +219,7 @@ pub struct SlurmArgs {
     /// merged pilot asks for and the final merge, chained by dependencies.
     #[arg(long, conflicts_with = "nodes")]
     until_settled: bool,
-    /// The most seeds an arm may end with under --until-settled (default 10).
+    /// The plan's cap when the recipe has no `compare.max_seeds`.
     #[arg(long, requires = "until_settled")]
     max_seeds: Option<usize>,
 }
@@ -294,9 +305,8 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         _ => {}
     }
     let workers = worker_devices(args, base, device)?;
-    let mut targets = Targets::default();
     for phase in [SettlePhase::Pilot, SettlePhase::Added] {
-        targets = settling.targets(base, phase, &sweep.out)?;
+        let targets = settling.targets(base, phase, &sweep.out)?;
         if phase == SettlePhase::Added && !args.quiet {
             let pilot = base.seeds.len();
             let mut added: Vec<String> = Vec::new();
@@ -305,7 +315,7 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
                     .extend(arms.iter().filter(|(_, &n)| n > pilot).map(|(arm, n)| format!("{arm}{scale}: {n} seeds")));
             }
             match added.is_empty() {
-                true => eprintln!("ablate: --until-settled: no inconclusive comparison asks for more seeds"),
+                true => eprintln!("ablate: --until-settled: every arm already has its second stage"),
                 false => {
                     eprintln!("ablate: --until-settled (at most {} seeds per arm): {}", settling.cap, added.join(", "))
                 }
@@ -324,11 +334,11 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         }
     }
     if !args.quiet {
-        let every = settling.pass(base, &targets, None);
-        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &every, None)? {
-            let [better, worse, equivalent, inconclusive, untested] = ablate::run::verdicts::counts(&j.rows);
+        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &settling.planned(base), None)? {
+            let [better, worse, equivalent, inconclusive, untested, incomplete] =
+                ablate::run::verdicts::counts(&j.rows);
             eprintln!(
-                "ablate: verdicts over every seed: {better} better, {worse} worse, {equivalent} equivalent, {inconclusive} inconclusive, {untested} untested (model quality)"
+                "ablate: verdicts of the primary metric over both stages: {better} better, {worse} worse, {equivalent} equivalent, {inconclusive} inconclusive, {incomplete} incomplete, {untested} untested"
             );
         }
     }

@@ -1,7 +1,10 @@
 //! The `compare:` section: which comparisons a recipe's results answer (every variant against a baseline,
 //! or a ladder), the smallest effect that matters per metric (δ), predictions written before the run, and
-//! `until_settled`, the cap on seeds added to settle inconclusive comparisons. `ablate summary`, the README
-//! blocks and `--until-settled` read it; a difference smaller than δ is called equivalent, never a finding.
+//! the settling plan: the primary metric whose comparisons answer the recipe's question and `max_seeds`, the
+//! most seeds an arm may end with when `--until-settled` adds a second stage (the two-stage design of
+//! `crate::design`). `ablate summary`, the README blocks and `--until-settled` read it; a difference smaller
+//! than δ is called equivalent, never a finding. Like the predictions, the plan is recorded in the results'
+//! `recipe.resolved.yaml` when the pilot runs, and a plan changed after that is printed as such.
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -28,6 +31,13 @@ pub(super) struct CompareFile {
     /// each against the verdict; the results record the predictions they ran against.
     #[serde(default)]
     predict: Vec<PredictionFile>,
+    /// The metric column whose comparisons answer the recipe's question (one Holm family, quoted in the
+    /// findings; the others are secondary). Default: the kind's first headline metric of model quality.
+    primary: Option<String>,
+    /// The settling plan's cap: the most seeds an arm may end with when `--until-settled` adds a second stage
+    /// (at least the recipe's seeds + 2, since a second stage is tested on two or more). Absent, or equal to
+    /// the number of seeds: the recipe's seeds are the whole design (a fixed design, nothing added).
+    max_seeds: Option<usize>,
 }
 
 /// One prediction as written.
@@ -46,6 +56,10 @@ struct PredictionFile {
 pub enum Expect {
     Better,
     Worse,
+    /// Better by more than δ: the 95% interval beyond the margin (for a large published effect).
+    BetterBeyondDelta,
+    /// Worse by more than δ.
+    WorseBeyondDelta,
     /// No difference larger than δ either way (the paper reports none).
     Equivalent,
 }
@@ -101,6 +115,50 @@ pub struct Compare {
     pub delta: BTreeMap<String, Delta>,
     /// Predictions written before the run, in the recipe's order.
     pub predict: Vec<Prediction>,
+    /// The primary metric's column as declared (`None`: the kind's default, resolved where metrics are known).
+    pub primary: Option<String>,
+    /// The settling plan's cap on seeds per arm (`None`: a fixed design).
+    pub max_seeds: Option<usize>,
+}
+
+/// What a results directory records of its plan when its pilot runs, and what a verdict block compares
+/// with the recipe's: the cap, the primary metric and the declared margins, as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Plan {
+    /// The most seeds an arm may end with (the recipe's seeds in a fixed design).
+    pub max_seeds: usize,
+    /// The primary metric as declared (`default` for the kind's).
+    pub primary: String,
+    /// Each declared δ as written (`0.01`, `5%`); unlisted metrics take their defaults.
+    pub delta: BTreeMap<String, String>,
+}
+
+impl Compare {
+    /// The plan of a recipe with `seeds` seeds.
+    pub fn plan(&self, seeds: usize) -> Plan {
+        Plan {
+            max_seeds: self.max_seeds.unwrap_or(seeds),
+            primary: self.primary.clone().unwrap_or_else(|| "default".into()),
+            delta: self.delta.iter().map(|(k, d)| (k.clone(), d.text())).collect(),
+        }
+    }
+
+    /// Whether the plan adds a second stage to a pilot of `seeds` seeds.
+    pub fn two_stage(&self, seeds: usize) -> bool {
+        self.max_seeds.is_some_and(|m| m > seeds)
+    }
+}
+
+impl Plan {
+    /// One line: `at most 6 seeds per arm, primary test_loss, δ test_loss 0.02`.
+    pub fn describe(&self) -> String {
+        let delta = if self.delta.is_empty() {
+            "every δ its metric's default".to_string()
+        } else {
+            format!("δ {}", self.delta.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
+        };
+        format!("at most {} seeds per arm, primary metric {}, {delta}", self.max_seeds, self.primary)
+    }
 }
 
 /// `5%` as 0.05, `0.02` as itself; `None` when it is neither.
@@ -117,7 +175,7 @@ fn parse_delta(v: &serde_yaml::Value) -> Option<Delta> {
 /// Checks the section: a baseline or a ladder (not both), and every δ a positive finite number or share.
 /// Whether each δ names a metric of the recipe's kinds is checked where the metrics are known, before
 /// anything trains (`run::summary::check_compare`).
-pub(super) fn expand(src: &Source, file: &CompareFile) -> Result<Compare, RecipeError> {
+pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<Compare, RecipeError> {
     let comparison = match (&file.baseline, file.ladder) {
         (Some(_), true) => {
             return Err(src.at("compare.ladder", "compare: give a baseline or ladder: true, not both".into()))
@@ -163,7 +221,27 @@ pub(super) fn expand(src: &Source, file: &CompareFile) -> Result<Compare, Recipe
             source: p.source.trim().to_string(),
         });
     }
-    Ok(Compare { comparison, delta, predict })
+    if let Some(cap) = file.max_seeds {
+        let at = "compare.max_seeds";
+        let floor = seeds + crate::design::SECOND_STAGE_MIN;
+        if cap != seeds && !(floor..=crate::design::MOST_PLANNED_SEEDS).contains(&cap) {
+            return Err(src.at(
+                at,
+                format!(
+                    "{at}: {cap} seeds per arm is not a plan for {seeds} seeds: give {seeds} (a fixed design) or \
+                     {floor} to {} (a second stage is tested on at least {} added seeds)",
+                    crate::design::MOST_PLANNED_SEEDS,
+                    crate::design::SECOND_STAGE_MIN
+                ),
+            ));
+        }
+    }
+    if let Some(p) = &file.primary {
+        if p.trim().is_empty() {
+            return Err(src.at("compare.primary", "compare.primary: name a metric column (test_loss)".into()));
+        }
+    }
+    Ok(Compare { comparison, delta, predict, primary: file.primary.clone(), max_seeds: file.max_seeds })
 }
 
 /// The default δ of a metric by its kind: its column and unit.

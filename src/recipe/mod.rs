@@ -388,7 +388,7 @@ fn parse_one_scale(
         None => (None, runs),
     };
     let second = second_scale(&src, &parsed, &sweep_keys)?;
-    let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c)).transpose()?;
+    let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c, seeds.len())).transpose()?;
     let recipe = Recipe {
         file: file.into(),
         name: parsed.name.unwrap_or_else(|| stem.to_string()),

@@ -96,6 +96,10 @@ pub struct Recorded {
     pub overrides: Vec<String>,
     #[serde(default)]
     pub predictions: Vec<crate::recipe::compare::Prediction>,
+    /// The settling plan recorded when the directory's first run started (`None`: its pilot ran before
+    /// plans were recorded, or with no `compare:`).
+    #[serde(default)]
+    pub pilot_plan: Option<crate::recipe::compare::Plan>,
 }
 
 /// `dir`'s recorded overrides and predictions; empty when it has no readable `recipe.resolved.yaml`.
@@ -123,8 +127,19 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         /// shows in the summary.
         #[serde(skip_serializing_if = "<[_]>::is_empty")]
         predictions: &'a [crate::recipe::compare::Prediction],
+        /// The settling plan these results ran under, and the one recorded when the first of them started
+        /// (kept from then on; absent where the pilot predates plans), so that a plan changed after the
+        /// pilot shows in the verdicts.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        plan: Option<crate::recipe::compare::Plan>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pilot_plan: Option<crate::recipe::compare::Plan>,
         runs: Vec<BTreeMap<&'a str, Value>>,
     }
+    let plan = recipe.compare.as_ref().map(|c| c.plan(recipe.seeds.len()));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let started = read_runs(&dir.join("runs.csv")).is_ok_and(|rows| !rows.is_empty());
+    let pilot_plan = if started { recorded(dir).pilot_plan } else { plan.clone() };
     let runs = recipe
         .runs
         .iter()
@@ -145,6 +160,8 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
         sweep_keys: &recipe.sweep_keys,
         seeds: &recipe.seeds,
         predictions: recipe.compare.as_ref().map_or(&[], |c| c.predict.as_slice()),
+        plan,
+        pilot_plan,
         runs,
     };
     write_atomically(path, serde_yaml::to_string(&resolved)?.as_bytes())

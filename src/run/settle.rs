@@ -1,22 +1,24 @@
-//! `--until-settled`: seeds added to the arms whose comparisons are inconclusive, as many as the pilot's
-//! paired spread says would settle them (power 0.8 at δ for both the difference and the equivalence test,
-//! `stats::seeds_to_settle`), up to a cap, then the verdicts recomputed over every seed.
+//! `--until-settled`: the second stage of the two-stage design (`crate::design`). Every arm of every
+//! comparison of the primary metric gets at least two seeds beyond the pilot, more where the pilot's paired
+//! spread says the comparison needs them (power 0.8 at δ for the difference test and TOST at the family's
+//! level α/m), up to the plan's cap (`compare.max_seeds`); the verdicts then combine the two stages. Whether
+//! and how many seeds are added reads the pilot's spread, δ and the plan only, never its verdicts; and the
+//! combination test keeps its level whatever the second stage's size, so the stated error rates hold.
 //!
-//! The pilot is the recipe's own seeds. The number of seeds added reads the pilot's spread and δ only, never
-//! the observed difference, so adding them leaves the tests' error rates as they were (an internal pilot:
-//! Wittes & Brittain 1990); and since it reads only the pilot's rows, a sweep killed while adding seeds
-//! resumes to the same plan. Added seeds continue the recipe's: max + 1, max + 2, … (common to every arm
-//! that needs them, so paired arms share their seeds and data orders).
+//! The pilot is the recipe's own seeds. Since the plan reads only the pilot's rows, a sweep killed while
+//! adding seeds resumes to the same plan. Added seeds continue the recipe's: max + 1, max + 2, … (common to
+//! every arm that needs them, so paired arms share their seeds and data orders).
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::summary::judge_pilot;
-use super::verdicts::is_quality;
+use super::results::{read_runs, variants_of};
+use super::summary::paired_spreads;
+use crate::design::{family_level, Planner, MOST_PLANNED_SEEDS, SECOND_STAGE_MIN};
 use crate::recipe::{Recipe, RunSpec};
-use crate::stats::Verdict;
 
-/// The seeds an arm may end with: the recipe's, then max + 1, max + 2, … up to `max_seeds` in all.
+/// The seeds an arm may end with: the recipe's, then max + 1, max + 2, … up to `max_seeds` in all. Call
+/// [`check`] first: it bounds `max_seeds`.
 pub fn seed_pool(seeds: &[u64], max_seeds: usize) -> Vec<u64> {
     let mut pool = seeds.to_vec();
     let mut next = seeds.iter().max().map_or(0, |m| m + 1);
@@ -27,27 +29,41 @@ pub fn seed_pool(seeds: &[u64], max_seeds: usize) -> Vec<u64> {
     pool
 }
 
-/// Refuses, in one line before anything trains, what `--until-settled` cannot do: a recipe with no
-/// comparison (`compare:`), a cap below the recipe's seeds.
-pub fn check(recipe: &Recipe, max_seeds: usize) -> Result<()> {
-    if recipe.compare.is_none() {
+/// Refuses, in one line before anything is allocated or trained, what `--until-settled` cannot do: a recipe
+/// with no comparison (`compare:`), a cap that is not a second stage for the recipe's seeds (below its seeds
+/// + 2 or above the verdicts' limit), and a command-line cap that differs from the recipe's plan.
+pub fn check(recipe: &Recipe, cli_cap: Option<usize>) -> Result<usize> {
+    let Some(compare) = &recipe.compare else {
         bail!(
             "{}: --until-settled adds seeds to settle the recipe's comparisons, and it names none: add a `compare:` section (a baseline or ladder: true)",
             recipe.file
         );
-    }
-    if max_seeds < recipe.seeds.len() {
+    };
+    let cap = match (compare.max_seeds, cli_cap) {
+        (Some(plan), Some(cli)) if plan != cli => bail!(
+            "{}: --max-seeds {cli} differs from the recipe's plan, compare.max_seeds: {plan}; a plan is fixed before the data: drop --max-seeds, or change the recipe (the verdicts will say the plan was set after the pilot)",
+            recipe.file
+        ),
+        (Some(plan), _) => plan,
+        (None, Some(cli)) => cli,
+        (None, None) => bail!(
+            "{}: --until-settled needs the plan's cap: add `compare.max_seeds: N` to the recipe (the most seeds an arm may end with), or give --max-seeds N",
+            recipe.file
+        ),
+    };
+    let seeds = recipe.seeds.len();
+    let floor = seeds + SECOND_STAGE_MIN;
+    if !(floor..=MOST_PLANNED_SEEDS).contains(&cap) {
         bail!(
-            "{}: --max-seeds {max_seeds} is below the recipe's own {} seeds; the cap counts every seed of an arm",
-            recipe.file,
-            recipe.seeds.len()
+            "{}: a cap of {cap} seeds per arm is no second stage for the recipe's {seeds} seeds: give {floor} to {MOST_PLANNED_SEEDS} (a second stage is tested on at least {SECOND_STAGE_MIN} added seeds)",
+            recipe.file
         );
     }
-    Ok(())
+    Ok(cap)
 }
 
-/// Per arm (variant label), the seeds it should end with: its pilot's count, raised for every arm of an
-/// inconclusive comparison of model quality to the seeds that comparison needs, capped at `max_seeds`.
+/// Per arm (variant label), the seeds it should end with: every arm of a comparison of the primary metric
+/// gets the plan's count for that comparison ([`Planner::target`]), the largest over its comparisons.
 pub fn targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
     arm_targets(dir, recipe, &recipe.seeds, max_seeds)
 }
@@ -66,19 +82,23 @@ pub fn second_scale_targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Re
 }
 
 fn arm_targets(dir: &Path, recipe: &Recipe, pilot_seeds: &[u64], max_seeds: usize) -> Result<BTreeMap<String, usize>> {
-    let pilot = pilot_seeds.len();
+    let runs: Vec<BTreeMap<String, String>> = read_runs(&dir.join("runs.csv"))?
+        .into_iter()
+        .filter(|r| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s)))
+        .collect();
     let mut out: BTreeMap<String, usize> = BTreeMap::new();
-    let Some(rows) = judge_pilot(dir, recipe, pilot_seeds)? else { return Ok(out) };
-    for row in rows.iter().filter(|r| is_quality(r)) {
-        let needed = match row.judged.verdict {
-            Verdict::Inconclusive { seeds: Some(n) } => n.min(max_seeds),
-            Verdict::Inconclusive { seeds: None } => max_seeds,
-            _ => continue,
-        };
-        for arm in [&row.arms.0, &row.arms.1] {
-            let t = out.entry(arm.clone()).or_insert(pilot);
+    let Some(spreads) = paired_spreads(recipe, &runs)? else { return Ok(out) };
+    let planner = Planner::new(pilot_seeds.len(), max_seeds, family_level(spreads.len()));
+    for (arms, sd, delta) in &spreads {
+        let needed = planner.target(*sd, *delta);
+        for arm in [&arms.0, &arms.1] {
+            let t = out.entry(arm.clone()).or_insert(0);
             *t = (*t).max(needed);
         }
+    }
+    // Arms in no comparison (none in a baseline or ladder design) keep their pilot.
+    for (label, _) in variants_of(&runs) {
+        out.entry(label).or_insert(pilot_seeds.len());
     }
     Ok(out)
 }

@@ -9,9 +9,10 @@ use super::results::{read_runs, variants_of};
 use crate::metrics::Metric;
 use crate::recipe::compare::{default_delta, Comparison, Delta};
 use crate::recipe::Recipe;
+use crate::design::{judge_family, Analysis, Evidence, Stages};
 use crate::stats::{
-    across_scales, format_p, holm, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, tost_p, Estimate,
-    Paired, Verdict, ALPHA, CONFIDENCE, POWER,
+    across_scales, format_p, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, Estimate, Paired,
+    Verdict, ALPHA, CONFIDENCE, POWER,
 };
 use crate::tasks::{metric_heading, metric_of_variant, recipe_metrics};
 
@@ -146,7 +147,7 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     if let Some(reference) = &reference {
         let deltas: Vec<Delta> = metrics.iter().map(|m| delta_of(recipe, m)).collect();
         let own_metric = |v: usize, m: &Metric| metric_of_variant(recipe, &variants[v].0, m);
-        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas, own_metric));
+        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas, &StagePlan::of(recipe), own_metric));
     }
     if let Some((check, settings)) = &recipe.scale_check {
         let check_dir = dir.join("scale_check");
@@ -175,6 +176,23 @@ pub struct JudgedRow {
     pub arms: (String, String),
     pub metric: Metric,
     pub judged: Judged,
+    /// Whether the metric is the recipe's primary one (`compare.primary`): its verdicts answer the recipe's
+    /// question; the other quality metrics' are secondary.
+    pub primary: bool,
+}
+
+/// Whether a metric measures the machine (throughput, utilisation, memory), not the model.
+fn is_cost(m: &Metric) -> bool {
+    crate::metrics::cost("", 2).iter().any(|c| c.column_name().is_some() && c.column_name() == m.column_name())
+}
+
+/// The primary metric's column among `metrics`: the recipe's `compare.primary`, else the first headline
+/// metric of model quality (not throughput or utilisation, not a diagnostic).
+pub fn primary_column(recipe: &Recipe, metrics: &[Metric]) -> Option<String> {
+    if let Some(p) = recipe.compare.as_ref().and_then(|c| c.primary.clone()) {
+        return Some(p);
+    }
+    metrics.iter().filter(|m| !m.diagnostic && !is_cost(m)).find_map(|m| m.column_name()).map(String::from)
 }
 
 /// Every comparison a results directory answers, judged at its scale and (with `scale_check/`) at the
@@ -230,8 +248,9 @@ fn second_scale_reference(
 fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &Recipe) -> Vec<JudgedRow> {
     let variants = variants_of(runs);
     let pairs = reference.pairs(variants.len());
+    let primary = primary_column(recipe, metrics);
     let families: Vec<Vec<Judged>> =
-        metrics.iter().map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m))).collect();
+        metrics.iter().map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe))).collect();
     let mut rows = Vec::new();
     for (k, &(v, against)) in pairs.iter().enumerate() {
         for (j, m) in metrics.iter().enumerate() {
@@ -240,22 +259,37 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
                 arms: (variants[v].0.clone(), variants[against].0.clone()),
                 metric: metric_of_variant(recipe, &variants[v].0, m),
                 judged: families[j][k].clone(),
+                primary: m.column_name().is_some() && m.column_name() == primary.as_deref(),
             });
         }
     }
     rows
 }
 
-/// The comparisons of the rows of `runs.csv` whose seed is one of `seeds` (the recipe's own, before any
-/// were added to settle a comparison), judged by the recipe's `compare:`; `None` without one.
-pub fn judge_pilot(dir: &Path, recipe: &Recipe, seeds: &[u64]) -> Result<Option<Vec<JudgedRow>>> {
-    let runs: Vec<Row> = read_runs(&dir.join("runs.csv"))?
-        .into_iter()
-        .filter(|r| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| seeds.contains(&s)))
+/// The paired spread of every comparison of the primary metric in `runs` (a pilot's rows): each
+/// comparison's arms, the sample standard deviation of its paired differences (NaN below two pairs) and its
+/// δ in the metric's unit; `None` when the recipe names no comparison or no primary metric has a column.
+pub fn paired_spreads(recipe: &Recipe, runs: &[Row]) -> Result<Option<Vec<((String, String), f64, f64)>>> {
+    let metrics = headline_metrics(recipe, runs);
+    let Some(primary) = primary_column(recipe, &metrics) else { return Ok(None) };
+    let Some(metric) = metrics.iter().find(|m| m.column_name() == Some(primary.as_str())) else { return Ok(None) };
+    let Some(reference) = resolve_pairing(runs, recipe, None)? else { return Ok(None) };
+    let variants = variants_of(runs);
+    let pairs = reference.pairs(variants.len());
+    let column = column_of(metric);
+    let delta = delta_of(recipe, metric);
+    let spreads = pairs
+        .iter()
+        .zip(compare(runs, &variants, &pairs, &column))
+        .map(|(&(v, against), (_, paired))| {
+            let reference: Vec<f64> =
+                seed_values(runs, &variants[against].1, &column).into_iter().map(|(_, x)| x).collect();
+            let margin = delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean });
+            let sd = paired.map_or(f64::NAN, |p| p.difference.std);
+            ((variants[v].0.clone(), variants[against].0.clone()), sd, margin)
+        })
         .collect();
-    let metrics = headline_metrics(recipe, &runs);
-    let Some(reference) = resolve_pairing(&runs, recipe, None)? else { return Ok(None) };
-    Ok(Some(judge_rows(&runs, &reference, &metrics, recipe)))
+    Ok(Some(spreads))
 }
 
 /// The comparison of `runs`: the command line's `pairing`, else the recipe's `compare:`, else none.
@@ -310,7 +344,7 @@ fn effects_at_both_scales(
             let pairs = reference.pairs(variants.len());
             let mut out = BTreeMap::new();
             for m in metrics {
-                for j in judge(runs, &variants, &pairs, m, delta_of(recipe, m)) {
+                for j in judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe)) {
                     out.insert((comparison_label(reference, &variants, j.variant, j.against), column_of(m)), j);
                 }
             }
@@ -456,6 +490,21 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
             );
         }
     }
+    if let Some(primary) = &compare.primary {
+        let quality: Vec<&str> = crate::tasks::recipe_metrics(recipe)
+            .iter()
+            .filter(|m| m.headline && !m.diagnostic && !is_cost(m))
+            .filter_map(|m| m.column_name().map(|c| metrics.iter().find(|x| *x == c).map(String::as_str)))
+            .flatten()
+            .collect();
+        if !quality.contains(&primary.as_str()) {
+            bail!(
+                "{}: compare.primary: `{primary}` is not a headline metric of model quality in this recipe; those are {}",
+                recipe.file,
+                quality.join(", ")
+            );
+        }
+    }
     for column in compare.delta.keys() {
         if !metrics.contains(column) {
             bail!(
@@ -468,17 +517,26 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
     Ok(())
 }
 
-/// One comparison of a family, judged: the paired test, the equivalence test at ±δ, both Holm-adjusted over
-/// the family, and the verdict.
+/// One comparison of a family, judged: the difference test, the equivalence test at ±δ and the margin
+/// test, each Holm-adjusted over the family, and the verdict.
 #[derive(Debug, Clone)]
 pub struct Judged {
     pub variant: usize,
     pub against: usize,
     /// Seeds both ran.
     pub shared: usize,
+    /// The differences over every shared seed (their mean is the difference shown).
     pub paired: Option<Paired>,
+    /// The design's 95% interval of the difference (the paired t interval with one stage; the combination
+    /// test's with two).
+    pub interval: Option<(f64, f64)>,
+    pub analysis: Analysis,
+    /// The difference test's p before Holm (the paired t-test's with one stage, the combination test's with two).
+    pub p_raw: f64,
     pub p_holm: f64,
     pub equivalence_p_holm: f64,
+    /// The margin test in the direction of the observed difference ("beyond δ").
+    pub margin_p_holm: f64,
     /// δ in the metric's unit, and as declared (`0.01`, `5%`).
     pub delta: f64,
     pub delta_text: String,
@@ -497,16 +555,49 @@ impl Judged {
     }
 }
 
-/// Judges a family of comparisons (`pairs`, one metric): each paired test's p and TOST's p at ±δ, each
-/// Holm-adjusted over the family, and the verdict by [`Verdict::decide`]. An inconclusive comparison names
-/// the seeds that would settle it at the family's Bonferroni level α/m (Holm's first step), from the
-/// paired spread and δ alone.
+/// Which seeds of a results directory are its pilot (the recipe's own) and whether the recipe's plan adds
+/// a second stage: what splits each comparison into the stages of `crate::design`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StagePlan {
+    pub pilot: Vec<u64>,
+    pub two_stage: bool,
+}
+
+impl StagePlan {
+    /// The recipe's stages: its seeds are the pilot; its plan says whether seeds are added.
+    pub fn of(recipe: &Recipe) -> StagePlan {
+        StagePlan {
+            pilot: recipe.seeds.clone(),
+            two_stage: recipe.compare.as_ref().is_some_and(|c| c.two_stage(recipe.seeds.len())),
+        }
+    }
+
+    /// `paired`'s differences by stage (with no pilot named, every seed is the one stage).
+    fn split(&self, paired: &Paired) -> Stages {
+        let (mut pilot, mut added) = (Vec::new(), Vec::new());
+        for (seed, d) in paired.seeds.iter().zip(&paired.differences) {
+            if self.pilot.is_empty() || self.pilot.contains(seed) {
+                pilot.push(*d);
+            } else {
+                added.push(*d);
+            }
+        }
+        Stages { pilot, added, planned: self.two_stage }
+    }
+}
+
+/// Judges a family of comparisons (`pairs`, one metric) under the design of `stages`: each comparison's
+/// difference test, TOST at ±δ and margin tests (one stage: the paired t-tests; two: the inverse-normal
+/// combination of `crate::design`), each Holm-adjusted over the family, and the verdict by
+/// [`Verdict::decide`]. An inconclusive comparison names the seeds that would settle it in a fixed design
+/// at the family's Bonferroni level α/m (Holm's first step), from the paired spread and δ alone.
 pub fn judge(
     runs: &[Row],
     variants: &[(String, Vec<String>)],
     pairs: &[(usize, usize)],
     m: &Metric,
     delta: Delta,
+    stages: &StagePlan,
 ) -> Vec<Judged> {
     let column = column_of(m);
     let compared = compare(runs, variants, pairs, &column);
@@ -518,43 +609,45 @@ pub fn judge(
             delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean })
         })
         .collect();
-    let raw: Vec<f64> = compared.iter().map(|(_, p)| p.as_ref().map_or(f64::NAN, |p| p.p)).collect();
-    let equivalence: Vec<f64> = compared
+    let split: Vec<Option<Stages>> = compared.iter().map(|(_, p)| p.as_ref().map(|p| stages.split(p))).collect();
+    let evidence: Vec<Evidence> = split
         .iter()
         .zip(&margins)
-        .map(|((_, p), &d)| match p {
-            Some(p) if d.is_finite() && d > 0.0 => tost_p(&p.differences, d),
-            _ => f64::NAN,
+        .map(|(s, &d)| match s {
+            Some(s) if d.is_finite() && d > 0.0 => Evidence::of(s, d),
+            _ => Evidence::untestable(),
         })
         .collect();
-    let (p_holm, equivalence_holm) = (holm(&raw), holm(&equivalence));
-    let family = raw.iter().filter(|p| !p.is_nan()).count().max(1);
+    let family = evidence.iter().filter(|e| !e.difference.is_nan()).count().max(1);
+    let seeds: Vec<Option<usize>> = compared
+        .iter()
+        .zip(&margins)
+        .map(|((_, p), &d)| p.as_ref().and_then(|p| seeds_to_settle(p.difference.std, d, ALPHA / family as f64)))
+        .collect();
+    let (adjusted, verdicts) = judge_family(&evidence, m.higher_is_better, &seeds);
     compared
         .into_iter()
         .zip(pairs)
         .enumerate()
         .map(|(k, ((shared, paired), &(variant, against)))| {
-            let verdict = match &paired {
-                Some(p) => Verdict::decide(
-                    p.difference.mean,
-                    m.higher_is_better,
-                    p_holm[k],
-                    equivalence_holm[k],
-                    seeds_to_settle(p.difference.std, margins[k], ALPHA / family as f64),
-                ),
-                None => Verdict::Untested,
-            };
+            let verdict = if paired.is_some() { verdicts[k] } else { Verdict::Untested };
             let delta_text = match delta {
                 Delta::Absolute(_) => delta.text(),
                 Delta::Relative(_) => format!("{} = {}", delta.text(), format_margin(margins[k])),
             };
+            let margin_p_holm =
+                if evidence[k].mean > 0.0 { adjusted.above_margin[k] } else { adjusted.below_margin[k] };
             Judged {
                 variant,
                 against,
                 shared,
+                interval: split[k].as_ref().and_then(Stages::interval),
+                analysis: split[k].as_ref().map_or(Analysis::Fixed, Stages::analysis),
                 paired,
-                p_holm: p_holm[k],
-                equivalence_p_holm: equivalence_holm[k],
+                p_raw: evidence[k].difference,
+                p_holm: adjusted.difference[k],
+                equivalence_p_holm: adjusted.equivalence[k],
+                margin_p_holm,
                 delta: margins[k],
                 delta_text,
                 verdict,
@@ -627,6 +720,7 @@ fn paired_table(
     reference: &Reference,
     metrics: &[Metric],
     deltas: &[Delta],
+    stages: &StagePlan,
     own_metric: impl Fn(usize, &Metric) -> Metric,
 ) -> Table {
     let confidence = 100.0 * CONFIDENCE;
@@ -677,7 +771,7 @@ fn paired_table(
     .collect();
     // Every comparison first, so that each metric's family is judged together.
     let judged: Vec<Vec<Judged>> =
-        metrics.iter().zip(deltas).map(|(m, &d)| judge(runs, variants, &pairs, m, d)).collect();
+        metrics.iter().zip(deltas).map(|(m, &d)| judge(runs, variants, &pairs, m, d, stages)).collect();
     let mut rows = Vec::new();
     for (k, &(v, against)) in pairs.iter().enumerate() {
         let label = comparison_label(reference, variants, v, against);
@@ -732,8 +826,11 @@ fn paired_row(label: &str, m: &Metric, j: &Judged) -> Vec<String> {
         label.to_string(),
         m.axis(),
         p.seeds.len().to_string(),
-        format_difference(&p.difference, digits),
-        format_p(p.p),
+        match j.interval {
+            Some((lo, hi)) => format!("{:+.digits$} [{lo:+.digits$}, {hi:+.digits$}]", p.difference.mean),
+            None => format_difference(&p.difference, digits),
+        },
+        format_p(j.p_raw),
         format_p(j.p_holm),
         j.delta_text.clone(),
         format_p(j.equivalence_p_holm),
@@ -895,6 +992,7 @@ fn find_baseline(runs: &[Row], variants: &[(String, Vec<String>)], spec: &str) -
 mod tests {
 
     use super::*;
+    use crate::stats::holm;
 
     type Variants = Vec<(String, Vec<String>)>;
 
@@ -931,7 +1029,7 @@ mod tests {
     fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
         let (runs, variants, metric) = four_variants();
         let table =
-            paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)], |_, m| {
+            paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)], &StagePlan::default(), |_, m| {
                 m.clone()
             });
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
@@ -944,7 +1042,7 @@ mod tests {
         }
         for (row, (&p, &q)) in table.rows.iter().zip(raw.iter().zip(&adjusted)) {
             assert!(q >= p, "{row:?}");
-            assert_eq!(row[8] == "better", q < ALPHA, "{row:?}");
+            assert_eq!(row[8].starts_with("better"), q < ALPHA, "{row:?}");
         }
         assert!(
             raw[0] < ALPHA && adjusted[0] >= ALPHA,
@@ -959,7 +1057,7 @@ mod tests {
         // three. clear − small is −0.07, −0.095, −0.065 (mean −0.0767, sd 0.0161: t = −8.25, two
         // degrees of freedom, p = 0.0144 by p = 1 − |t|/√(t² + 2)).
         let ladder =
-            paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)], |_, m| m.clone());
+            paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)], &StagePlan::default(), |_, m| m.clone());
         let labels: Vec<&str> = ladder.rows.iter().map(|r| r[0].as_str()).collect();
         assert_eq!(labels, ["small vs base", "clear vs small", "noise vs clear"]);
         assert!(ladder.rows[1][3].starts_with("-0.0767"), "{:?}", ladder.rows[1]);
@@ -979,7 +1077,7 @@ mod tests {
     fn verdicts_are_better_equivalent_or_inconclusive_with_the_seeds_that_would_settle_it() {
         let (runs, variants, metric) = four_variants();
         let pairs = Reference::Baseline(0).pairs(variants.len());
-        let wide = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.1));
+        let wide = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.1), &StagePlan::default());
         let expected_p = [0.06781643, 0.00995028, 0.85997199];
         let expected_equivalence = [0.0049377, 0.5, 0.02846345];
         for (j, (p, e)) in wide.iter().zip(expected_p.iter().zip(expected_equivalence)) {
@@ -989,7 +1087,7 @@ mod tests {
         assert_eq!(words, ["equivalent (±0.1)", "better", "equivalent (±0.1)"]);
         // At δ = 0.01 nothing is equivalent: the small gain and the noise are inconclusive, each naming the
         // seeds its spread needs at the family's level 0.05/3, more for the noisier one.
-        let narrow = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.01));
+        let narrow = judge(&runs, &variants, &pairs, &metric, Delta::Absolute(0.01), &StagePlan::default());
         assert!(narrow.iter().all(|j| j.equivalence_p_holm == 1.0));
         let seeds = |j: &Judged| match j.verdict {
             Verdict::Inconclusive { seeds: Some(n) } => n,
@@ -999,9 +1097,9 @@ mod tests {
         let sd = |j: &Judged| j.paired.as_ref().unwrap().difference.std;
         assert_eq!(Some(small), seeds_to_settle(sd(&narrow[0]), 0.01, ALPHA / 3.0));
         assert!(noise > small, "{noise} vs {small}");
-        assert_eq!(narrow[1].verdict, Verdict::Better { negligible: false });
+        assert!(matches!(narrow[1].verdict, Verdict::Better { negligible: false, .. }), "{:?}", narrow[1].verdict);
         // A share of the reference's mean: 5% of the baseline's 1.0167.
-        let relative = judge(&runs, &variants, &pairs, &metric, Delta::Relative(0.05));
+        let relative = judge(&runs, &variants, &pairs, &metric, Delta::Relative(0.05), &StagePlan::default());
         assert!((relative[0].delta - 0.05 * 3.05 / 3.0).abs() < 1e-12 && relative[0].delta_text == "5% = 0.0508");
     }
 

@@ -18,41 +18,55 @@ pub const BEGIN: &str = "<!-- verdicts: written by `";
 /// The closing marker.
 pub const END: &str = "<!-- end of verdicts -->";
 
-/// Whether a metric measures the model (loss, accuracy) rather than the machine (throughput, MFU).
+/// Whether a metric measures the model (loss, accuracy) rather than the machine (throughput, MFU) or a
+/// diagnostic (a token-norm ratio): only these are verdicts of model quality.
 pub fn is_quality(row: &JudgedRow) -> bool {
     let machine: Vec<String> = cost("", 2).iter().filter_map(|m| m.column_name().map(String::from)).collect();
-    row.metric.column_name().is_some_and(|c| !machine.iter().any(|m| m == c))
+    !row.metric.diagnostic && row.metric.column_name().is_some_and(|c| !machine.iter().any(|m| m == c))
 }
 
-/// How many of `rows` (quality metrics only) ended in each verdict: `(better, worse, equivalent,
-/// inconclusive, untested)`.
-pub fn counts(rows: &[JudgedRow]) -> [usize; 5] {
-    let mut out = [0; 5];
-    for r in rows.iter().filter(|r| is_quality(r)) {
+/// How many of `rows` (the primary metric's only: the verdicts that answer the recipe's question) ended in
+/// each verdict: `(better, worse, equivalent, inconclusive, untested, incomplete)`.
+pub fn counts(rows: &[JudgedRow]) -> [usize; 6] {
+    count(rows.iter().filter(|r| r.primary))
+}
+
+/// [`counts`] of the secondary quality metrics.
+pub fn secondary_counts(rows: &[JudgedRow]) -> [usize; 6] {
+    count(rows.iter().filter(|r| !r.primary && is_quality(r)))
+}
+
+fn count<'a>(rows: impl Iterator<Item = &'a JudgedRow>) -> [usize; 6] {
+    let mut out = [0; 6];
+    for r in rows {
         let i = match r.judged.verdict {
             Verdict::Better { .. } => 0,
             Verdict::Worse { .. } => 1,
             Verdict::Equivalent => 2,
             Verdict::Inconclusive { .. } => 3,
             Verdict::Untested => 4,
+            Verdict::Incomplete { .. } => 5,
         };
         out[i] += 1;
     }
     out
 }
 
-fn count_line(rows: &[JudgedRow]) -> String {
-    let [better, worse, equivalent, inconclusive, untested] = counts(rows);
-    let total = better + worse + equivalent + inconclusive + untested;
-    let tested = total - untested;
-    if tested == 0 {
-        return format!("{total} comparison(s) of model quality, all untested (one seed per variant: no paired test)");
+fn count_line(counted: [usize; 6], what: &str) -> String {
+    let [better, worse, equivalent, inconclusive, untested, incomplete] = counted;
+    let total = better + worse + equivalent + inconclusive + untested + incomplete;
+    let tested = better + worse + equivalent + inconclusive;
+    if tested == 0 && incomplete == 0 {
+        return format!("{total} comparison(s) of {what}, all untested (one seed per variant: no paired test)");
     }
-    let share = 100.0 * inconclusive as f64 / tested as f64;
+    let share = if tested > 0 { 100.0 * inconclusive as f64 / tested as f64 } else { 0.0 };
     let mut line = format!(
-        "{total} comparison(s) of model quality: {better} better, {worse} worse, {equivalent} equivalent within \
+        "{total} comparison(s) of {what}: {better} better, {worse} worse, {equivalent} equivalent within \
          ±δ, {inconclusive} inconclusive ({share:.0}% of those tested)"
     );
+    if incomplete > 0 {
+        line.push_str(&format!(", {incomplete} incomplete (the plan's second stage not run)"));
+    }
     if untested > 0 {
         line.push_str(&format!(", {untested} untested (one seed)"));
     }
@@ -61,17 +75,12 @@ fn count_line(rows: &[JudgedRow]) -> String {
 
 fn difference(row: &JudgedRow) -> String {
     let digits = row.metric.digits;
-    match &row.judged.paired {
-        Some(p) => match p.difference.half_width {
-            Some(h) => format!(
-                "{:+.digits$} [{:+.digits$}, {:+.digits$}]",
-                p.difference.mean,
-                p.difference.mean - h,
-                p.difference.mean + h
-            ),
-            None => format!("{:+.digits$}", p.difference.mean),
-        },
-        None => "–".into(),
+    match (&row.judged.paired, row.judged.interval) {
+        (Some(p), Some((lo, hi))) => {
+            format!("{:+.digits$} [{:+.digits$}, {:+.digits$}]", p.difference.mean, lo, hi)
+        }
+        (Some(p), None) => format!("{:+.digits$}", p.difference.mean),
+        (None, _) => "–".into(),
     }
 }
 
@@ -87,7 +96,8 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
             recipe.file
         );
     };
-    let mut text = render(&j, command);
+    let primary = j.rows.iter().find(|r| r.primary).and_then(|r| r.metric.column_name().map(String::from));
+    let mut text = render(&j, command, &plan_line(dir, recipe, primary.as_deref()));
     if let Some(compare) = recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
         let predictions = predictions_table(&j.rows, &compare.predict, &predictions_as_run(dir));
         // Inside the block: the closing marker stays last.
@@ -96,29 +106,41 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
     Ok(text)
 }
 
-/// A prediction set against the verdict: `reproduced` (the predicted direction, significant after Holm;
-/// "in direction only" when the whole difference also lies within ±δ), `consistent` (equivalent within ±δ,
-/// or a difference within ±δ, where no effect was predicted), `not reproduced` (equivalent within ±δ where an
-/// effect was predicted, the opposite direction, or an effect larger than δ where none was), `inconclusive`,
-/// `untested`.
+/// A prediction set against the verdict: `reproduced` (the predicted direction, significant after Holm —
+/// and beyond δ where the prediction says so; "in direction only" when the whole difference lies within ±δ,
+/// or, for a prediction beyond δ, when the difference is shown but not its size), `consistent` (equivalent
+/// within ±δ, or a difference within ±δ, where no effect was predicted), `not reproduced` (equivalent within
+/// ±δ where an effect was predicted, the opposite direction, or an effect larger than δ where none was),
+/// `inconclusive`, `incomplete` (the design's second stage unfinished), `untested`.
 pub fn prediction_outcome(expect: Expect, verdict: Verdict) -> &'static str {
     use Verdict::*;
+    let (better, worse) = (matches!(verdict, Better { .. }), matches!(verdict, Worse { .. }));
     match (expect, verdict) {
         (_, Inconclusive { .. }) => "inconclusive",
+        (_, Incomplete { .. }) => "incomplete (the plan's second stage has not run)",
         (_, Untested) => "untested",
-        (Expect::Better, Better { negligible: false }) | (Expect::Worse, Worse { negligible: false }) => "reproduced",
-        (Expect::Better, Better { negligible: true }) | (Expect::Worse, Worse { negligible: true }) => {
+        (Expect::BetterBeyondDelta, Better { beyond: true, .. })
+        | (Expect::WorseBeyondDelta, Worse { beyond: true, .. }) => "reproduced",
+        (Expect::BetterBeyondDelta, Better { .. }) | (Expect::WorseBeyondDelta, Worse { .. }) => {
+            "reproduced in direction only (a difference larger than δ is not shown)"
+        }
+        (Expect::Better, Better { negligible: false, .. }) | (Expect::Worse, Worse { negligible: false, .. }) => {
+            "reproduced"
+        }
+        (Expect::Better, Better { negligible: true, .. }) | (Expect::Worse, Worse { negligible: true, .. }) => {
             "reproduced in direction only (the whole difference is within ±δ)"
         }
-        (Expect::Better | Expect::Worse, Equivalent) => "not reproduced (equivalent within ±δ)",
-        (Expect::Better, Worse { .. }) | (Expect::Worse, Better { .. }) => "not reproduced (the opposite direction)",
+        (Expect::Better | Expect::Worse | Expect::BetterBeyondDelta | Expect::WorseBeyondDelta, Equivalent) => {
+            "not reproduced (equivalent within ±δ)"
+        }
+        (Expect::Better | Expect::BetterBeyondDelta, _) if worse => "not reproduced (the opposite direction)",
+        (Expect::Worse | Expect::WorseBeyondDelta, _) if better => "not reproduced (the opposite direction)",
         (Expect::Equivalent, Equivalent) => "consistent",
-        (Expect::Equivalent, Better { negligible: true } | Worse { negligible: true }) => {
+        (Expect::Equivalent, Better { negligible: true, .. } | Worse { negligible: true, .. }) => {
             "consistent (a difference, within ±δ)"
         }
-        (Expect::Equivalent, Better { negligible: false } | Worse { negligible: false }) => {
-            "not reproduced (an effect beyond ±δ)"
-        }
+        (Expect::Equivalent, _) => "not reproduced (an effect beyond ±δ)",
+        _ => unreachable!("every verdict is matched above"),
     }
 }
 
@@ -153,6 +175,8 @@ pub fn expect_word(expect: Expect) -> &'static str {
     match expect {
         Expect::Better => "better",
         Expect::Worse => "worse",
+        Expect::BetterBeyondDelta => "better by more than δ",
+        Expect::WorseBeyondDelta => "worse by more than δ",
         Expect::Equivalent => "equivalent",
     }
 }
@@ -187,24 +211,87 @@ pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[P
     out
 }
 
-fn render(j: &Judgements, command: &str) -> String {
+/// What a row is in the block: the primary metric's verdict, a secondary quality metric's, the machine's
+/// cost, or a diagnostic.
+fn role(row: &JudgedRow) -> &'static str {
+    if row.primary {
+        "primary"
+    } else if is_quality(row) {
+        "secondary"
+    } else if row.metric.diagnostic {
+        "diagnostic"
+    } else {
+        "cost"
+    }
+}
+
+/// The rows in the block's order: the primary metric's first, then secondary, diagnostics and cost, each in
+/// the order of the comparisons.
+fn ordered(rows: &[JudgedRow]) -> Vec<&JudgedRow> {
+    let rank = |r: &JudgedRow| ["primary", "secondary", "diagnostic", "cost"].iter().position(|x| *x == role(r));
+    let mut out: Vec<&JudgedRow> = rows.iter().collect();
+    out.sort_by_key(|r| rank(r));
+    out
+}
+
+/// The block's sentence on the settling plan: as the recipe states it, and whether it is the one recorded
+/// when the results' pilot started.
+pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
+    let Some(compare) = &recipe.compare else { return String::new() };
+    let plan = compare.plan(recipe.seeds.len());
+    let mut shown = plan.clone();
+    if let (None, Some(p)) = (&compare.primary, primary) {
+        shown.primary = format!("{p} (the kind's default)");
+    }
+    let pilot = recipe.seeds.len();
+    let design = if compare.two_stage(pilot) {
+        format!(
+            "a pilot of {pilot} seeds per arm, then a second stage of at least {} added seeds (up to {} in all) \
+             sized on the pilot's spread; two stages are judged by the inverse-normal combination of each stage's \
+             paired t-test (docs/results.md, \"The two-stage design\"), a comparison whose second stage has not \
+             run is *incomplete*",
+            crate::design::SECOND_STAGE_MIN,
+            plan.max_seeds
+        )
+    } else {
+        format!("a fixed design of the recipe's {pilot} seeds per arm, judged by the paired t-test")
+    };
+    let when = match super::results::recorded(dir).pilot_plan {
+        Some(p) if p == plan => "fixed before the pilot (recorded in `recipe.resolved.yaml` when it started)".to_string(),
+        Some(p) => format!("**set after the pilot**, which started under: {}", p.describe()),
+        None => "**set after the pilot** (its runs predate recorded plans)".to_string(),
+    };
+    format!("**Plan**: {}; {design}; {when}.\n\n", shown.describe())
+}
+
+fn render(j: &Judgements, command: &str, plan: &str) -> String {
     let mut out = format!("{BEGIN}{command}`; do not edit by hand -->\n");
     out.push_str(&format!(
         "**Verdicts** ({}; every headline metric's comparisons are one family, Holm-adjusted at α = {ALPHA}): \
-         *better*/*worse* where the paired t-test holds, *equivalent* where the equivalence test (TOST) at ±δ \
-         holds, else *inconclusive* with the seeds (per arm) that would give both tests power 0.8 at δ. \
-         δ: the recipe's `compare.delta`, else the metric's default (docs/results.md).\n\n",
+         *better*/*worse* where the difference test holds (*by more than δ* where the 95% interval also lies \
+         beyond δ), *equivalent* where the equivalence test (TOST) at ±δ holds, else *inconclusive* with the \
+         seeds (per arm) a fixed design would need for power 0.8 in both tests at δ. The primary metric's \
+         verdicts answer the recipe's question; the rest are *secondary*, and throughput, utilisation and \
+         diagnostics are not verdicts of model quality. δ: the recipe's `compare.delta`, else the metric's \
+         default (docs/results.md).\n\n",
         j.pairing
     ));
-    out.push_str(&format!("{}.\n\n", count_line(&j.rows)));
+    out.push_str(plan);
+    out.push_str(&format!("Primary: {}.\n", count_line(counts(&j.rows), "the primary metric")));
+    let secondary = secondary_counts(&j.rows);
+    if secondary.iter().sum::<usize>() > 0 {
+        out.push_str(&format!("Secondary: {}.\n", count_line(secondary, "other quality metrics")));
+    }
+    out.push('\n');
     match &j.second {
         None => {
-            out.push_str("| comparison | metric | difference [95% CI] | δ | verdict |\n|---|---|---|---|---|\n");
-            for r in &j.rows {
+            out.push_str("| comparison | metric | role | difference [95% CI] | δ | verdict |\n|---|---|---|---|---|---|\n");
+            for r in ordered(&j.rows) {
                 out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {} |\n",
                     r.comparison,
                     r.metric.axis(),
+                    role(r),
                     difference(r),
                     r.judged.delta_text,
                     verdict(r)
@@ -212,11 +299,14 @@ fn render(j: &Judgements, command: &str) -> String {
             }
         }
         Some((settings, second)) => {
-            out.push_str(&format!("At the second scale ({settings}): {}.\n\n", count_line(second)));
+            out.push_str(&format!(
+                "At the second scale ({settings}): primary: {}.\n\n",
+                count_line(counts(second), "the primary metric")
+            ));
             out.push_str(
-                "| comparison | metric | this scale | second scale | across scales |\n|---|---|---|---|---|\n",
+                "| comparison | metric | role | this scale | second scale | across scales |\n|---|---|---|---|---|---|\n",
             );
-            for r in &j.rows {
+            for r in ordered(&j.rows) {
                 let there = second.iter().find(|s| s.comparison == r.comparison && s.metric.column == r.metric.column);
                 let (cell, across) = match there {
                     Some(s) => (
@@ -226,9 +316,10 @@ fn render(j: &Judgements, command: &str) -> String {
                     None => ("–".into(), "–".into()),
                 };
                 out.push_str(&format!(
-                    "| {} | {} | {}: {} | {} | {} |\n",
+                    "| {} | {} | {} | {}: {} | {} | {} |\n",
                     r.comparison,
                     r.metric.axis(),
+                    role(r),
                     difference(r),
                     verdict(r),
                     cell,
@@ -281,17 +372,24 @@ mod tests {
 
     #[test]
     fn a_prediction_is_reproduced_only_by_a_decided_verdict_in_its_direction() {
-        let better = Verdict::Better { negligible: false };
+        let better = Verdict::Better { negligible: false, beyond: false };
         assert_eq!(prediction_outcome(Expect::Better, better), "reproduced");
         assert_eq!(prediction_outcome(Expect::Worse, better), "not reproduced (the opposite direction)");
         assert_eq!(prediction_outcome(Expect::Better, Verdict::Equivalent), "not reproduced (equivalent within ±δ)");
         assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Equivalent), "consistent");
         assert_eq!(prediction_outcome(Expect::Equivalent, better), "not reproduced (an effect beyond ±δ)");
         assert_eq!(
-            prediction_outcome(Expect::Equivalent, Verdict::Worse { negligible: true }),
+            prediction_outcome(Expect::Equivalent, Verdict::Worse { negligible: true, beyond: false }),
             "consistent (a difference, within ±δ)"
         );
-        assert!(prediction_outcome(Expect::Worse, Verdict::Worse { negligible: true }).starts_with("reproduced in"));
+        assert!(prediction_outcome(Expect::Worse, Verdict::Worse { negligible: true, beyond: false })
+            .starts_with("reproduced in"));
+        let far = Verdict::Worse { negligible: false, beyond: true };
+        assert_eq!(prediction_outcome(Expect::WorseBeyondDelta, far), "reproduced");
+        assert!(prediction_outcome(Expect::WorseBeyondDelta, Verdict::Worse { negligible: false, beyond: false })
+            .starts_with("reproduced in direction only"));
+        assert_eq!(prediction_outcome(Expect::BetterBeyondDelta, far), "not reproduced (the opposite direction)");
+        assert!(prediction_outcome(Expect::Worse, Verdict::Incomplete { added: 0 }).starts_with("incomplete"));
         assert_eq!(prediction_outcome(Expect::Better, Verdict::Inconclusive { seeds: Some(9) }), "inconclusive");
         assert_eq!(prediction_outcome(Expect::Equivalent, Verdict::Untested), "untested");
     }

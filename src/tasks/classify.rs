@@ -162,7 +162,8 @@ impl Task for Classification {
                 "largest patch-token norm / median, last layer",
                 "",
                 false,
-            ));
+            )
+            .diagnostic());
         }
         if cfg.vision().pretrain_steps > 0 {
             m.push(Metric::column(
