@@ -132,8 +132,7 @@ impl Stages {
                 // upper_p rises with the shift: the lower end is where it crosses level, the upper end where
                 // lower_p (falling with the shift) does.
                 let lo = solve_increasing(|s| self.upper_p(s) - level, e.mean, e.std.max(e.mean.abs()).max(1e-12))?;
-                let hi =
-                    solve_increasing(|s| level - self.lower_p(s), e.mean, e.std.max(e.mean.abs()).max(1e-12))?;
+                let hi = solve_increasing(|s| level - self.lower_p(s), e.mean, e.std.max(e.mean.abs()).max(1e-12))?;
                 Some((lo, hi))
             }
         }
@@ -293,7 +292,11 @@ pub fn adjust(family: &[Evidence]) -> FamilyTests {
 /// The verdicts of one family (one metric at one scale): the evidence Holm-adjusted per hypothesis and
 /// decided by [`Verdict::decide`]; `seeds` is what an inconclusive comparison is told would settle it. A
 /// comparison whose second stage is incomplete is left out of the family and called so.
-pub fn judge_family(evidence: &[Evidence], higher_is_better: bool, seeds: &[Option<usize>]) -> (FamilyTests, Vec<Verdict>) {
+pub fn judge_family(
+    evidence: &[Evidence],
+    higher_is_better: bool,
+    seeds: &[Option<usize>],
+) -> (FamilyTests, Vec<Verdict>) {
     let tests = adjust(evidence);
     let verdicts = evidence
         .iter()

@@ -97,7 +97,7 @@ fn replicate(cell: &Cell, planner: &Planner, rule: Rule, truth: &dyn Fn(usize) -
     let baseline = targets.iter().copied().max().unwrap_or(cell.pilot);
     Claims {
         any_difference: verdicts.iter().any(|v| matches!(v, Verdict::Better { .. } | Verdict::Worse { .. })),
-        any_equivalent: verdicts.iter().any(|v| *v == Verdict::Equivalent),
+        any_equivalent: verdicts.contains(&Verdict::Equivalent),
         any_beyond: verdicts
             .iter()
             .any(|v| matches!(v, Verdict::Better { beyond: true, .. } | Verdict::Worse { beyond: true, .. })),
@@ -153,7 +153,11 @@ fn all_rates(rule: Rule, cells: &[Cell]) -> Vec<[f64; 5]> {
             .enumerate()
             .map(|(c, chunk)| {
                 scope.spawn(move || {
-                    chunk.iter().enumerate().map(|(i, cell)| rates(cell, rule, 1 + (c * half + i) as u64)).collect::<Vec<_>>()
+                    chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(i, cell)| rates(cell, rule, 1 + (c * half + i) as u64))
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();

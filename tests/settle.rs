@@ -1,6 +1,7 @@
-//! `--until-settled`: the seeds added to an inconclusive comparison come from the pilot's spread and δ
-//! alone (the same for any observed difference), land on both arms of the comparison up to the cap, and a
-//! second call trains nothing more; what the flag cannot do is refused before training with one line.
+//! `--until-settled`: the second stage's seeds come from the pilot's spread, δ and the plan alone (the same
+//! for any observed difference, and for a pilot that looks decided), land on both arms of every comparison
+//! (at least two, up to the cap), and a second call trains nothing more; what the flag cannot do is refused
+//! before anything is allocated or trained, with one line.
 mod common;
 
 use ablate::recipe::parse;
@@ -45,13 +46,21 @@ fn the_seeds_added_read_the_spread_and_delta_never_the_difference() {
     assert_eq!(a, b, "the observed difference moved the plan");
     let n = a["heads=1"];
     assert_eq!(a["heads=2"], n, "both arms of the comparison");
-    // The rule's number for sd 0.01 and δ 0.01 at the family's level (one comparison: α = 0.05).
-    assert_eq!(Some(n), ablate::stats::seeds_to_settle(0.01, 0.01, 0.05));
-    // A wider spread asks for more; the cap holds.
+    // The plan's number for sd 0.01 and δ 0.01 at the family's level (one comparison: α = 0.05).
+    assert_eq!(n, ablate::design::Planner::new(3, 50, 0.05).target(0.01, 0.01));
+    // A pilot that already looks decided (a large difference, the same spread) gets the same second stage:
+    // no gate on the pilot's verdict.
+    let decided = dir.join("decided");
+    write_pilot(&decided, base, [-0.509, -0.499, -0.489]);
+    assert_eq!(targets(&decided), a, "a decided-looking pilot stopped early");
+    // A wider spread asks for more; the cap holds; a tiny one still gets two added seeds.
     let wide = dir.join("wide");
     write_pilot(&wide, base, [-0.018, 0.002, 0.022]);
     assert!(targets(&wide)["heads=1"] > n);
     assert_eq!(ablate::run::settle::targets(&wide, &recipe, 5).unwrap()["heads=1"], 5);
+    let tight = dir.join("tight");
+    write_pilot(&tight, base, [0.0001, 0.0002, 0.0003]);
+    assert_eq!(targets(&tight)["heads=1"], 5);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -64,21 +73,28 @@ fn ablate(args: &[&str]) -> (bool, String) {
 fn until_settled_adds_seeds_to_both_arms_up_to_the_cap_and_a_second_call_trains_nothing() {
     let dir = scratch("settle-run");
     let path = dir.join("settle.yaml");
-    // δ tiny: any spread asks for more seeds than the cap of 4.
+    // δ tiny: any spread asks for more seeds than the cap of 5.
     std::fs::write(&path, recipe_text(&dir, 1e-6)).unwrap();
     let out = dir.join("out");
     let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
-    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--quiet", "--until-settled", "--max-seeds", "4"]);
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--quiet", "--until-settled", "--max-seeds", "5"]);
     assert!(ok, "{err}");
     let rows = read_runs(&out.join("runs.csv")).unwrap();
     for label in ["heads=1", "heads=2"] {
         let mut seeds: Vec<u64> =
             rows.iter().filter(|r| r["label"] == label).map(|r| r["seed"].parse().unwrap()).collect();
         seeds.sort();
-        assert_eq!(seeds, [0, 1, 2, 3], "{label}");
+        assert_eq!(seeds, [0, 1, 2, 3, 4], "{label}");
     }
+    // The plan is recorded as the pilot's (this directory was fresh), and the block says so.
+    let recipe = ablate::recipe::load(&path, false).unwrap();
+    let mut planned = recipe.clone();
+    planned.compare.as_mut().unwrap().max_seeds = Some(5);
+    let block = ablate::run::verdicts::block(&out, &planned, None, "test").unwrap();
+    assert!(block.contains("at most 5 seeds per arm") && block.contains("fixed before the pilot"), "{block}");
+    assert!(block.contains("inverse-normal combination"), "{block}");
     let before = std::fs::read_to_string(out.join("runs.csv")).unwrap();
-    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "4"]);
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "5"]);
     assert!(ok, "{err}");
     assert_eq!(std::fs::read_to_string(out.join("runs.csv")).unwrap(), before, "nothing retrained");
     let _ = std::fs::remove_dir_all(&dir);
@@ -92,11 +108,29 @@ fn what_until_settled_cannot_do_is_refused_before_training_with_one_line() {
     std::fs::write(&path, &text).unwrap();
     let out = dir.join("out");
     let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
-    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "2"]);
-    assert!(
-        !ok && err.trim().lines().count() == 1 && err.contains("--max-seeds 2 is below the recipe's own 3 seeds"),
-        "{err}"
-    );
+    for cap in ["2", "4", "99999999999"] {
+        let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", cap]);
+        assert!(
+            !ok && err.trim().lines().count() == 1
+                && err.contains(&format!("a cap of {cap} seeds per arm is no second stage")),
+            "{cap}: {err}"
+        );
+    }
+    let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("add `compare.max_seeds: N`"), "{err}");
+    let planned = dir.join("planned.yaml");
+    std::fs::write(&planned, text.replace("compare:\n", "compare:\n  max_seeds: 6\n")).unwrap();
+    let (ok, err) =
+        ablate(&[planned.to_str().unwrap(), "--out", o, "--device", "cpu", "--until-settled", "--max-seeds", "5"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("differs from the recipe's plan"), "{err}");
+    let too_few = dir.join("few.yaml");
+    std::fs::write(&too_few, text.replace("compare:\n", "compare:\n  max_seeds: 4\n")).unwrap();
+    let (ok, err) = ablate(&[too_few.to_str().unwrap(), "--out", o, "--device", "cpu"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("compare.max_seeds: 4 seeds per arm"), "{err}");
+    let primary = dir.join("primary.yaml");
+    std::fs::write(&primary, text.replace("compare:\n", "compare:\n  primary: tokens_per_s\n")).unwrap();
+    let (ok, err) = ablate(&[primary.to_str().unwrap(), "--out", o, "--device", "cpu"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("compare.primary: `tokens_per_s`"), "{err}");
     let no_compare = dir.join("plain.yaml");
     std::fs::write(&no_compare, &text[..text.find("compare:").unwrap()]).unwrap();
     let (ok, err) = ablate(&[no_compare.to_str().unwrap(), "--out", o, "--device", "cpu", "--until-settled"]);
@@ -219,7 +253,7 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
     let path = dir.join("settle.yaml");
     std::fs::write(&path, recipe_text(&dir, 1e-6)).unwrap();
     let p = path.to_str().unwrap();
-    let settle = ["--device", "cpu", "--quiet", "--threads", "1", "--until-settled", "--max-seeds", "4"];
+    let settle = ["--device", "cpu", "--quiet", "--threads", "1", "--until-settled", "--max-seeds", "5"];
     let run = |out: &Path, extra: &[&str]| {
         let mut args = vec![p, "--out", out.to_str().unwrap()];
         args.extend(settle);
@@ -229,7 +263,7 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
     let (local, pool, shards) = (dir.join("local"), dir.join("pool"), dir.join("shards"));
     let (ok, err) = run(&local, &[]);
     assert!(ok, "{err}");
-    assert_eq!(untimed(&local).len(), 8, "both arms raised to the cap of 4 seeds");
+    assert_eq!(untimed(&local).len(), 10, "both arms raised to the cap of 5 seeds");
     let (ok, err) = run(&pool, &["--workers", "2"]);
     assert!(ok, "{err}");
     assert_same_rows(&pool, &local, "the worker pool");
@@ -246,14 +280,14 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
             let (ok, err) = run(&shards, &["--shard", shard, "--settle-phase", phase]);
             assert!(ok, "{phase} {shard}: {err}");
         }
-        let (ok, err) = merge(&["--until-settled", "--max-seeds", "4"]);
+        let (ok, err) = merge(&["--until-settled", "--max-seeds", "5"]);
         assert!(ok, "{phase}: {err}");
     }
     assert_same_rows(&shards, &local, "the shards merged by hand");
     // A plain merge would drop the added seeds: refused, naming the flags.
     let (ok, err) = merge(&[]);
-    assert!(!ok && err.trim().lines().count() == 1 && err.contains("--until-settled --max-seeds 4"), "{err}");
-    assert_eq!(untimed(&shards).len(), 8);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("--until-settled --max-seeds 5"), "{err}");
+    assert_eq!(untimed(&shards).len(), 10);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -268,11 +302,12 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
     write_pilot(&csvs.join("scale_check"), [2.0, 2.1, 1.9], [-0.009, 0.001, 0.011]);
     let main = ablate::run::settle::targets(&csvs, &recipe, 50).unwrap();
     let second = ablate::run::settle::second_scale_targets(&csvs, &recipe, 50).unwrap();
-    assert_eq!(second["heads=1"], ablate::stats::seeds_to_settle(0.01, 0.01, 0.05).unwrap());
+    assert_eq!(second["heads=1"], ablate::design::Planner::new(3, 50, 0.05).target(0.01, 0.01));
     assert!(main["heads=1"] > second["heads=1"], "{main:?} {second:?}");
     assert!(ablate::run::settle::second_scale_targets(&dir.join("nothing"), &recipe, 50).unwrap().is_empty());
 
-    // A δ so wide that three seeds settle every comparison: neither scale trains a seed beyond the recipe's.
+    // A δ so wide that three seeds settle every comparison: each scale still gets the two added seeds its
+    // second stage is tested on, and no more.
     let path = dir.join("settle.yaml");
     std::fs::write(&path, text(10.0).replace("test_accuracy: 0.5", "test_accuracy: 10.0")).unwrap();
     let out = dir.join("wide");
@@ -285,7 +320,7 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
             "cpu",
             "--until-settled",
             "--max-seeds",
-            "4",
+            "6",
         ]
         .map(String::from)
     };
@@ -297,16 +332,19 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
         s.dedup();
         s
     };
-    assert_eq!(seeds(&out.join("runs.csv")), [0, 1, 2], "{err}");
-    assert_eq!(seeds(&out.join("scale_check/runs.csv")), [0, 1, 2], "{err}");
-    // δ tiny: both scales raised to the cap.
+    assert_eq!(seeds(&out.join("runs.csv")), [0, 1, 2, 3, 4], "{err}");
+    assert_eq!(seeds(&out.join("scale_check/runs.csv")), [0, 1, 2, 3, 4], "{err}");
+    // δ tiny: both scales raised above the floor, up to the cap (a spread of exactly 0, as when the two arms
+    // train identically at this size, plans the floor: nothing to plan from).
     std::fs::write(&path, text(1e-6)).unwrap();
     let out = dir.join("tiny");
     let (ok, err) = ablate(&args(&out).iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "{err}");
-    assert_eq!(seeds(&out.join("runs.csv")), [0, 1, 2, 3], "{err}");
-    assert_eq!(seeds(&out.join("scale_check/runs.csv")), [0, 1, 2, 3], "{err}");
-    assert!(err.contains("(second scale): 4 seeds"), "{err}");
+    for csv in [out.join("runs.csv"), out.join("scale_check/runs.csv")] {
+        let s = seeds(&csv);
+        assert!(s.len() >= 5 && s.len() <= 6 && s[..5] == [0, 1, 2, 3, 4], "{s:?} {err}");
+    }
+    assert!(err.contains("(second scale): "), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::results::{read_runs, variants_of};
+use crate::design::{judge_family, Analysis, Evidence, Stages};
 use crate::metrics::Metric;
 use crate::recipe::compare::{default_delta, Comparison, Delta};
 use crate::recipe::Recipe;
-use crate::design::{judge_family, Analysis, Evidence, Stages};
 use crate::stats::{
     across_scales, format_p, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, Estimate, Paired,
     Verdict, ALPHA, CONFIDENCE, POWER,
@@ -249,8 +249,10 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
     let variants = variants_of(runs);
     let pairs = reference.pairs(variants.len());
     let primary = primary_column(recipe, metrics);
-    let families: Vec<Vec<Judged>> =
-        metrics.iter().map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe))).collect();
+    let families: Vec<Vec<Judged>> = metrics
+        .iter()
+        .map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe)))
+        .collect();
     let mut rows = Vec::new();
     for (k, &(v, against)) in pairs.iter().enumerate() {
         for (j, m) in metrics.iter().enumerate() {
@@ -266,10 +268,13 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
     rows
 }
 
+/// A comparison's arms (variant, reference), the standard deviation of its paired differences and its δ.
+pub type Spread = ((String, String), f64, f64);
+
 /// The paired spread of every comparison of the primary metric in `runs` (a pilot's rows): each
 /// comparison's arms, the sample standard deviation of its paired differences (NaN below two pairs) and its
 /// δ in the metric's unit; `None` when the recipe names no comparison or no primary metric has a column.
-pub fn paired_spreads(recipe: &Recipe, runs: &[Row]) -> Result<Option<Vec<((String, String), f64, f64)>>> {
+pub fn paired_spreads(recipe: &Recipe, runs: &[Row]) -> Result<Option<Vec<Spread>>> {
     let metrics = headline_metrics(recipe, runs);
     let Some(primary) = primary_column(recipe, &metrics) else { return Ok(None) };
     let Some(metric) = metrics.iter().find(|m| m.column_name() == Some(primary.as_str())) else { return Ok(None) };
@@ -1028,10 +1033,15 @@ mod tests {
     #[test]
     fn paired_comparisons_report_raw_and_holm_adjusted_p_and_call_only_adjusted_wins() {
         let (runs, variants, metric) = four_variants();
-        let table =
-            paired_table(&runs, &variants, &Reference::Baseline(0), &[metric], &[Delta::Absolute(0.01)], &StagePlan::default(), |_, m| {
-                m.clone()
-            });
+        let table = paired_table(
+            &runs,
+            &variants,
+            &Reference::Baseline(0),
+            &[metric],
+            &[Delta::Absolute(0.01)],
+            &StagePlan::default(),
+            |_, m| m.clone(),
+        );
         assert_eq!(table.header[4..6], ["p".to_string(), "p (Holm)".to_string()]);
         let raw: Vec<f64> = table.rows.iter().map(|r| r[4].parse().unwrap()).collect();
         let adjusted: Vec<f64> = table.rows.iter().map(|r| r[5].parse().unwrap()).collect();
@@ -1056,8 +1066,15 @@ mod tests {
         // Each variant meets the one before it: small − base, clear − small, noise − clear, Holm over those
         // three. clear − small is −0.07, −0.095, −0.065 (mean −0.0767, sd 0.0161: t = −8.25, two
         // degrees of freedom, p = 0.0144 by p = 1 − |t|/√(t² + 2)).
-        let ladder =
-            paired_table(&runs, &variants, &Reference::Ladder, &[metric], &[Delta::Absolute(0.01)], &StagePlan::default(), |_, m| m.clone());
+        let ladder = paired_table(
+            &runs,
+            &variants,
+            &Reference::Ladder,
+            &[metric],
+            &[Delta::Absolute(0.01)],
+            &StagePlan::default(),
+            |_, m| m.clone(),
+        );
         let labels: Vec<&str> = ladder.rows.iter().map(|r| r[0].as_str()).collect();
         assert_eq!(labels, ["small vs base", "clear vs small", "noise vs clear"]);
         assert!(ladder.rows[1][3].starts_with("-0.0767"), "{:?}", ladder.rows[1]);

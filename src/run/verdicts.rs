@@ -257,7 +257,9 @@ pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
         format!("a fixed design of the recipe's {pilot} seeds per arm, judged by the paired t-test")
     };
     let when = match super::results::recorded(dir).pilot_plan {
-        Some(p) if p == plan => "fixed before the pilot (recorded in `recipe.resolved.yaml` when it started)".to_string(),
+        Some(p) if p == plan => {
+            "fixed before the pilot (recorded in `recipe.resolved.yaml` when it started)".to_string()
+        }
         Some(p) => format!("**set after the pilot**, which started under: {}", p.describe()),
         None => "**set after the pilot** (its runs predate recorded plans)".to_string(),
     };
@@ -285,7 +287,9 @@ fn render(j: &Judgements, command: &str, plan: &str) -> String {
     out.push('\n');
     match &j.second {
         None => {
-            out.push_str("| comparison | metric | role | difference [95% CI] | δ | verdict |\n|---|---|---|---|---|---|\n");
+            out.push_str(
+                "| comparison | metric | role | difference [95% CI] | δ | verdict |\n|---|---|---|---|---|---|\n",
+            );
             for r in ordered(&j.rows) {
                 out.push_str(&format!(
                     "| {} | {} | {} | {} | {} | {} |\n",

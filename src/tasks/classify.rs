@@ -156,14 +156,16 @@ impl Task for Classification {
             m.extend(metrics::attention_probes());
         }
         if cfg.kind == Kind::Vit {
-            m.push(Metric::both(
-                "test_token_norm_ratio",
-                "val/token_norm_ratio",
-                "largest patch-token norm / median, last layer",
-                "",
-                false,
-            )
-            .diagnostic());
+            m.push(
+                Metric::both(
+                    "test_token_norm_ratio",
+                    "val/token_norm_ratio",
+                    "largest patch-token norm / median, last layer",
+                    "",
+                    false,
+                )
+                .diagnostic(),
+            );
         }
         if cfg.vision().pretrain_steps > 0 {
             m.push(Metric::column(
