@@ -407,7 +407,9 @@ impl Verdict {
             Verdict::Better { negligible: true, .. } => format!("better, by less than ±{delta}"),
             Verdict::Worse { negligible: true, .. } => format!("worse, by less than ±{delta}"),
             Verdict::Equivalent => format!("equivalent (±{delta})"),
-            Verdict::Inconclusive { seeds: Some(n) } => format!("inconclusive (about {n} seeds would settle it)"),
+            Verdict::Inconclusive { seeds: Some(n) } => {
+                format!("inconclusive (a fixed design of about {n} seeds would settle it)")
+            }
             Verdict::Inconclusive { seeds: None } => {
                 format!("inconclusive (more than {MOST_SEEDS} seeds would be needed)")
             }

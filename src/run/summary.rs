@@ -751,10 +751,12 @@ fn paired_table(
         ),
     };
     let note = format!(
-        "{what}; mean difference [{confidence:.0}% CI]; the two-sided paired t-test's p, raw and \
-         Holm–Bonferroni-adjusted over the family of the {others} comparison(s) of that metric {family}; the \
-         equivalence test's p (TOST at ±δ, Holm-adjusted over the same family). Verdict: better or worse where \
-         the adjusted t-test p is below {ALPHA}; equivalent where the adjusted TOST p is (no difference larger than \
+        "{what}; mean difference [{confidence:.0}% CI of the design: the paired t interval over the recipe's seeds, \
+         or the two-stage combination test's where seeds were added]; the difference test's two-sided p (the \
+         paired t-test, or the two-stage combination test), raw and Holm–Bonferroni-adjusted over the family of \
+         the {others} comparison(s) of that metric {family}; the equivalence test's p (TOST at ±δ, \
+         Holm-adjusted over the same family). Verdict: better or worse where the adjusted difference p is below \
+         {ALPHA} (by more than δ where the interval lies beyond it); equivalent where the adjusted TOST p is (no difference larger than \
          δ either way); otherwise inconclusive, with the seeds that would give power {POWER} to both tests at δ \
          (from the paired spread and δ only, at the family's level α/m). δ per metric: the recipe's \
          `compare.delta`, else its kind's default. Fewer than two shared seeds: no test."
