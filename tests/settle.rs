@@ -175,6 +175,20 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     assert!(row("test_accuracy").ends_with("| consistent |"), "{block}");
     assert!(!block.contains("post hoc"), "{block}");
     assert!(block.trim_end().ends_with(ablate::run::verdicts::END), "{block}");
+    // These rows predate the recorded plan: the block says the plan was set after the pilot. A plan recorded
+    // when a fresh directory's pilot started, then changed in the recipe, is named as the pilot's.
+    assert!(block.contains("**set after the pilot** (its runs predate recorded plans)"), "{block}");
+    let fresh = dir.join("fresh");
+    std::fs::create_dir_all(&fresh).unwrap();
+    ablate::run::results::write_resolved(&recipe, &fresh.join("recipe.resolved.yaml")).unwrap();
+    write_pilot(&fresh, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
+    let same = ablate::run::verdicts::block(&fresh, &recipe, None, "test").unwrap();
+    assert!(same.contains("fixed before the pilot"), "{same}");
+    let mut replanned = recipe.clone();
+    replanned.compare.as_mut().unwrap().max_seeds = Some(7);
+    let after = ablate::run::verdicts::block(&fresh, &replanned, None, "test").unwrap();
+    assert!(after.contains("**set after the pilot**, which started under: at most 3 seeds per arm"), "{after}");
+    assert!(after.contains("incomplete"), "a planned second stage that has not run decides nothing: {after}");
     // The same results judged against a prediction changed afterwards: its outcome is marked post hoc.
     let edited = with("worse");
     let block = ablate::run::verdicts::block(&out, &edited, None, "test").unwrap();

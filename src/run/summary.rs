@@ -552,10 +552,16 @@ impl Judged {
     /// `−0.0123 [−0.02, −0.005]: better` for a scale's cell.
     fn cell(&self, m: &Metric) -> String {
         match &self.paired {
-            Some(p) => {
-                format!("{}: {}", format_difference(&p.difference, m.digits), self.verdict.describe(&self.delta_text))
-            }
+            Some(p) => format!("{}: {}", self.difference(p, m.digits), self.verdict.describe(&self.delta_text)),
             None => self.verdict.describe(&self.delta_text),
+        }
+    }
+
+    /// The mean difference with the design's interval (the paired t interval, or the two-stage one).
+    fn difference(&self, p: &Paired, digits: usize) -> String {
+        match self.interval {
+            Some((lo, hi)) => format!("{:+.digits$} [{lo:+.digits$}, {hi:+.digits$}]", p.difference.mean),
+            None => format_difference(&p.difference, digits),
         }
     }
 }
@@ -833,10 +839,7 @@ fn paired_row(label: &str, m: &Metric, j: &Judged) -> Vec<String> {
         label.to_string(),
         m.axis(),
         p.seeds.len().to_string(),
-        match j.interval {
-            Some((lo, hi)) => format!("{:+.digits$} [{lo:+.digits$}, {hi:+.digits$}]", p.difference.mean),
-            None => format_difference(&p.difference, digits),
-        },
+        j.difference(p, digits),
         format_p(j.p_raw),
         format_p(j.p_holm),
         j.delta_text.clone(),
