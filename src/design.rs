@@ -328,17 +328,20 @@ pub fn judge_family(
 pub struct Planner {
     pilot: usize,
     cap: usize,
+    alpha: f64,
     /// `thresholds[n]`: the smallest δ/sd at which n pairs suffice (NaN below two).
     thresholds: Vec<f64>,
 }
 
 impl Planner {
     /// The plan for a pilot of `pilot` seeds, a family tested at `alpha` (α/m), and at most `cap` seeds.
+    /// The thresholds are tabled up to [`TABLED_SEEDS`] (what a simulation calls thousands of times); beyond,
+    /// [`Planner::needed`] searches as `seeds_to_settle` does.
     pub fn new(pilot: usize, cap: usize, alpha: f64) -> Planner {
         let enough = |effect: f64, n: usize| {
             paired_t_power_at(effect, n, alpha) >= POWER && tost_power_lower_bound(effect, n, alpha) >= POWER
         };
-        let thresholds = (0..=cap)
+        let thresholds = (0..=cap.min(TABLED_SEEDS))
             .map(|n| {
                 if n < 2 {
                     return f64::NAN;
@@ -362,7 +365,7 @@ impl Planner {
                 hi
             })
             .collect();
-        Planner { pilot, cap, thresholds }
+        Planner { pilot, cap, alpha, thresholds }
     }
 
     /// The seeds the comparison should end with: at least pilot + [`SECOND_STAGE_MIN`], at most the cap.
@@ -382,9 +385,17 @@ impl Planner {
             return self.cap;
         }
         let effect = delta / sd;
-        (2..=self.cap).find(|&n| effect >= self.thresholds[n]).unwrap_or(self.cap)
+        let tabled = self.thresholds.len() - 1;
+        match (2..=tabled).find(|&n| effect >= self.thresholds[n]) {
+            Some(n) => n,
+            None if self.cap <= tabled => self.cap,
+            None => crate::stats::seeds_to_settle(sd, delta, self.alpha).map_or(self.cap, |n| n.min(self.cap)),
+        }
     }
 }
+
+/// The seeds up to which a [`Planner`] tables its thresholds.
+pub const TABLED_SEEDS: usize = 40;
 
 /// The most seeds a plan may name per arm: the verdicts' own limit.
 pub const MOST_PLANNED_SEEDS: usize = MOST_SEEDS;
@@ -462,5 +473,11 @@ mod tests {
         assert_eq!(p.target(f64::NAN, 0.01), 10);
         assert_eq!(p.target(0.02, 0.02), p.target(0.01, 0.01), "only the ratio matters");
         assert!(Planner::new(3, 30, ALPHA / 4.0).target(0.01, 0.01) > p.target(0.01, 0.01));
+        // Beyond the table the rule's own search answers, and quickly: a cap of 10,000 costs no table.
+        let wide = Planner::new(3, 10_000, ALPHA);
+        for sd in [0.01, 0.05, 0.2] {
+            let rule = crate::stats::seeds_to_settle(sd, 0.01, ALPHA).unwrap();
+            assert_eq!(wide.target(sd, 0.01), rule.max(5), "sd {sd}");
+        }
     }
 }

@@ -118,6 +118,25 @@ fn what_until_settled_cannot_do_is_refused_before_training_with_one_line() {
     }
     let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--until-settled"]);
     assert!(!ok && err.trim().lines().count() == 1 && err.contains("add `compare.max_seeds: N`"), "{err}");
+    // A cap the run limit cannot hold is refused before the seed pool is built (15 arms × 10,000 seeds).
+    let (ok, err) = ablate(&[
+        p,
+        "--out",
+        o,
+        "--device",
+        "cpu",
+        "--until-settled",
+        "--max-seeds",
+        "10000",
+        "--sweep",
+        "transformer.heads=1,2,4,8,16",
+        "--sweep",
+        "transformer.layers=1,2,3",
+    ]);
+    assert!(
+        !ok && err.trim().lines().count() == 1 && err.contains("expands the recipe's 15 final runs per seed"),
+        "{err}"
+    );
     let planned = dir.join("planned.yaml");
     std::fs::write(&planned, text.replace("compare:\n", "compare:\n  max_seeds: 6\n")).unwrap();
     let (ok, err) =

@@ -865,7 +865,8 @@ fn validate_runs(src: &Source, runs: &mut [RunSpec], set_per_run: &[SetKeys]) ->
 }
 
 /// The most runs one recipe may expand to.
-const MAX_RUNS: u128 = 100_000;
+/// The most runs a recipe may expand to (with `--until-settled`, counting every seed an arm may end with).
+pub const MAX_RUNS: u128 = 100_000;
 
 /// The cartesian product of index ranges, first range slowest; one empty point when there are none.
 trait Product {

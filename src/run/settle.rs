@@ -59,6 +59,16 @@ pub fn check(recipe: &Recipe, cli_cap: Option<usize>) -> Result<usize> {
             recipe.file
         );
     }
+    // Every final run of the recipe per seed, times the cap: the runs the pool may expand to.
+    let per_seed = recipe.runs.iter().filter(|r| r.tune.is_none_or(|t| t.rung.is_none())).count() / seeds.max(1);
+    let runs = per_seed as u128 * cap as u128;
+    if runs > crate::recipe::MAX_RUNS {
+        bail!(
+            "{}: a cap of {cap} seeds per arm expands the recipe's {per_seed} final runs per seed to {runs} runs; at most {} (lower the cap, or split the recipe)",
+            recipe.file,
+            crate::recipe::MAX_RUNS
+        );
+    }
     Ok(cap)
 }
 
