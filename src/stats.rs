@@ -413,10 +413,9 @@ impl Verdict {
             Verdict::Inconclusive { seeds: None } => {
                 format!("inconclusive (more than {MOST_SEEDS} seeds would be needed)")
             }
-            Verdict::Incomplete { added } => format!(
-                "incomplete (its second stage has {added} of the {} added seeds it is tested on)",
-                crate::design::SECOND_STAGE_MIN
-            ),
+            Verdict::Incomplete { added } => {
+                format!("incomplete (its second stage has {added} added seed(s); it is tested on two or more)")
+            }
             Verdict::Untested => "untested (fewer than two shared seeds)".into(),
         }
     }

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["transformer"],
     &["models"],
-    &["recipe", "metrics", "stats", "files"],
+    &["stats"],
+    &["design"],
+    &["recipe", "metrics", "files"],
     &["data"],
     &["train"],
     &["tasks"],
