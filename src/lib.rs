@@ -10,8 +10,9 @@
 //! - `tasks` — one per kind of run: its data, model, objective, evaluation, FLOPs and named metrics;
 //! - `run` — the sweep, result files, plots, summaries, scale-out and benchmarks;
 //! - `recipe` — the schema (the config structs), validation, which keys each kind reads, expansion; with
-//!   `metrics`, the names every layer above the core reads, `stats`, the intervals and tests of the
-//!   tables, and `design`, the two-stage design that adds seeds. These, and the two `spec` modules, need no libtorch: `cargo build --no-default-features`
+//!   `metrics`, the names every layer above the core reads; below them `stats`, the intervals and tests of
+//!   the tables, and over it `design`, the two-stage design that adds seeds (`tests/layers.rs` has the
+//!   exact order). These, and the two `spec` modules, need no libtorch: `cargo build --no-default-features`
 //!   builds just them.
 pub mod design;
 pub mod metrics;

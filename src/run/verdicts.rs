@@ -113,34 +113,25 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
 /// ±δ where an effect was predicted, the opposite direction, or an effect larger than δ where none was),
 /// `inconclusive`, `incomplete` (the design's second stage unfinished), `untested`.
 pub fn prediction_outcome(expect: Expect, verdict: Verdict) -> &'static str {
+    use Expect::{Better as B, BetterBeyondDelta as BB, Equivalent as E, Worse as W, WorseBeyondDelta as WB};
     use Verdict::*;
-    let (better, worse) = (matches!(verdict, Better { .. }), matches!(verdict, Worse { .. }));
     match (expect, verdict) {
         (_, Inconclusive { .. }) => "inconclusive",
         (_, Incomplete { .. }) => "incomplete (the plan's second stage has not run)",
         (_, Untested) => "untested",
-        (Expect::BetterBeyondDelta, Better { beyond: true, .. })
-        | (Expect::WorseBeyondDelta, Worse { beyond: true, .. }) => "reproduced",
-        (Expect::BetterBeyondDelta, Better { .. }) | (Expect::WorseBeyondDelta, Worse { .. }) => {
+        (E, Equivalent) => "consistent",
+        (B | W | BB | WB, Equivalent) => "not reproduced (equivalent within ±δ)",
+        (E, Better { negligible: true, .. } | Worse { negligible: true, .. }) => "consistent (a difference, within ±δ)",
+        (E, Better { .. } | Worse { .. }) => "not reproduced (an effect beyond ±δ)",
+        (B | BB, Worse { .. }) | (W | WB, Better { .. }) => "not reproduced (the opposite direction)",
+        (BB, Better { beyond: true, .. }) | (WB, Worse { beyond: true, .. }) => "reproduced",
+        (BB, Better { .. }) | (WB, Worse { .. }) => {
             "reproduced in direction only (a difference larger than δ is not shown)"
         }
-        (Expect::Better, Better { negligible: false, .. }) | (Expect::Worse, Worse { negligible: false, .. }) => {
-            "reproduced"
-        }
-        (Expect::Better, Better { negligible: true, .. }) | (Expect::Worse, Worse { negligible: true, .. }) => {
+        (B, Better { negligible: false, .. }) | (W, Worse { negligible: false, .. }) => "reproduced",
+        (B, Better { negligible: true, .. }) | (W, Worse { negligible: true, .. }) => {
             "reproduced in direction only (the whole difference is within ±δ)"
         }
-        (Expect::Better | Expect::Worse | Expect::BetterBeyondDelta | Expect::WorseBeyondDelta, Equivalent) => {
-            "not reproduced (equivalent within ±δ)"
-        }
-        (Expect::Better | Expect::BetterBeyondDelta, _) if worse => "not reproduced (the opposite direction)",
-        (Expect::Worse | Expect::WorseBeyondDelta, _) if better => "not reproduced (the opposite direction)",
-        (Expect::Equivalent, Equivalent) => "consistent",
-        (Expect::Equivalent, Better { negligible: true, .. } | Worse { negligible: true, .. }) => {
-            "consistent (a difference, within ±δ)"
-        }
-        (Expect::Equivalent, _) => "not reproduced (an effect beyond ±δ)",
-        _ => unreachable!("every verdict is matched above"),
     }
 }
 
