@@ -92,7 +92,7 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
         assert!(description.contains(&said), "{description} lacks {said}");
     }
     let text = seen["texts"]["verdicts"].as_str().expect("a verdicts text");
-    assert!(text.contains("comparison(s) of model quality"), "{text}");
+    assert!(text.contains("comparison(s) of the primary metric"), "{text}");
     assert!(!text.contains("&lt;!--"), "the README's markers stay out of the TEXT tab: {text}");
     for r in &loss_rows {
         assert!(text.contains(&r.comparison), "{text}");

@@ -110,7 +110,7 @@ enum Command {
     /// or stale, naming what changed and what a refresh costs, as Markdown: results/stale.md is this output.
     Stale,
     /// The README's table of shipped recipes and what they found, generated from every results directory's
-    /// verdicts (the decided comparisons of model quality, and how many stay inconclusive) and reference state.
+    /// verdicts (the decided comparisons of the primary metric, and how many stay inconclusive) and reference state.
     Findings,
     /// Every shipped recipe's predictions (`compare.predict`) against the verdicts of its committed results:
     /// docs/reproductions.md is this output.

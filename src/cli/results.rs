@@ -325,11 +325,11 @@ fn training_minutes(dir: &std::path::Path) -> Option<f64> {
 }
 
 /// `ablate findings`: per shipped recipe with results, its question (the recipe's description), the decided
-/// verdicts of its comparisons of model quality and the count left inconclusive, and whether its reference
+/// verdicts of its primary metric's comparisons and the count left inconclusive, and whether its reference
 /// is comparable today. The README's table is this output.
 pub fn findings() -> anyhow::Result<()> {
     use ablate::run::verdicts::counts;
-    println!("| recipe | question | decided verdicts of model quality (generated from the results' verdict blocks) | reference |");
+    println!("| recipe | question | decided verdicts of the primary metric (generated from the results' verdict blocks) | reference |");
     println!("|---|---|---|---|");
     for path in training_recipes()? {
         let recipe = ablate::recipe::load(&path, false)?;
