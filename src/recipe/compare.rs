@@ -157,7 +157,8 @@ impl Plan {
         } else {
             format!("δ {}", self.delta.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
         };
-        format!("at most {} seeds per arm, primary metric {}, {delta}", self.max_seeds, self.primary)
+        let seeds = if self.max_seeds == 1 { "1 seed".to_string() } else { format!("{} seeds", self.max_seeds) };
+        format!("at most {seeds} per arm, primary metric {}, {delta}", self.primary)
     }
 }
 

@@ -245,7 +245,8 @@ pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
             plan.max_seeds
         )
     } else {
-        format!("a fixed design of the recipe's {pilot} seeds per arm, judged by the paired t-test")
+        let seeds = if pilot == 1 { "1 seed".to_string() } else { format!("{pilot} seeds") };
+        format!("a fixed design of the recipe's {seeds} per arm, judged by the paired t-test")
     };
     let when = match super::results::recorded(dir).pilot_plan {
         Some(p) if p == plan => {
