@@ -21,9 +21,7 @@
 //! stage the same functions give the paired t-test, TOST and the one-sample t-test against δ exactly.
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
-use crate::stats::{
-    holm, paired_t_power_at, tost_power_lower_bound, Adjusted, Estimate, Verdict, ALPHA, MOST_SEEDS, POWER,
-};
+use crate::stats::{holm, settles, Adjusted, Estimate, Verdict, ALPHA, MOST_SEEDS};
 
 /// The weight of each stage's z in the combination, fixed before any data: equal weights, so that neither
 /// the cap nor the number of seeds added can be tuned to the pilot's result.
@@ -127,8 +125,7 @@ impl Stages {
                 e.half_width.map(|h| (e.mean - h, e.mean + h))
             }
             Analysis::TwoStage => {
-                let all: Vec<f64> = self.pilot.iter().chain(&self.added).copied().collect();
-                let e = Estimate::of(&all);
+                let e = Estimate::of(&self.all());
                 let level = (1.0 - crate::stats::CONFIDENCE) / 2.0;
                 // upper_p rises with the shift: the lower end is where it crosses level, the upper end where
                 // lower_p (falling with the shift) does.
@@ -339,9 +336,7 @@ impl Planner {
     /// The thresholds are tabled up to [`TABLED_SEEDS`] (what a simulation calls thousands of times); beyond,
     /// [`Planner::needed`] searches as `seeds_to_settle` does.
     pub fn new(pilot: usize, cap: usize, alpha: f64) -> Planner {
-        let enough = |effect: f64, n: usize| {
-            paired_t_power_at(effect, n, alpha) >= POWER && tost_power_lower_bound(effect, n, alpha) >= POWER
-        };
+        let enough = |effect: f64, n: usize| settles(effect, n, alpha);
         let thresholds = (0..=cap.min(TABLED_SEEDS))
             .map(|n| {
                 if n < 2 {
@@ -401,6 +396,12 @@ pub const TABLED_SEEDS: usize = 40;
 /// The most seeds a plan may name per arm: the verdicts' own limit.
 pub const MOST_PLANNED_SEEDS: usize = MOST_SEEDS;
 
+/// Whether a cap of `cap` seeds per arm gives a pilot of `seeds` a testable second stage within the
+/// verdicts' limit: `seeds` + [`SECOND_STAGE_MIN`] to [`MOST_PLANNED_SEEDS`].
+pub fn is_second_stage(seeds: usize, cap: usize) -> bool {
+    (seeds + SECOND_STAGE_MIN..=MOST_PLANNED_SEEDS).contains(&cap)
+}
+
 /// The level each comparison of a family of `m` is planned at: Holm's first step, α/m.
 pub fn family_level(m: usize) -> f64 {
     ALPHA / m.max(1) as f64
@@ -433,6 +434,25 @@ mod tests {
         let (lo, hi) = s.interval().unwrap();
         let e = Estimate::of(&s.pilot);
         assert!(close(hi - lo, 2.0 * e.half_width.unwrap(), 1e-12));
+    }
+
+    // Schuirmann's TOST (1987) with one stage, against
+    //   statsmodels.stats.weightstats.ttost_paired(variant, baseline, -delta, delta)[0] (statsmodels 0.15.0)
+    #[test]
+    fn one_stage_tost_matches_statsmodels_ttost_paired() {
+        let one = |d: Vec<f64>| Stages { pilot: d, added: vec![], planned: false };
+        let baseline = [2.41, 2.45, 2.38, 2.50];
+        let variant = [2.30, 2.39, 2.33, 2.41];
+        let d = one(variant.iter().zip(&baseline).map(|(v, b)| v - b).collect());
+        for (delta, expected) in [(0.05, 0.9301511301831376), (0.1, 0.10037268807121019), (0.2, 0.0014973559084275865)]
+        {
+            assert!(close(d.equivalence_p(delta), expected, 1e-6), "δ {delta}: {}", d.equivalence_p(delta));
+        }
+        let d = one([1.002, 1.097, 0.953].iter().zip(&[1.00, 1.10, 0.95]).map(|(v, b)| v - b).collect());
+        assert!(close(d.equivalence_p(0.01), 0.01867008507923033, 1e-6));
+        assert!(close(d.equivalence_p(0.02), 0.004544882459784162, 1e-6));
+        assert!(one(vec![0.1]).equivalence_p(0.5).is_nan());
+        assert_eq!((one(vec![0.1, 0.1]).equivalence_p(0.5), one(vec![0.6, 0.6]).equivalence_p(0.5)), (0.0, 1.0));
     }
 
     // The combination by hand: stage p-values from scipy.stats.t.sf, z = norm.isf(p),

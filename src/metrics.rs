@@ -173,6 +173,12 @@ impl Metric {
     }
 }
 
+/// Whether `m` measures the machine or the launch (throughput, time, memory, utilisation, communication):
+/// one of [`cost`]'s columns (a world of 2 lists the data-parallel ones too), never a verdict of quality.
+pub fn is_cost(m: &Metric) -> bool {
+    cost("", 2).iter().any(|c| c.column_name().is_some() && c.column_name() == m.column_name())
+}
+
 /// Cost metrics every run records, after its kind's own.
 /// A run on `world_size` data-parallel processes also records its global batch and the share of training
 /// time spent in collectives; throughput and FLOP/s are the whole group's, MFU per process.

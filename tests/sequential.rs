@@ -9,7 +9,7 @@
 //! so the test can fail. `cargo test --release --test sequential -- --ignored --nocapture` prints the table
 //! of docs/results.md.
 use ablate::design::{family_level, judge_family, Evidence, Planner, Stages};
-use ablate::stats::{splitmix64, Verdict, ALPHA};
+use ablate::stats::{mean_std, splitmix64, Verdict, ALPHA};
 
 const REPLICATES: usize = 6000;
 
@@ -58,8 +58,7 @@ fn pooled(d: &[f64], n: usize) -> Stages {
 }
 
 fn sd(x: &[f64]) -> f64 {
-    let m = x.iter().sum::<f64>() / x.len() as f64;
-    (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() as f64 - 1.0)).sqrt()
+    mean_std(x).1
 }
 
 /// One replicate: arms with standard deviation 1/√2 (so each paired difference has sd 1), the variants'

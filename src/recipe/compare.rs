@@ -157,8 +157,16 @@ impl Plan {
         } else {
             format!("δ {}", self.delta.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
         };
-        let seeds = if self.max_seeds == 1 { "1 seed".to_string() } else { format!("{} seeds", self.max_seeds) };
-        format!("at most {seeds} per arm, primary metric {}, {delta}", self.primary)
+        format!("at most {} per arm, primary metric {}, {delta}", seeds(self.max_seeds), self.primary)
+    }
+}
+
+/// `1 seed`, `3 seeds`.
+pub fn seeds(n: usize) -> String {
+    if n == 1 {
+        "1 seed".into()
+    } else {
+        format!("{n} seeds")
     }
 }
 
@@ -225,7 +233,7 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
     if let Some(cap) = file.max_seeds {
         let at = "compare.max_seeds";
         let floor = seeds + crate::design::SECOND_STAGE_MIN;
-        if cap != seeds && !(floor..=crate::design::MOST_PLANNED_SEEDS).contains(&cap) {
+        if cap != seeds && !crate::design::is_second_stage(seeds, cap) {
             return Err(src.at(
                 at,
                 format!(

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::results::read_runs;
 use crate::files::write_atomically;
-use crate::metrics::{cost, Metric};
+use crate::metrics::{is_cost, Metric};
 use crate::recipe::{columns, Recipe};
 use crate::stats::{agreement, Estimate};
 use crate::tasks::recipe_metrics;
@@ -34,13 +34,7 @@ pub struct Verdict {
 /// The quality metrics worth comparing: headline, and not a measure of the machine or the launch (throughput,
 /// time, communication; a world of 2 lists the data-parallel columns too).
 fn quality_metrics(recipe: &Recipe) -> Vec<Metric> {
-    let machine: Vec<String> = cost("", 2).iter().filter_map(|m| m.column_name().map(String::from)).collect();
-    recipe_metrics(recipe)
-        .into_iter()
-        .filter(|m| {
-            m.headline && m.column_name().is_some() && !machine.iter().any(|c| Some(c.as_str()) == m.column_name())
-        })
-        .collect()
+    recipe_metrics(recipe).into_iter().filter(|m| m.headline && m.column_name().is_some() && !is_cost(m)).collect()
 }
 
 fn finite(rows: &[&Row], column: &str) -> Vec<f64> {

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use super::results::{read_runs, variants_of};
 use super::summary::paired_spreads;
-use crate::design::{family_level, Planner, MOST_PLANNED_SEEDS, SECOND_STAGE_MIN};
+use crate::design::{family_level, is_second_stage, Planner, MOST_PLANNED_SEEDS, SECOND_STAGE_MIN};
 use crate::recipe::{Recipe, RunSpec};
 
 /// The seeds an arm may end with: the recipe's, then max + 1, max + 2, … up to `max_seeds` in all. Call
@@ -53,7 +53,7 @@ pub fn check(recipe: &Recipe, cli_cap: Option<usize>) -> Result<usize> {
     };
     let seeds = recipe.seeds.len();
     let floor = seeds + SECOND_STAGE_MIN;
-    if !(floor..=MOST_PLANNED_SEEDS).contains(&cap) {
+    if !is_second_stage(seeds, cap) {
         bail!(
             "{}: a cap of {cap} seeds per arm is no second stage for the recipe's {seeds} seeds: give {floor} to {MOST_PLANNED_SEEDS} (a second stage is tested on at least {SECOND_STAGE_MIN} added seeds)",
             recipe.file

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::results::{read_runs, variants_of};
 use crate::design::{judge_family, Analysis, Evidence, Stages};
-use crate::metrics::Metric;
+use crate::metrics::{is_cost, Metric};
 use crate::recipe::compare::{default_delta, Comparison, Delta};
 use crate::recipe::Recipe;
 use crate::stats::{
@@ -181,11 +181,6 @@ pub struct JudgedRow {
     pub primary: bool,
 }
 
-/// Whether a metric measures the machine (throughput, utilisation, memory), not the model.
-fn is_cost(m: &Metric) -> bool {
-    crate::metrics::cost("", 2).iter().any(|c| c.column_name().is_some() && c.column_name() == m.column_name())
-}
-
 /// The primary metric's column among `metrics`: the recipe's `compare.primary`, else the first headline
 /// metric of model quality (not throughput or utilisation, not a diagnostic).
 pub fn primary_column(recipe: &Recipe, metrics: &[Metric]) -> Option<String> {
@@ -249,10 +244,9 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
     let variants = variants_of(runs);
     let pairs = reference.pairs(variants.len());
     let primary = primary_column(recipe, metrics);
-    let families: Vec<Vec<Judged>> = metrics
-        .iter()
-        .map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe)))
-        .collect();
+    let stages = StagePlan::of(recipe);
+    let families: Vec<Vec<Judged>> =
+        metrics.iter().map(|m| judge(runs, &variants, &pairs, m, delta_of(recipe, m), &stages)).collect();
     let mut rows = Vec::new();
     for (k, &(v, against)) in pairs.iter().enumerate() {
         for (j, m) in metrics.iter().enumerate() {
@@ -271,6 +265,13 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
 /// A comparison's arms (variant, reference), the standard deviation of its paired differences and its δ.
 pub type Spread = ((String, String), f64, f64);
 
+/// δ in `column`'s unit for a comparison against the runs `ids`: a share resolves against their mean (NaN
+/// without a value).
+fn margin(runs: &[Row], ids: &[String], column: &str, delta: Delta) -> f64 {
+    let reference: Vec<f64> = seed_values(runs, ids, column).into_iter().map(|(_, v)| v).collect();
+    delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean })
+}
+
 /// The paired spread of every comparison of the primary metric in `runs` (a pilot's rows): each
 /// comparison's arms, the sample standard deviation of its paired differences (NaN below two pairs) and its
 /// δ in the metric's unit; `None` when the recipe names no comparison or no primary metric has a column.
@@ -287,9 +288,7 @@ pub fn paired_spreads(recipe: &Recipe, runs: &[Row]) -> Result<Option<Vec<Spread
         .iter()
         .zip(compare(runs, &variants, &pairs, &column))
         .map(|(&(v, against), (_, paired))| {
-            let reference: Vec<f64> =
-                seed_values(runs, &variants[against].1, &column).into_iter().map(|(_, x)| x).collect();
-            let margin = delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean });
+            let margin = margin(runs, &variants[against].1, &column, delta);
             let sd = paired.map_or(f64::NAN, |p| p.difference.std);
             ((variants[v].0.clone(), variants[against].0.clone()), sd, margin)
         })
@@ -342,6 +341,7 @@ fn effects_at_both_scales(
     let header =
         ["comparison", "metric", "this scale", "second scale", "across scales"].iter().map(|s| s.to_string()).collect();
     // (comparison label, metric column) -> the judged comparison, at each scale.
+    let stages = StagePlan::of(recipe);
     let judged: Vec<BTreeMap<(String, String), Judged>> = scales
         .iter()
         .map(|(runs, reference)| {
@@ -349,7 +349,7 @@ fn effects_at_both_scales(
             let pairs = reference.pairs(variants.len());
             let mut out = BTreeMap::new();
             for m in metrics {
-                for j in judge(runs, &variants, &pairs, m, delta_of(recipe, m), &StagePlan::of(recipe)) {
+                for j in judge(runs, &variants, &pairs, m, delta_of(recipe, m), &stages) {
                     out.insert((comparison_label(reference, &variants, j.variant, j.against), column_of(m)), j);
                 }
             }
@@ -612,14 +612,8 @@ pub fn judge(
 ) -> Vec<Judged> {
     let column = column_of(m);
     let compared = compare(runs, variants, pairs, &column);
-    let margins: Vec<f64> = pairs
-        .iter()
-        .map(|&(_, against)| {
-            let reference: Vec<f64> =
-                seed_values(runs, &variants[against].1, &column).into_iter().map(|(_, v)| v).collect();
-            delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean })
-        })
-        .collect();
+    let margins: Vec<f64> =
+        pairs.iter().map(|&(_, against)| margin(runs, &variants[against].1, &column, delta)).collect();
     let split: Vec<Option<Stages>> = compared.iter().map(|(_, p)| p.as_ref().map(|p| stages.split(p))).collect();
     let evidence: Vec<Evidence> = split
         .iter()

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use super::summary::{judgements, JudgedRow, Judgements, Pairing};
 use crate::files::write_atomically;
-use crate::metrics::cost;
-use crate::recipe::compare::{Expect, Prediction};
+use crate::metrics::is_cost;
+use crate::recipe::compare::{seeds, Expect, Prediction};
 use crate::recipe::Recipe;
 use crate::stats::{across_scales, Verdict, ALPHA};
 
@@ -21,8 +21,7 @@ pub const END: &str = "<!-- end of verdicts -->";
 /// Whether a metric measures the model (loss, accuracy) rather than the machine (throughput, MFU) or a
 /// diagnostic (a token-norm ratio): only these are verdicts of model quality.
 pub fn is_quality(row: &JudgedRow) -> bool {
-    let machine: Vec<String> = cost("", 2).iter().filter_map(|m| m.column_name().map(String::from)).collect();
-    !row.metric.diagnostic && row.metric.column_name().is_some_and(|c| !machine.iter().any(|m| m == c))
+    !row.metric.diagnostic && row.metric.column_name().is_some() && !is_cost(&row.metric)
 }
 
 /// How many of `rows` (the primary metric's only: the verdicts that answer the recipe's question) ended in
@@ -237,16 +236,16 @@ pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
     let pilot = recipe.seeds.len();
     let design = if compare.two_stage(pilot) {
         format!(
-            "a pilot of {pilot} seeds per arm, then a second stage of at least {} added seeds (up to {} in all) \
+            "a pilot of {} per arm, then a second stage of at least {} added seeds (up to {} in all) \
              sized on the pilot's spread; two stages are judged by the inverse-normal combination of each stage's \
              paired t-test (docs/results.md, \"The two-stage design\"), a comparison whose second stage has not \
              run is *incomplete*",
+            seeds(pilot),
             crate::design::SECOND_STAGE_MIN,
             plan.max_seeds
         )
     } else {
-        let seeds = if pilot == 1 { "1 seed".to_string() } else { format!("{pilot} seeds") };
-        format!("a fixed design of the recipe's {seeds} per arm, judged by the paired t-test")
+        format!("a fixed design of the recipe's {} per arm, judged by the paired t-test", seeds(pilot))
     };
     let when = match super::results::recorded(dir).pilot_plan {
         Some(p) if p == plan => {
