@@ -1,5 +1,6 @@
 // libtorch kernels that tch does not bind. Each returns nullptr on success or a malloc'ed error message that
 // the caller frees with ablate_free_error (C++ exceptions must not cross into Rust).
+#include "errors.h"
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_foreach_mul.h>
@@ -19,15 +20,48 @@ extern "C" {
 char *ablate_set_math_modes(bool tf32, bool deterministic) {
   try {
     auto &ctx = at::globalContext();
+    // Both of libtorch's APIs, so that they agree: the legacy getters (allowTF32CuBLAS, allowTF32CuDNN, which
+    // libtorch_cuda and any Python code still call) throw "mix of the legacy and new APIs" when the legacy
+    // state (float32_matmul_precision, the cuDNN flag) disagrees with the new per-op precisions. The legacy
+    // setters write both; the new ones after them say the intent explicitly. RNN follows CONV, as
+    // torch.backends.cudnn.allow_tf32 sets them together.
+    ctx.setAllowTF32CuBLAS(tf32);
+    ctx.setAllowTF32CuDNN(tf32);
     const auto fp32 = tf32 ? at::Float32Precision::TF32 : at::Float32Precision::IEEE;
     ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, fp32);
     ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, fp32);
+    ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::RNN, fp32);
     ctx.setDeterministicAlgorithms(deterministic, /*warn_only=*/false);
     ctx.setDeterministicCuDNN(deterministic);
     ctx.setBenchmarkCuDNN(false);
     return nullptr;
   } catch (const std::exception &e) {
     return strdup(e.what());
+  }
+}
+
+// The legacy TF32 getters, as libtorch_cuda and torch.backends call them: null with their answers, or the
+// message they throw when the legacy and new APIs disagree.
+char *ablate_legacy_tf32(bool *cublas, bool *cudnn) {
+  try {
+    auto &ctx = at::globalContext();
+    *cublas = ctx.allowTF32CuBLAS();
+    *cudnn = ctx.allowTF32CuDNN();
+    return nullptr;
+  } catch (const std::exception &e) {
+    return ablate::error_of(e);
+  }
+}
+
+// `t` copied into page-locked host memory (libtorch's caching host allocator) for a non-blocking copy to the
+// GPU. Tensor::pin_memory() without a device: tch passes one, and libtorch 2.11 prints a deprecation warning for
+// every call that does (two lines per batch tensor per step).
+char *ablate_pin_memory(at::Tensor *t, at::Tensor **out) {
+  try {
+    *out = new at::Tensor(t->pin_memory());
+    return nullptr;
+  } catch (const std::exception &e) {
+    return ablate::error_of(e);
   }
 }
 

@@ -195,6 +195,14 @@ fn train_deterministic_sets_libtorchs_modes_and_a_cpu_run_under_it_repeats_the_p
     assert_eq!(ablate::train::native::math_modes(), (false, false, false));
     let (b, _) = common::train(&strict);
     assert_eq!(ablate::train::native::math_modes(), (false, false, true));
+    // libtorch's legacy TF32 getters (which libtorch_cuda and torch.backends call) agree with the new
+    // per-op API ablate sets, both ways: a disagreement makes them throw "mix of the legacy and new APIs".
+    assert_eq!(ablate::train::native::legacy_tf32().unwrap(), (false, false));
+    ablate::train::native::set_math_modes(true, false).unwrap();
+    assert_eq!(ablate::train::native::math_modes(), (true, true, false));
+    assert_eq!(ablate::train::native::legacy_tf32().unwrap(), (true, true));
+    ablate::train::native::set_math_modes(false, false).unwrap();
+    assert_eq!(ablate::train::native::legacy_tf32().unwrap(), (false, false));
     let bits = |t: &ablate::tasks::Trained| {
         let mut v: Vec<u64> = t.outcome.curves.iter().map(|c| c.value.to_bits()).collect();
         v.push(t.outcome.metrics["test_loss"].to_bits());

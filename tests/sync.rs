@@ -63,3 +63,116 @@ fn a_training_step_reads_nothing_back_to_the_host_between_log_steps() {
         assert!(ops <= budget, "{name}: {ops} operators per step");
     }
 }
+
+/// The source of every `fn NAME` in `file` (its signature and body, braces matched).
+fn functions(file: &str, name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/").to_string() + file).unwrap();
+    let mut out = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(&format!("fn {name}(")) {
+        let body = &rest[at..];
+        let open = body.find('{').unwrap();
+        let mut depth = 0;
+        let mut end = open;
+        for (i, c) in body[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = open + i;
+                break;
+            }
+        }
+        out.push(body[..=end].to_string());
+        rest = &body[end..];
+    }
+    assert!(!out.is_empty(), "no fn {name} in src/{file}");
+    out
+}
+
+/// The `.to(…)` / `.to_device(…)` calls in `code` that copy to a variable device (not back to the CPU).
+fn plain_device_copies(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for call in [".to(", ".to_device("] {
+        let mut rest = code;
+        while let Some(at) = rest.find(call) {
+            let args = &rest[at + call.len()..];
+            let argument: String = args.chars().take_while(|&c| c != ')').collect();
+            if argument.contains("device") && !argument.contains("Device::Cpu") {
+                out.push(format!("{call}{argument})"));
+            }
+            rest = args;
+        }
+    }
+    out
+}
+
+#[test]
+fn every_training_batch_reaches_the_device_through_pinned_memory() {
+    // A copy from pageable host memory waits for the GPU's queue to drain (CUDA's rule), so each one in a
+    // training step is a hidden sync the CPU's read count above cannot see: every batch goes through
+    // data::to_device_async. The step of every kind, and the batch builders it calls.
+    let steps = [
+        ("tasks/lm.rs", "training_loss"),
+        ("tasks/imagegpt.rs", "training_loss"),
+        ("tasks/seq_classify.rs", "training_loss"),
+        ("tasks/translate.rs", "training_loss"),
+        ("tasks/translate.rs", "batch"),
+        ("tasks/bert.rs", "training_loss"),
+        ("tasks/bert.rs", "batch"),
+        ("tasks/classify.rs", "training_loss"),
+        ("data/text.rs", "train_batch"),
+        ("data/text.rs", "batch"),
+        ("data/images.rs", "train_batch"),
+        ("data/corpus_tasks.rs", "rows"),
+        ("transformer/attention/pattern.rs", "allowed"),
+        ("transformer/attention/pattern.rs", "windowed"),
+    ];
+    let mut found = Vec::new();
+    for (file, name) in steps {
+        for code in functions(file, name) {
+            found.extend(plain_device_copies(&code).into_iter().map(|c| format!("src/{file} fn {name}: {c}")));
+        }
+    }
+    assert!(found.is_empty(), "plain (pageable) device copies in a training step: {found:#?}");
+    // The test can see one: the evaluation batches of seq_classify are copied once, before training.
+    assert!(!plain_device_copies(&functions("tasks/seq_classify.rs", "batches")[0]).is_empty());
+}
+
+#[test]
+fn nothing_pins_memory_through_the_deprecated_overload() {
+    // tch's `pin_memory(device)` / `f_pin_memory(device)` call libtorch's `pin_memory(Device)`, which prints
+    // a deprecation warning on every call (two lines per batch tensor per step on a GPU); data::pin_memory
+    // calls `Tensor::pin_memory()` with no device through csrc/fused.cpp.
+    let mut files = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.contains(".pin_memory(") || text.contains("f_pin_memory(")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(offenders.is_empty(), "tch's pin_memory(device) is called in {offenders:?}");
+    let shim = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/csrc/fused.cpp")).unwrap();
+    assert!(shim.contains("t->pin_memory()"), "csrc/fused.cpp pins without a device");
+    // Where nothing can pin (no accelerator, as on this CPU machine) the shim says so and the batch is
+    // copied plainly; where something can, the pinned copy holds the same values.
+    let t = tch::Tensor::arange(6, (tch::Kind::Int64, tch::Device::Cpu));
+    if let Some(pinned) = ablate::data::pin_memory(&t) {
+        assert_eq!(Vec::<i64>::try_from(&pinned).unwrap(), [0, 1, 2, 3, 4, 5]);
+    }
+}

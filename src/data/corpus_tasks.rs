@@ -58,7 +58,7 @@ impl Labelled {
 
     /// Rows `idx` on `device`.
     pub fn rows(&self, idx: &Tensor, device: tch::Device) -> Self {
-        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        let pick = |t: &Tensor| super::to_device_async(&t.index_select(0, idx), device);
         Self { ids: pick(&self.ids), padding: pick(&self.padding), labels: pick(&self.labels) }
     }
 }
@@ -201,7 +201,7 @@ pub struct SpanExamples {
 impl SpanExamples {
     /// Rows `idx` on `device`: a batch (without the questions' words).
     pub fn rows(&self, idx: &Tensor, device: tch::Device) -> Self {
-        let pick = |t: &Tensor| t.index_select(0, idx).to_device(device);
+        let pick = |t: &Tensor| super::to_device_async(&t.index_select(0, idx), device);
         Self {
             ids: pick(&self.ids),
             segments: pick(&self.segments),

@@ -28,14 +28,38 @@ pub fn carve_validation(n: usize, fraction: f64) -> (Vec<usize>, Vec<usize>) {
 /// and a non-blocking copy, since a copy from pageable memory first waits for the GPU's queue to drain
 /// (CUDA's rule for pageable host-to-device copies) and the host could not queue the step ahead. The pinned
 /// buffer is libtorch's caching host allocator's, which keeps it until the copy is done. Unchanged (a
-/// no-op) on the CPU; a GPU without pinned memory falls back to the plain copy.
+/// no-op) on the CPU; a GPU without pinned memory falls back to the plain copy. Pinned through
+/// [`pin_memory`], never tch's `pin_memory(device)` (a deprecation warning per call).
 pub fn to_device_async(t: &tch::Tensor, device: tch::Device) -> tch::Tensor {
     match device {
-        tch::Device::Cuda(_) => match t.f_pin_memory(device) {
-            Ok(pinned) => pinned.to_device_(device, pinned.kind(), true, false),
-            Err(_) => t.to_device(device),
+        tch::Device::Cuda(_) => match pin_memory(t) {
+            Some(pinned) => pinned.to_device_(device, pinned.kind(), true, false),
+            None => t.to_device(device),
         },
         _ => t.to_device(device),
+    }
+}
+
+extern "C" {
+    fn ablate_pin_memory(t: *mut torch_sys::C_tensor, out: *mut *mut torch_sys::C_tensor) -> *mut std::ffi::c_char;
+    fn ablate_free_error(message: *mut std::ffi::c_char);
+}
+
+/// `t` in page-locked host memory through csrc/fused.cpp's `Tensor::pin_memory()` with no device (tch's
+/// `pin_memory(device)` takes libtorch's deprecated overload, which prints a warning on every call), or None
+/// where nothing can pin (no accelerator).
+pub fn pin_memory(t: &tch::Tensor) -> Option<tch::Tensor> {
+    let mut out: *mut torch_sys::C_tensor = std::ptr::null_mut();
+    // SAFETY: `t` is a live tensor handle for the call; the shim writes a freshly allocated tensor into `out`
+    // on success and catches every C++ exception.
+    let error = unsafe { ablate_pin_memory(t.as_ptr() as *mut torch_sys::C_tensor, &mut out) };
+    if error.is_null() {
+        // SAFETY: on success `out` is a tensor the shim allocated for us, owned from here on (freed on drop).
+        Some(unsafe { tch::Tensor::from_ptr(out) })
+    } else {
+        // SAFETY: the shim's malloc'ed message, freed once by the shim's own deallocator.
+        unsafe { ablate_free_error(error) };
+        None
     }
 }
 

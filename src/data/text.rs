@@ -205,7 +205,7 @@ impl CopyTask {
         let x = seq.narrow(1, 0, 2 * l).contiguous();
         let ignored = Tensor::full([b, l], IGNORE, (Kind::Int64, Device::Cpu));
         let y = Tensor::cat(&[&ignored, symbols], 1);
-        (x.to_device(device), y.to_device(device))
+        (super::to_device_async(&x, device), super::to_device_async(&y, device))
     }
 
     /// A fixed held-out set, the same for every run: symbols from a fixed-seed generator of our own, one

@@ -11,6 +11,7 @@ use tch::{nn, Device, Kind as DType, Tensor};
 
 use super::{Built, DataCache, RunContext, Task, Trained};
 use crate::data::lra::{self, listops, pathfinder, Example, Split};
+use crate::data::to_device_async;
 use crate::metrics::{self, Metric};
 use crate::models::seq_classifier::SeqClassifier;
 use crate::recipe::{Config, ImageDataConfig, LraTask, SeqClassifyConfig};
@@ -178,7 +179,7 @@ impl Objective for Classifying<'_> {
     fn training_loss(&self, shard: &BatchShard) -> Tensor {
         let idx = Tensor::randint(self.data.train.len(), [shard.global(self.batch)], (DType::Int64, Device::Cpu));
         let (x, y) = (self.data.train.ids.index_select(0, &idx), self.data.train.labels.index_select(0, &idx));
-        let [x, y] = shard.take([x.to(self.device), y.to(self.device)]);
+        let [x, y] = shard.take([to_device_async(&x, self.device), to_device_async(&y, self.device)]);
         self.model.classify(&x, true, false).0.to_kind(DType::Float).cross_entropy_for_logits(&y)
     }
 

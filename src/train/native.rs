@@ -33,6 +33,7 @@ extern "C" {
     fn ablate_cuda_set_device(device: i32) -> *mut c_char;
     fn ablate_set_math_modes(tf32: bool, deterministic: bool) -> *mut c_char;
     fn ablate_math_modes(tf32_matmul: *mut bool, tf32_conv: *mut bool, deterministic: *mut bool);
+    fn ablate_legacy_tf32(cublas: *mut bool, cudnn: *mut bool) -> *mut c_char;
     fn ablate_profiler_start(cuda: bool) -> *mut c_char;
     fn ablate_profiler_stop(
         on_event: extern "C" fn(*mut std::ffi::c_void, *const c_char, usize, u64, u64, u64, bool),
@@ -152,6 +153,17 @@ pub fn math_modes() -> (bool, bool, bool) {
     // SAFETY: three out-pointers to locals that outlive the call; the shim only reads libtorch's context.
     unsafe { ablate_math_modes(&mut matmul, &mut conv, &mut deterministic) };
     (matmul, conv, deterministic)
+}
+
+/// TF32 as libtorch's legacy getters report it (`torch.backends.cuda.matmul.allow_tf32`,
+/// `torch.backends.cudnn.allow_tf32`; libtorch_cuda's kernels call them too): (cuBLAS, cuDNN), or the error
+/// they throw when the legacy and new precision APIs were left disagreeing.
+pub fn legacy_tf32() -> anyhow::Result<(bool, bool)> {
+    let (mut cublas, mut cudnn) = (false, false);
+    // SAFETY: two out-pointers to locals that outlive the call; the shim catches exceptions.
+    let error = unsafe { ablate_legacy_tf32(&mut cublas, &mut cudnn) };
+    cuda_result(error, "reading TF32 through libtorch's legacy getters")?;
+    Ok((cublas, cudnn))
 }
 
 fn check(error: *mut c_char, what: &str) {

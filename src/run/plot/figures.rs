@@ -133,7 +133,8 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     };
     let name = &recipe.name;
     let metrics = recipe_metrics(recipe);
-    for (m, ids, suffix) in meanings(recipe).into_iter().filter(|(m, _, _)| m.chart) {
+    let meanings = recorded_meanings(recipe, &runs);
+    for (m, ids, suffix) in meanings.iter().filter(|(m, _, _)| m.chart).cloned() {
         let Some(curve) = m.curve else { continue };
         let series = variant_curves(&curves, &only(&variants, &ids), curve);
         if series.is_empty() {
@@ -182,7 +183,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         super::interaction::draw(dir, recipe)?;
     }
     let Some(x_key) = recipe.sweep_keys.first() else { return Ok(()) };
-    for (m, ids, suffix) in meanings(recipe).into_iter().filter(|(m, _, _)| m.final_chart) {
+    for (m, ids, suffix) in meanings.into_iter().filter(|(m, _, _)| m.final_chart) {
         let Some(column) = m.column_name() else { continue };
         if runs.first().is_none_or(|r| !r.contains_key(column)) {
             continue;
@@ -202,6 +203,25 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// [`meanings`] with each metric's runs read from `runs.csv`: every recorded run of a variant whose recipe
+/// runs declare the metric, so that seeds a second stage added (`--until-settled`, past the recipe's
+/// `seeds`) are drawn too, as the verdicts count them.
+fn recorded_meanings(recipe: &Recipe, runs: &[BTreeMap<String, String>]) -> Vec<(Metric, Vec<String>, String)> {
+    meanings(recipe)
+        .into_iter()
+        .map(|(m, ids, suffix)| {
+            let labels: std::collections::BTreeSet<&str> =
+                recipe.runs.iter().filter(|r| ids.contains(&r.id)).map(|r| r.label.as_str()).collect();
+            let recorded = runs
+                .iter()
+                .filter(|r| ids.contains(&r["run_id"]) || r.get("label").is_some_and(|l| labels.contains(l.as_str())))
+                .map(|r| r["run_id"].clone())
+                .collect();
+            (m, recorded, suffix)
+        })
+        .collect()
 }
 
 /// The value of swept `key` in run `r`. A column left blank (a default that runs.csv records nowhere, such
@@ -372,4 +392,44 @@ pub(super) fn length_generalisation_chart(
             x_categories: Some(&categories),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_recorded_past_the_recipes_own_are_drawn_with_their_variant() {
+        let recipe = crate::recipe::parse(
+            "kind: lm\ntransformer: {d_model: 32, heads: 2, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\nseeds: [0]\n",
+            "r.yaml",
+            "r",
+            false,
+        )
+        .unwrap();
+        let row = |run: &crate::recipe::RunSpec, id: &str| -> BTreeMap<String, String> {
+            [("run_id", id), ("label", run.label.as_str())]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // Each variant's recipe run (seed 0), and seeds 1 and 2 added to the first variant by a second stage.
+        let (first, second) = (&recipe.runs[0], &recipe.runs[1]);
+        let runs = vec![
+            row(first, &first.id),
+            row(second, &second.id),
+            row(first, &first.id.replace("seed=0", "seed=1")),
+            row(first, &first.id.replace("seed=0", "seed=2")),
+        ];
+        assert_ne!(runs[2]["run_id"], first.id);
+        let (_, ids, _) = recorded_meanings(&recipe, &runs)
+            .into_iter()
+            .find(|(m, _, _)| m.column.as_deref() == Some("test_loss"))
+            .unwrap();
+        assert_eq!(ids.len(), 4, "{ids:?}");
+        // Without the runs.csv reading, only the recipe's own seed of each variant.
+        let (_, own, _) =
+            meanings(&recipe).into_iter().find(|(m, _, _)| m.column.as_deref() == Some("test_loss")).unwrap();
+        assert_eq!(own.len(), 2);
+    }
 }

@@ -193,6 +193,71 @@ mod tests {
         assert_eq!(x_categories(&runs, "s"), ["max_length=500 task=listops", "image_size=32 task=pathfinder"]);
     }
 
+    /// Decodes a PNG into 8-bit RGB pixels (expanding a palette).
+    fn rgb_pixels(path: &std::path::Path) -> (png::ColorType, Vec<u8>) {
+        let mut decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+        decoder.set_transformations(png::Transformations::EXPAND);
+        let mut reader = decoder.read_info().unwrap();
+        let stored = reader.info().color_type;
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut pixels).unwrap();
+        pixels.truncate(info.buffer_size());
+        (stored, pixels)
+    }
+
+    fn write_rgb(path: &std::path::Path, width: u32, pixels: &[u8]) {
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, width, (pixels.len() / 3) as u32 / width);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.write_header().unwrap().write_image_data(pixels).unwrap();
+        std::fs::write(path, out).unwrap();
+    }
+
+    #[test]
+    fn a_chart_of_at_most_256_colours_is_reencoded_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.png");
+        // 256 colours, each on a 4-pixel run: nothing to approximate.
+        let pixels: Vec<u8> = (0..1024u32).flat_map(|i| [(i / 4) as u8, 255 - (i / 4) as u8, 7]).collect();
+        write_rgb(&path, 64, &pixels);
+        recompress_png(&path).unwrap();
+        let (stored, decoded) = rgb_pixels(&path);
+        assert_eq!(stored, png::ColorType::Indexed);
+        assert_eq!(decoded, pixels);
+    }
+
+    #[test]
+    fn past_256_colours_the_most_frequent_stay_exact_and_the_rest_take_the_nearest() {
+        // 256 frequent colours (grey levels 0, 1, …, 255, ten pixels each) and 44 rare ones (one pixel each)
+        // a little off a grey level: each rare one must come back as the grey it is nearest to.
+        let mut pixels = Vec::new();
+        for g in 0..=255u8 {
+            for _ in 0..10 {
+                pixels.extend([g, g, g]);
+            }
+        }
+        let rare: Vec<[u8; 3]> = (0..44u8).map(|k| [5 * k + 1, 5 * k, 5 * k + 2]).collect();
+        for c in &rare {
+            pixels.extend(c);
+        }
+        let (palette, indices) = popularity_palette(&pixels);
+        assert_eq!(palette.len(), 256);
+        let drawn: Vec<[u8; 3]> = indices.iter().map(|&i| palette[i as usize]).collect();
+        for (k, pixel) in drawn.iter().enumerate().take(2560) {
+            let g = (k / 10) as u8;
+            assert_eq!(*pixel, [g, g, g], "a frequent colour changed");
+        }
+        for (c, pixel) in rare.iter().zip(&drawn[2560..]) {
+            // The nearest grey to (5k+1, 5k, 5k+2) is 5k+1 (squared distance 2 against 5 for its neighbours).
+            assert_eq!(*pixel, [c[0], c[0], c[0]], "{c:?} was drawn as {pixel:?}");
+        }
+        // Ties between equally frequent colours go to the smaller colour, whatever the input order.
+        let (a, _) = popularity_palette(&[9, 9, 9, 1, 1, 1]);
+        let (b, _) = popularity_palette(&[1, 1, 1, 9, 9, 9]);
+        assert_eq!(a, b);
+        assert_eq!(a, [[1, 1, 1], [9, 9, 9]]);
+    }
+
     #[test]
     fn charts_are_drawn_with_the_legend_beside_the_data() {
         let dir = tempfile::tempdir().unwrap();
@@ -216,6 +281,8 @@ mod tests {
             let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
             let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
             assert_eq!((w, h), (1280, 640));
+            // Colour type 3: indexed, the compact encoding of tests/tree_size.rs.
+            assert_eq!(bytes[25], 3, "a chart is written as an RGB PNG");
         }
         // No temporary file is left beside the charts.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);

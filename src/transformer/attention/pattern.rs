@@ -33,6 +33,18 @@ fn masked(kind: Kind) -> f64 {
 /// The largest intermediate the kernel builds at once (see the chunking in `sliding_window_attention`).
 const CHUNK_BYTES: i64 = 16 << 20;
 
+/// [`Pattern::global_positions`] as an index tensor built on `device` (the first `global_tokens` positions,
+/// then every `global_every`-th), with no copy from the host: a pageable host-to-device copy in every layer's
+/// forward would wait for the GPU's queue each time.
+fn global_index(pattern: &Pattern, n: i64, device: tch::Device) -> Tensor {
+    let g = pattern.global_tokens.min(n);
+    let first = Tensor::arange(g, (Kind::Int64, device));
+    match pattern.global_every {
+        Some(every) if g < n => Tensor::cat(&[first, Tensor::arange_start_step(g, n, every, (Kind::Int64, device))], 0),
+        _ => first,
+    }
+}
+
 /// (N, N) boolean: true where query i may attend to key j under `pattern`; `None` for dense non-causal
 /// attention.
 pub fn allowed(pattern: &Pattern, n: i64, causal: bool, device: tch::Device) -> Option<Tensor> {
@@ -50,7 +62,7 @@ pub fn allowed(pattern: &Pattern, n: i64, causal: bool, device: tch::Device) -> 
         let mut band = dist.abs().le(w * d).logical_and(&dist.remainder(d).eq(0));
         let globals = pattern.global_positions(n);
         if !globals.is_empty() {
-            let g = Tensor::zeros([n], (Kind::Bool, device)).index_fill(0, &Tensor::from_slice(&globals).to(device), 1);
+            let g = Tensor::zeros([n], (Kind::Bool, device)).index_fill(0, &global_index(pattern, n, device), 1);
             band = band.logical_or(&g.view([n, 1])).logical_or(&g.view([1, n]));
         }
         band
@@ -142,7 +154,7 @@ fn windowed(
         None => invalid,
     };
 
-    let g_idx = Tensor::from_slice(&globals).to(device);
+    let g_idx = global_index(pattern, n, device);
     let g = globals.len() as i64;
     let global_keys = (!globals.is_empty()).then(|| {
         let (g_scores, v_glob) = global_key_scores(q, k, v, &g_idx, &geometry, rules);
@@ -406,6 +418,17 @@ fn regroup_rows(t: &Tensor, n: i64, d: i64, m: i64, m_pad: i64) -> Tensor {
 mod tests {
     use super::*;
     use crate::transformer::spec::{PositionEncoding, PositionSpec};
+
+    #[test]
+    fn the_global_index_built_on_the_device_lists_the_global_positions() {
+        for (global_tokens, global_every, n) in
+            [(0, None, 10), (2, None, 10), (3, Some(4), 17), (0, Some(3), 9), (12, Some(2), 10), (1, Some(1), 5)]
+        {
+            let pattern = Pattern { window: Some(2), global_tokens, global_every, ..Pattern::dense() };
+            let index = Vec::<i64>::try_from(global_index(&pattern, n, tch::Device::Cpu)).unwrap();
+            assert_eq!(index, pattern.global_positions(n), "{global_tokens} {global_every:?} {n}");
+        }
+    }
 
     #[test]
     fn fused_blocks_compute_what_the_explicit_products_compute_forward_and_backward() {
