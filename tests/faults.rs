@@ -203,6 +203,55 @@ fn a_full_disk_fails_cleanly_and_leaves_no_temporary_file() {
 }
 
 #[test]
+fn a_run_that_runs_out_of_memory_is_one_line_and_the_sweep_trains_the_next() {
+    let dir = scratch("out-of-memory");
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "an allocation that does not fit is a result, not a crash. ".repeat(2000)).unwrap();
+    let recipe = dir.join("oom.yaml");
+    // The first variant fits this machine's memory by the estimate (about 11 GB) but not the 4 GB of address
+    // space the process is given below: libtorch's allocator fails mid-run, as a GPU's does when the estimate
+    // is short. The second is small.
+    std::fs::write(
+        &recipe,
+        format!(
+            "kind: lm\ntransformer: {{d_model: 1024, layers: 1, heads: 2, block_size: 512}}\ndata: {{path: {}}}\n\
+             train: {{steps: 2, batch_size: 256, eval_interval: 50, eval_batches: 1, log_interval: 1, test_batches: 1}}\n\
+             variants:\n  - {{label: big}}\n  - {{label: small, transformer.d_model: 32, train.batch_size: 2}}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let script = format!(
+        "ulimit -v 4000000; exec '{}' '{}' --out '{}' --device cpu --threads 1 --quiet",
+        env!("CARGO_BIN_EXE_ablate"),
+        recipe.display(),
+        out.display()
+    );
+    let run = Command::new("bash").arg("-c").arg(&script).env("RUST_BACKTRACE", "1").output().unwrap();
+    let log = stderr_of(&run);
+    // Non-zero (a run is missing), with no panic or backtrace: one line for the run, one at the end.
+    assert!(!run.status.success(), "{log}");
+    assert!(!log.contains("panicked") && !log.contains("backtrace"), "{log}");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].contains("run `variant=big seed=0` ran out of memory on Cpu (estimated about")
+            && lines[0].contains("this machine has")
+            && lines[0].contains("can't allocate memory"),
+        "{log}"
+    );
+    assert!(lines[1].contains("1 of 2 runs ran out of memory"), "{log}");
+    // The next run trained and was recorded; the failed one is in failed.csv, not runs.csv.
+    let runs = read_runs(&out.join("runs.csv")).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["run_id"], "variant=small seed=0");
+    let failed = std::fs::read_to_string(out.join("failed.csv")).unwrap();
+    assert!(failed.starts_with("run_id,config_hash,error\n") && failed.contains("variant=big seed=0"), "{failed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn an_impossible_size_is_refused_before_training_with_the_estimate() {
     let dir = scratch("huge");
     let recipe = write_recipe(&dir, 30, Some(1000));

@@ -421,7 +421,9 @@ fn run_child(exe: &Path, s: &PointSpec, device: &str, timeout: Duration, memory_
             if !status.success() {
                 let err = String::from_utf8_lossy(&out.stderr);
                 let last = err.lines().find(|l| l.contains("error") || l.contains("Error")).unwrap_or("").trim();
-                if err.contains("alloc") || err.contains("memory") {
+                // An allocation that did not fit, not any message naming memory ("an illegal memory access"
+                // is a fault, reported as one).
+                if crate::tasks::memory::is_out_of_memory(&err) {
                     return Ok(Outcome::OutOfMemory);
                 }
                 return Ok(Outcome::Failed(format!("exit {status}: {last}")));

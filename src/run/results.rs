@@ -259,7 +259,7 @@ impl ResultsDir {
                 std::fs::remove_dir_all(&path)?;
             }
         }
-        for derived in ["reproduction.csv", "index.html"] {
+        for derived in ["reproduction.csv", "index.html", FAILED_CSV] {
             let path = self.dir.join(derived);
             if path.exists() {
                 std::fs::remove_file(&path)?;
@@ -338,6 +338,55 @@ impl ResultsDir {
             writeln!(samples, "== {} ==\n{}\n", spec.id, outcome.sample)?;
         }
         Ok(())
+    }
+}
+
+/// The runs of a results directory that stopped on an out-of-memory error: `run_id`, `config_hash`, `error`
+/// (one line: the estimate and the memory there was). They are not in `runs.csv` (nothing of them counts), and
+/// a re-run trains them again.
+pub const FAILED_CSV: &str = "failed.csv";
+
+impl ResultsDir {
+    /// Records that `spec` stopped on `error` (replacing an earlier record of it).
+    pub fn record_failure(&self, spec: &RunSpec, error: &str) -> Result<()> {
+        let mut rows = self.failures()?;
+        rows.retain(|r| r[0] != spec.id);
+        rows.push(vec![spec.id.clone(), spec.config_hash.clone(), error.to_string()]);
+        self.write_failures(&rows)
+    }
+
+    /// Forgets the failures of `ids` (about to be trained again); the file goes when none is left.
+    pub fn forget_failures(&self, ids: &HashSet<&str>) -> Result<()> {
+        let rows = self.failures()?;
+        let kept: Vec<Vec<String>> = rows.iter().filter(|r| !ids.contains(r[0].as_str())).cloned().collect();
+        match (kept.len() == rows.len(), kept.is_empty()) {
+            (true, _) => Ok(()),
+            (false, true) => Ok(std::fs::remove_file(self.dir.join(FAILED_CSV))?),
+            (false, false) => self.write_failures(&kept),
+        }
+    }
+
+    /// The recorded failures, as rows of `run_id`, `config_hash`, `error`.
+    pub fn failures(&self) -> Result<Vec<Vec<String>>> {
+        let path = self.dir.join(FAILED_CSV);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let mut reader = csv::Reader::from_path(&path)?;
+        reader
+            .records()
+            .map(|r| Ok(r?.iter().map(str::to_string).collect()))
+            .collect::<Result<_>>()
+            .with_context(|| format!("{} is damaged; delete it (its runs train again)", path.display()))
+    }
+
+    fn write_failures(&self, rows: &[Vec<String>]) -> Result<()> {
+        let mut writer = csv::Writer::from_writer(Vec::new());
+        writer.write_record(["run_id", "config_hash", "error"])?;
+        for row in rows {
+            writer.write_record(row)?;
+        }
+        write_atomically(&self.dir.join(FAILED_CSV), &writer.into_inner()?)
     }
 }
 

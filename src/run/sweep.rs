@@ -246,7 +246,9 @@ fn progress_bar(todo: &[&RunSpec], configs: &HashMap<String, Config>, quiet: boo
 }
 
 /// Trains one run (resuming from its state file when one is there), saves its model when asked, appends
-/// its row to `runs.csv` (the commit point) and writes its TensorBoard events.
+/// its row to `runs.csv` (the commit point) and writes its TensorBoard events. A run that runs out of memory
+/// (in one process) records nothing and returns its one line instead ([`out_of_memory`]), so that the sweep
+/// goes on with the next.
 fn train_and_record(
     recipe: &Recipe,
     run: &RunSpec,
@@ -254,7 +256,7 @@ fn train_and_record(
     opts: &SweepOptions,
     header: &[String],
     bar: &ProgressBar,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let config = plan.configs.get(&run.id).unwrap_or(&run.config);
     let kind = task(config.kind);
     let steps = config.train.steps;
@@ -273,7 +275,21 @@ fn train_and_record(
         world_size: run.config.train.world_size,
     };
     let ctx = RunContext { device: opts.device, progress: &mut progress, state: Some(&state), out: dir, stem: &stem };
-    let trained = kind.train(config, &plan.data, ctx).with_context(|| format!("run `{}`", run.id))?;
+    let capacity = crate::tasks::memory::capacity(opts.device);
+    let trained = match out_of_memory(|| kind.train(config, &plan.data, ctx)) {
+        Ok(trained) => trained.with_context(|| format!("run `{}`", run.id))?,
+        Err(error) => {
+            let had = capacity
+                .map_or(String::new(), |(bytes, what)| format!("; {what} {}", crate::tasks::memory::human(bytes)));
+            return Ok(Some(format!(
+                "run `{}` ran out of memory on {:?} (estimated about {} to train{had}): {}",
+                run.id,
+                opts.device,
+                crate::tasks::memory::human(crate::tasks::memory::training_bytes(config)),
+                error
+            )));
+        }
+    };
     if config.train.checkpoint {
         let vocab = kind.vocab(config, &plan.data)?;
         checkpoint::save(&dir.join("checkpoints"), &run.id, config, vocab, trained.tokenizer.as_ref(), &trained.vs)?;
@@ -289,7 +305,57 @@ fn train_and_record(
             bar.println(line);
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// Runs `train`, turning an out-of-memory failure (libtorch's error, returned or raised as a panic by tch's
+/// infallible ops) into `Err` with the allocator's first line; any other panic goes on unwinding. In a
+/// data-parallel group nothing is caught: the other ranks would wait in a collective for this one.
+fn out_of_memory<T>(train: impl FnOnce() -> Result<T>) -> std::result::Result<Result<T>, String> {
+    if crate::train::distributed::current().is_some() {
+        return Ok(train());
+    }
+    quiet_out_of_memory_panics();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(train)) {
+        Ok(Err(e)) if crate::tasks::memory::is_out_of_memory(&format!("{e:#}")) => {
+            Err(allocator_line(&format!("{e:#}")))
+        }
+        Ok(result) => Ok(result),
+        Err(payload) => match panic_message(payload.as_ref()) {
+            Some(message) if crate::tasks::memory::is_out_of_memory(&message) => Err(allocator_line(&message)),
+            _ => std::panic::resume_unwind(payload),
+        },
+    }
+}
+
+/// The sentence of an allocator's message that says what did not fit ("CUDA out of memory. Tried to allocate
+/// 2.00 GiB…", "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1610612736 bytes…"), without
+/// tch's wrapping or libtorch's backtrace.
+fn allocator_line(message: &str) -> String {
+    let first = message.lines().next().unwrap_or(message);
+    let start =
+        ["CUDA out of memory", "DefaultCPUAllocator", "out of memory"].iter().find_map(|m| first.find(m)).unwrap_or(0);
+    let line = &first[start..];
+    line.split(" Error code").next().unwrap_or(line).trim_end_matches(['"', ')', '.']).to_string()
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+}
+
+/// A panic hook that stays silent for out-of-memory panics (the sweep catches them and says so in one
+/// line) and hands every other panic to the hook there was before.
+fn quiet_out_of_memory_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = panic_message(info.payload()).unwrap_or_default();
+            if !crate::tasks::memory::is_out_of_memory(&message) {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// Runs a recipe's runs (this shard's) in this process: everything that can fail on input is checked first
@@ -304,14 +370,14 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
         return run_second_scale(recipe, opts);
     }
     let trained = match &recipe.tuning {
-        Some(tuning) => run_tuned(recipe, tuning, opts),
+        Some(tuning) => run_tuned(recipe, tuning, opts).map(|_| Vec::new()),
         None => {
             let mine =
                 recipe.runs.iter().enumerate().filter(|(i, _)| opts.shard.is_none_or(|s| s.owns(*i))).map(|(_, r)| r);
             train_pass(recipe, opts, mine.collect(), "")
         }
     };
-    trained?;
+    let failed = trained?;
     tell_followers(&Pass::Done)?;
     // Before this scale's report, so that it can show the effects at both.
     run_second_scale(recipe, opts)?;
@@ -330,6 +396,15 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     if !opts.quiet {
         eprintln!("ablate: wrote {}", dir.display());
     }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} runs ran out of memory ({}): the others are recorded; lower their train.batch_size (or the \
+             model or sequence) and run again to train them",
+            failed.len(),
+            recipe.runs.len(),
+            dir.join(super::results::FAILED_CSV).display()
+        );
+    }
     Ok(())
 }
 
@@ -344,7 +419,7 @@ fn run_tuned(recipe: &Recipe, tuning: &Tuning, opts: &SweepOptions) -> Result<()
     let owns = |arm: usize| opts.shard.is_none_or(|s| s.owns(arm));
     let mut halving = Halving::start(recipe, tuning, owns).inspect_err(stop_followers)?;
     for rung in 0..tuning.rungs {
-        train_pass(recipe, opts, halving.rung_runs(rung), &halving.rung_title(rung))?;
+        refuse_failures(train_pass(recipe, opts, halving.rung_runs(rung), &halving.rung_title(rung))?)?;
         halving.score_rung(&opts.results_dir(), rung).inspect_err(stop_followers)?;
     }
     if !opts.quiet {
@@ -352,7 +427,15 @@ fn run_tuned(recipe: &Recipe, tuning: &Tuning, opts: &SweepOptions) -> Result<()
             eprintln!("ablate: {label}: chose {choice}");
         }
     }
-    train_pass(recipe, opts, halving.final_runs(), " final runs")
+    refuse_failures(train_pass(recipe, opts, halving.final_runs(), " final runs")?)
+}
+
+/// A tuned pass cannot go on without every run (the next rung is chosen from all of them).
+fn refuse_failures(failed: Vec<String>) -> Result<()> {
+    match failed.first() {
+        None => Ok(()),
+        Some(first) => bail!("{first}; tuning needs every run of a rung: lower train.batch_size and run again"),
+    }
 }
 
 /// With `scale_check:`, the whole recipe again at its second scale, into `<out>/scale_check/` (this shard's
@@ -368,7 +451,7 @@ fn run_second_scale(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
 
 /// One pass over `mine` (runs of this shard; `what` names the pass in the opening line): plans, then trains
 /// the unfinished ones in order, each committed to `runs.csv` as it ends.
-fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &str) -> Result<()> {
+fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &str) -> Result<Vec<String>> {
     let planned = plan(recipe, opts, mine);
     if crate::train::distributed::current().is_some() {
         // The other ranks train what rank 0 found unfinished, in its order, or stop with its error.
@@ -396,10 +479,23 @@ fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &
     // Every shard and pass writes the whole recipe's columns, so shards merge and passes share one file.
     let header = super::results::recipe_header(&recipe.runs);
     let bar = progress_bar(&plan.todo, &plan.configs, opts.quiet);
+    // The runs about to train are tried afresh: an earlier out-of-memory record of theirs goes.
+    plan.results.forget_failures(&plan.todo.iter().map(|r| r.id.as_str()).collect())?;
+    let mut failed = Vec::new();
     for (k, run) in plan.todo.iter().enumerate() {
         bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, plan.mine.len(), run.id));
-        train_and_record(recipe, run, &plan, opts, &header, &bar)?;
+        if let Some(line) = train_and_record(recipe, run, &plan, opts, &header, &bar)? {
+            plan.results.record_failure(run, &line)?;
+            let line =
+                format!("ablate: {line}; recorded in {}, going on", dir.join(super::results::FAILED_CSV).display());
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+            failed.push(run.id.clone());
+        }
     }
     bar.finish_and_clear();
-    Ok(())
+    Ok(failed)
 }

@@ -227,16 +227,28 @@ pub fn check_runs_fit<'a>(
     runs: impl IntoIterator<Item = &'a crate::recipe::RunSpec>,
     device: tch::Device,
 ) -> anyhow::Result<()> {
-    let capacity = match device {
+    match capacity(device) {
+        Some((limit, what)) => check_runs_fit_within(file, runs, limit, &what),
+        None => Ok(()),
+    }
+}
+
+/// The memory a run on `device` can use, in bytes, and its name for a message: the host's physical memory on
+/// the CPU ("this machine has"), the GPU's free memory on CUDA ("GPU cuda:0 has free"); `None` where it cannot
+/// be read.
+pub fn capacity(device: tch::Device) -> Option<(f64, String)> {
+    match device {
         tch::Device::Cuda(i) => {
             crate::train::native::cuda_mem_info(i).ok().map(|(free, _)| (free as f64, format!("GPU cuda:{i} has free")))
         }
         _ => host_memory_bytes().map(|bytes| (bytes, "this machine has".to_string())),
-    };
-    match capacity {
-        Some((limit, what)) => check_runs_fit_within(file, runs, limit, &what),
-        None => Ok(()),
     }
+}
+
+/// Whether a failure's message is an allocation that did not fit: the CUDA caching allocator's "CUDA out of
+/// memory", libtorch's CPU allocator's "can't allocate memory" (not "an illegal memory access", a fault).
+pub fn is_out_of_memory(message: &str) -> bool {
+    message.contains("out of memory") || message.contains("can't allocate memory")
 }
 
 /// [`check_runs_fit`] against `limit` bytes, which `what` names ("this machine has", "GPU cuda:0 has free").
