@@ -7,17 +7,6 @@
 //! step's own code count.
 mod common;
 
-/// Whether a scalar read was made by ablate's own code (`item()` called directly) rather than inside a CPU
-/// kernel: the CPU's fused AdamW reads its step count and `multinomial` checks its input with `item()`,
-/// reads of host memory that their CUDA kernels do not make.
-fn read_by_ablate(read: &ablate::train::native::ProfiledOp, ops: &[ablate::train::native::ProfiledOp]) -> bool {
-    let end = read.start_ns + read.duration_ns;
-    ops.iter()
-        .filter(|o| o.thread == read.thread && o.start_ns <= read.start_ns && o.start_ns + o.duration_ns >= end)
-        .filter(|o| !std::ptr::eq(*o, read))
-        .all(|o| o.name == "aten::item")
-}
-
 /// (host reads, operators) per training step of a decoder shaped by `model` (transformer keys), clipped,
 /// logging every `log` steps.
 fn per_step(model: &str, log: i64, extra: &str) -> (f64, f64) {
@@ -33,7 +22,7 @@ fn per_step(model: &str, log: i64, extra: &str) -> (f64, f64) {
             common::train(&cfg);
         })
         .unwrap();
-        let reads = ops.iter().filter(|o| o.name == "aten::_local_scalar_dense" && read_by_ablate(o, &ops)).count();
+        let reads = ablate::run::bench::host_reads(&ops);
         (reads as f64, ops.len() as f64)
     };
     let n = 2 * log;

@@ -120,6 +120,14 @@ pub struct Profile {
     pub step_flops: f64,
     /// The device's matmul peak in the benchmark's precision (FLOP/s), as MFU's denominator.
     pub peak: f64,
+    /// Per step under the profiler: GPU kernels launched (on the CPU, operators called: each is at least one
+    /// kernel on a GPU), and reads of a value to the host (`aten::_local_scalar_dense`, each a wait for the
+    /// device).
+    pub kernels_per_step: f64,
+    pub host_reads_per_step: f64,
+    /// On a GPU, the kernels' summed time over the step's wall time (how busy the device is; under 1 when the
+    /// host's launches are the bottleneck); NaN on the CPU.
+    pub busy_share: f64,
 }
 
 /// One class of operators in a profile.
@@ -212,6 +220,24 @@ pub fn self_times(events: &[crate::train::native::ProfiledOp]) -> Vec<(String, f
     totals.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// The reads of a value to the host (`aten::_local_scalar_dense`, behind `item()` / `double_value`) that
+/// ablate's own code made, each a wait for a GPU: those called directly (inside nothing but `aten::item`),
+/// not those made inside a CPU kernel (the CPU's fused AdamW reads its step count, `multinomial` checks its
+/// input), whose CUDA kernels read nothing back.
+pub fn host_reads(events: &[crate::train::native::ProfiledOp]) -> usize {
+    let by_ablate = |read: &crate::train::native::ProfiledOp| {
+        let end = read.start_ns + read.duration_ns;
+        events
+            .iter()
+            .filter(|o| {
+                o.on_cpu && o.thread == read.thread && o.start_ns <= read.start_ns && o.start_ns + o.duration_ns >= end
+            })
+            .filter(|o| !std::ptr::eq(*o, read))
+            .all(|o| o.name == "aten::item")
+    };
+    events.iter().filter(|e| e.on_cpu && e.name == "aten::_local_scalar_dense" && by_ablate(e)).count()
+}
+
 /// Total duration (ns) of each GPU kernel name the profiler recorded.
 pub fn kernel_times(events: &[crate::train::native::ProfiledOp]) -> Vec<(String, f64)> {
     let mut totals: std::collections::HashMap<&str, f64> = std::collections::HashMap::new();
@@ -243,7 +269,9 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
         phase[1] += t.elapsed().as_secs_f64();
         let t = Instant::now();
         optimiser_step(opt, 1e-3, Some(1.0), scaler);
-        let _ = loss.double_value(&[]);
+        // No read of the loss: the training loop reads it only at log steps, and the host reads counted
+        // below are then the step's own.
+        drop(loss);
         synchronize(device);
         phase[2] += t.elapsed().as_secs_f64();
     };
@@ -260,6 +288,9 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
         }
     })?;
     let per_step = |ns: f64| ns / 1e6 / profiled_steps as f64;
+    let count_per_step = |n: usize| n as f64 / profiled_steps as f64;
+    let kernels = events.iter().filter(|e| e.on_cpu != device.is_cuda()).count();
+    let host_reads = host_reads(&events);
     // On a GPU the time is the kernels' (the CPU side only launches them); on the CPU, operator self times.
     let timeline = if device.is_cuda() { kernel_times(&events) } else { self_times(&events) };
     let mut classes: Vec<OpClass> = Vec::new();
@@ -287,7 +318,11 @@ pub fn profile(b: &BenchConfig, device: Device) -> anyhow::Result<Profile> {
     let matmul_flops = 6.0 * matmul_params * tokens;
     let attention_flops = 12.0 * (spec.layers * m.block * spec.attention.inner()) as f64 * tokens;
     let ms = |s: f64| s * 1000.0 / b.steps as f64;
+    let kernel_ms: f64 = kernel_times(&events).iter().map(|(_, ns)| per_step(*ns)).sum();
     Ok(Profile {
+        kernels_per_step: count_per_step(kernels),
+        host_reads_per_step: count_per_step(host_reads),
+        busy_share: if device.is_cuda() { kernel_ms / ms(secs) } else { f64::NAN },
         tokens_per_s: b.steps as f64 * tokens / secs,
         step_ms: ms(secs),
         phases: vec![("forward", ms(phase[0])), ("backward", ms(phase[1])), ("optimiser", ms(phase[2]))],
@@ -309,6 +344,14 @@ pub fn profile_report(p: &Profile, label: &str) -> String {
         p.matmul_rate() / 1e9,
         100.0 * p.matmul_rate() / p.peak
     );
+    let busy = match p.busy_share.is_finite() {
+        true => format!(", GPU busy {:.0}% of the step", 100.0 * p.busy_share),
+        false => String::new(),
+    };
+    out.push_str(&format!(
+        "per step: {:.0} kernels (operators on the CPU), {:.2} host reads{busy}\n",
+        p.kernels_per_step, p.host_reads_per_step
+    ));
     out.push_str("phase        ms/step  share\n");
     for (name, ms) in &p.phases {
         out.push_str(&format!("{name:<12} {ms:>7.2}  {:>4.1}%\n", 100.0 * ms / p.step_ms));
@@ -340,6 +383,9 @@ pub fn profile_csv(p: &Profile, label: &str) -> String {
     for (name, v) in [
         ("tokens_per_s", p.tokens_per_s),
         ("step_ms", p.step_ms),
+        ("kernels_per_step", p.kernels_per_step),
+        ("host_reads_per_step", p.host_reads_per_step),
+        ("busy_share", p.busy_share),
         ("mfu", p.mfu()),
         ("peak_gflops", p.peak / 1e9),
         ("matmul_gflops", p.matmul_rate() / 1e9),
@@ -405,6 +451,20 @@ mod tests {
         assert_eq!(get("aten::mm"), 30.0);
         // Self times add up to the busy time of each thread.
         assert_eq!(times.iter().map(|t| t.1).sum::<f64>(), 100.0 + 40.0 + 30.0);
+    }
+
+    #[test]
+    fn a_profiled_step_counts_its_kernels_and_reads_nothing_back_to_the_host() {
+        let model = BenchModel { layers: 1, heads: 2, d_model: 16, block: 8, batch: 2, vocab: 11 };
+        let b = BenchConfig { model, warmup: 1, steps: 2, precision: Precision::Fp32 };
+        let p = profile(&b, Device::Cpu).unwrap();
+        // Forward, backward and the fused update of a one-layer model: hundreds of operators, none of them a
+        // read of a value to the host (the clip and the update stay on the device).
+        assert!(p.kernels_per_step > 100.0, "{}", p.kernels_per_step);
+        assert_eq!(p.host_reads_per_step, 0.0);
+        assert!(p.busy_share.is_nan(), "no GPU timeline on the CPU");
+        let report = profile_report(&p, "t");
+        assert!(report.contains("kernels (operators on the CPU), 0.00 host reads"), "{report}");
     }
 
     #[test]
