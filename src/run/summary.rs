@@ -379,12 +379,112 @@ fn column_of(m: &Metric) -> String {
     m.column_name().expect("headline metrics are columns").to_string()
 }
 
-/// A comparison's name in the tables: the variant (against a baseline) or `variant vs previous` (a ladder).
+/// A comparison's name in the tables: the variant (against a baseline) or `variant vs other` (a ladder, or a
+/// baseline within the other swept keys), each label [`readable`], with the swept values both sides share
+/// said once: `window 32 vs dense (task=listops max_length=500)`.
 fn comparison_label(reference: &Reference, variants: &[(String, Vec<String>)], v: usize, against: usize) -> String {
+    let labels = readable(&variants.iter().map(|(label, _)| label.clone()).collect::<Vec<_>>());
     match reference {
-        Reference::Baseline(_) => variants[v].0.clone(),
-        Reference::Ladder | Reference::Within { .. } => format!("{} vs {}", variants[v].0, variants[against].0),
+        Reference::Baseline(_) => labels[v].clone(),
+        Reference::Ladder | Reference::Within { .. } => {
+            let (a, b): (Vec<&str>, Vec<&str>) = (labels[v].split(' ').collect(), labels[against].split(' ').collect());
+            // The trailing `key=value` words both labels end with: the swept values the pairing holds equal.
+            let shared = a
+                .iter()
+                .rev()
+                .zip(b.iter().rev())
+                .take_while(|(x, y)| x == y && x.contains('='))
+                .count()
+                .min(a.len() - 1)
+                .min(b.len() - 1);
+            // Or the leading words both share, where what differs is swept values alone (`width 64 lr=0.1 vs
+            // width 64 lr=0.001`: the variant held equal, the swept key compared).
+            let leading = a.iter().zip(&b).take_while(|(x, y)| x == y).count().min(a.len() - 1).min(b.len() - 1);
+            let swept_only = |words: &[&str]| words.iter().all(|w| w.contains('='));
+            match shared {
+                0 if leading > 0 && swept_only(&a[leading..]) && swept_only(&b[leading..]) => {
+                    format!("{} vs {} ({})", a[leading..].join(" "), b[leading..].join(" "), a[..leading].join(" "))
+                }
+                0 => format!("{} vs {}", labels[v], labels[against]),
+                n => format!(
+                    "{} vs {} ({})",
+                    a[..a.len() - n].join(" "),
+                    b[..b.len() - n].join(" "),
+                    a[a.len() - n..].join(" ")
+                ),
+            }
+        }
     }
+}
+
+/// (section key, its fields, the byte range of `key={…}`) of every inline section value in a label.
+type Sections = Vec<(String, Vec<(String, String)>, std::ops::Range<usize>)>;
+
+fn sections(label: &str) -> Sections {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = label[from..].find("={").map(|i| from + i) {
+        let start = label[..at].rfind(' ').map_or(0, |i| i + 1);
+        let mut depth = 0;
+        let mut end = None;
+        for (i, c) in label[at + 1..].char_indices() {
+            match c {
+                '{' | '[' => depth += 1,
+                '}' | ']' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = Some(at + 1 + i);
+                break;
+            }
+        }
+        let Some(end) = end else { break };
+        let body = &label[at + 2..end];
+        let mut fields = Vec::new();
+        let (mut depth, mut field_start) = (0, 0);
+        for (i, c) in body.char_indices().chain(std::iter::once((body.len(), ','))) {
+            match c {
+                '{' | '[' => depth += 1,
+                '}' | ']' => depth -= 1,
+                ',' if depth == 0 => {
+                    if let Some((k, v)) = body[field_start..i].split_once(':') {
+                        fields.push((k.to_string(), v.to_string()));
+                    }
+                    field_start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        out.push((label[start..at].to_string(), fields, start..end + 1));
+        from = end + 1;
+    }
+    out
+}
+
+/// Labels as tables show them: a swept section's inline value (`seq_classify={task:listops,min_length:200,
+/// train_examples:8000}`) becomes the fields whose values differ between `labels` (`task=listops
+/// min_length=200`; a field one label lacks differs), so a row names what varies, not a whole configuration.
+pub fn readable(labels: &[String]) -> Vec<String> {
+    let parsed: Vec<Sections> = labels.iter().map(|l| sections(l)).collect();
+    let value_of = |label: usize, key: &str, field: &str| -> Option<String> {
+        parsed[label].iter().find(|(k, _, _)| k == key)?.1.iter().find(|(f, _)| f == field).map(|(_, v)| v.clone())
+    };
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            let mut out = label.clone();
+            for (key, fields, range) in parsed[i].iter().rev() {
+                let differing: Vec<String> = fields
+                    .iter()
+                    .filter(|(field, value)| (0..labels.len()).any(|j| value_of(j, key, field).as_ref() != Some(value)))
+                    .map(|(field, value)| format!("{field}={value}"))
+                    .collect();
+                out.replace_range(range.clone(), &differing.join(" "));
+            }
+            out.split_whitespace().collect::<Vec<_>>().join(" ")
+        })
+        .collect()
 }
 
 fn describe_reference(reference: &Reference, variants: &[(String, Vec<String>)]) -> String {
@@ -996,6 +1096,48 @@ fn find_baseline(runs: &[Row], variants: &[(String, Vec<String>)], spec: &str) -
 mod tests {
 
     use super::*;
+
+    #[test]
+    fn a_swept_section_is_named_by_the_fields_that_differ_and_shared_values_are_said_once() {
+        let labels: Vec<String> = [
+            "dense seq_classify={task:listops,min_length:200,max_length:500,train_examples:8000}",
+            "window 32 seq_classify={task:listops,min_length:200,max_length:500,train_examples:8000}",
+            "dense seq_classify={task:bytes,max_length:1024,train_examples:8000}",
+            "window 32 seq_classify={task:bytes,max_length:1024,train_examples:8000}",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            readable(&labels),
+            [
+                "dense task=listops min_length=200 max_length=500",
+                "window 32 task=listops min_length=200 max_length=500",
+                "dense task=bytes max_length=1024",
+                "window 32 task=bytes max_length=1024",
+            ]
+        );
+        let variants: Vec<(String, Vec<String>)> = labels.iter().map(|l| (l.clone(), Vec::new())).collect();
+        let within = Reference::Within { baseline: "variant=dense".into(), pairs: Vec::new() };
+        assert_eq!(
+            comparison_label(&within, &variants, 1, 0),
+            "window 32 vs dense (task=listops min_length=200 max_length=500)"
+        );
+        assert_eq!(comparison_label(&within, &variants, 3, 2), "window 32 vs dense (task=bytes max_length=1024)");
+        // Labels without a section, and nothing shared, are as they were.
+        let plain: Vec<(String, Vec<String>)> =
+            ["heads=1", "heads=2"].iter().map(|l| (l.to_string(), Vec::new())).collect();
+        assert_eq!(comparison_label(&Reference::Ladder, &plain, 1, 0), "heads=2 vs heads=1");
+        // A variant held equal while a swept key is compared: the variant said once; a ladder's rungs that
+        // only share a word stay whole.
+        let widths: Vec<(String, Vec<String>)> = ["width 64 lr=0.001", "width 64 lr=0.1", "+ rope", "+ qk_norm"]
+            .iter()
+            .map(|l| (l.to_string(), Vec::new()))
+            .collect();
+        assert_eq!(comparison_label(&within, &widths, 1, 0), "lr=0.1 vs lr=0.001 (width 64)");
+        assert_eq!(comparison_label(&Reference::Ladder, &widths, 3, 2), "+ qk_norm vs + rope");
+        assert_eq!(comparison_label(&Reference::Baseline(0), &plain, 1, 0), "heads=2");
+    }
     use crate::stats::holm;
 
     type Variants = Vec<(String, Vec<String>)>;
