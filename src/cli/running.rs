@@ -283,7 +283,18 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    ablate::run::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet)
+    // Keys set on the command line, when the reference is current for the recipe itself: a difference from
+    // the reference is then theirs, not the reference's age.
+    let parsed = args.overrides.parse()?;
+    let mut overridden: Vec<String> =
+        parsed.set.iter().map(|(k, _, _)| k.clone()).chain(parsed.sweep.iter().map(|(k, _, _)| k.clone())).collect();
+    if !overridden.is_empty() {
+        let plain = Sweep::load(&sweep.path, false, &Default::default(), None)?;
+        if ablate::run::reproduce::staleness(&plain.recipe, &sweep.reference())?.is_none_or(|stale| !stale.is_empty()) {
+            overridden.clear();
+        }
+    }
+    ablate::run::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet, &overridden)
 }
 
 /// `--until-settled`: the recipe's seeds (the pilot), then the seeds its inconclusive comparisons need

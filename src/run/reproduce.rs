@@ -25,8 +25,9 @@ pub struct Verdict {
     pub metric: String,
     pub reference: Option<Estimate>,
     pub rerun: Option<Estimate>,
-    /// `reproduces`, `differs` or `stale` (the reference was made with another configuration: the rule
-    /// names the change and what a refresh costs).
+    /// `reproduces`, `differs`, `stale` (the reference was made with another configuration: the rule
+    /// names the change and what a refresh costs) or `overridden` (this run's command-line overrides made the
+    /// difference: the rule names them).
     pub verdict: &'static str,
     pub rule: String,
 }
@@ -230,6 +231,11 @@ pub fn lines(verdicts: &[Verdict], reference: &Path) -> Vec<String> {
         let worst = mine.iter().find(|w| w.verdict != "reproduces").unwrap_or(&mine[0]);
         let line = if worst.verdict == "stale" {
             format!("  {}: stale reference ({})", v.variant, worst.rule)
+        } else if worst.verdict == "overridden" {
+            format!(
+                "  {}: not compared: this run's configuration differs from the reference's ({})",
+                v.variant, worst.rule
+            )
         } else {
             format!(
                 "  {}: {} ({} {} vs reference {}; {})",
@@ -275,7 +281,9 @@ pub fn write(verdicts: &[Verdict], path: &Path) -> Result<()> {
 }
 
 /// Compares, prints and writes, when `reference` holds results and is not `dir` itself.
-pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool) -> Result<()> {
+/// `overridden`: the keys set on the command line (`KEY=VALUE`, `--sweep`): a variant they make differ from
+/// the reference is said to differ by them, not to have a stale reference.
+pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool, overridden: &[String]) -> Result<()> {
     let same = match (dir.canonicalize(), reference.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
@@ -292,6 +300,7 @@ pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool) -> Res
             return Ok(());
         }
     };
+    let verdicts = overridden_lines(&verdicts, overridden);
     write(&verdicts, &dir.join("reproduction.csv"))?;
     super::report::write_report(dir, recipe)?;
     if !quiet {
@@ -300,4 +309,73 @@ pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool) -> Res
         }
     }
     Ok(())
+}
+
+/// The verdicts of a run made with command-line overrides (`overridden`: their keys) against a reference
+/// that is current for the recipe itself: each stale verdict is the overrides' doing, so it becomes
+/// `overridden`, naming the keys (those its difference names, else all of them). Pass no keys where the
+/// reference is stale for the recipe too.
+pub fn overridden_lines(verdicts: &[Verdict], overridden: &[String]) -> Vec<Verdict> {
+    verdicts
+        .iter()
+        .map(|v| match v.verdict {
+            "stale" if !overridden.is_empty() => {
+                let named: Vec<&String> = overridden.iter().filter(|k| v.rule.contains(&format!("{k} "))).collect();
+                let keys: Vec<String> = if named.is_empty() { overridden.iter().collect() } else { named }
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect();
+                let what = v.rule.split("; ").next().unwrap_or(&v.rule).replace(" (the recipe gained it since)", "");
+                Verdict {
+                    verdict: "overridden",
+                    rule: format!("{what}: {} set on the command line", keys.join(", ")),
+                    ..v.clone()
+                }
+            }
+            _ => v.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stale(variant: &str, rule: &str) -> Verdict {
+        Verdict {
+            variant: variant.into(),
+            metric: "test loss".into(),
+            reference: None,
+            rerun: None,
+            verdict: "stale",
+            rule: rule.into(),
+        }
+    }
+
+    #[test]
+    fn a_difference_made_on_the_command_line_is_said_so_and_not_called_a_stale_reference() {
+        let verdicts = vec![
+            stale("heads=4", "train.steps 30 now, 1500 in the reference; refreshing it took 69 min of training"),
+            stale(
+                "base",
+                "the reference has no variant `base` (the recipe gained it since); refreshing it took 69 min",
+            ),
+        ];
+        let keys = vec!["transformer.heads".to_string(), "train.steps".to_string()];
+        let said = overridden_lines(&verdicts, &keys);
+        assert_eq!(said[0].verdict, "overridden");
+        assert_eq!(said[0].rule, "train.steps 30 now, 1500 in the reference: `train.steps` set on the command line");
+        assert_eq!(
+            said[1].rule,
+            "the reference has no variant `base`: `transformer.heads`, `train.steps` set on the command line"
+        );
+        let text = lines(&said, Path::new("results/heads"));
+        assert!(
+            text[1].starts_with("  heads=4: not compared: this run's configuration differs from the reference's ("),
+            "{text:?}"
+        );
+        assert!(!text.iter().any(|l| l.contains("stale") || l.contains("refreshing")), "{text:?}");
+        // Without overrides (or against a reference stale for the recipe itself) a stale verdict stays stale.
+        assert_eq!(overridden_lines(&verdicts, &[])[0].verdict, "stale");
+    }
 }
