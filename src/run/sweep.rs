@@ -382,6 +382,16 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // Before this scale's report, so that it can show the effects at both.
     run_second_scale(recipe, opts)?;
     let dir = opts.results_dir();
+    // Runs that ran out of memory: said after what finished is written, as the command's error.
+    let failures = || match failed.len() {
+        0 => Ok(()),
+        n => Err(anyhow::anyhow!(
+            "{n} of {} runs ran out of memory ({}): the others are recorded; lower their train.batch_size (or the \
+             model or sequence) and run again to train them",
+            recipe.runs.len(),
+            dir.join(super::results::FAILED_CSV).display()
+        )),
+    };
     if let Some(shard) = opts.shard {
         if !opts.quiet {
             eprintln!(
@@ -390,22 +400,13 @@ pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
                 recipe.file
             );
         }
-        return Ok(());
+        return failures();
     }
     super::finish(&dir, recipe)?;
     if !opts.quiet {
         eprintln!("ablate: wrote {}", dir.display());
     }
-    if !failed.is_empty() {
-        bail!(
-            "{} of {} runs ran out of memory ({}): the others are recorded; lower their train.batch_size (or the \
-             model or sequence) and run again to train them",
-            failed.len(),
-            recipe.runs.len(),
-            dir.join(super::results::FAILED_CSV).display()
-        );
-    }
-    Ok(())
+    failures()
 }
 
 /// Followers of a data-parallel launch wait for the next pass between passes: tell them there is none.
