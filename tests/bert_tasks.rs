@@ -278,7 +278,7 @@ fn a_sweep_over_tasks_names_each_comparison_by_its_own_task_metric() {
     let f1: Vec<_> = judged.rows.iter().filter(|r| r.metric.column_name() == Some("test_f1")).collect();
     assert_eq!(f1.len(), 2);
     for r in f1 {
-        let expected = if r.comparison.starts_with("left-to-right task=spam") { spam } else { punctuation };
+        let expected = if r.arms.0.starts_with("left-to-right task=spam") { spam } else { punctuation };
         assert_eq!(r.metric.label, expected, "{}", r.comparison);
     }
 }
