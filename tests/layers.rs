@@ -1,6 +1,8 @@
 //! The folders of `src/` are layers, and each imports only the layers below it: the import graph has no
 //! cycle. This walks every source file's `crate::…` paths (the CLI's `ablate::…` ones too) and checks each
 //! against the order below, so a new import that points up fails here with the file that has it.
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -20,17 +22,6 @@ const LAYERS: &[&[&str]] = &[
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The top-level modules a file names as `crate::X` or `ablate::X` (comments included: a doc link that
@@ -57,8 +48,7 @@ fn module_of(src: &Path, file: &Path) -> String {
 
 fn upward_imports() -> Vec<String> {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let files = common::rust_files(&src);
     let mut wrong = Vec::new();
     for file in files {
         let module = module_of(&src, &file);

@@ -135,18 +135,7 @@ fn nothing_pins_memory_through_the_deprecated_overload() {
     // tch's `pin_memory(device)` / `f_pin_memory(device)` call libtorch's `pin_memory(Device)`, which prints
     // a deprecation warning on every call (two lines per batch tensor per step on a GPU); data::pin_memory
     // calls `Tensor::pin_memory()` with no device through csrc/fused.cpp.
-    let mut files = Vec::new();
-    let mut dirs = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
+    let files = common::rust_files(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")));
     let offenders: Vec<String> = files
         .iter()
         .filter(|f| {

@@ -297,15 +297,19 @@ fn train_and_record(
     plan.results.append(header, run, &trained.outcome)?;
     super::tensorboard::export(dir, recipe)?;
     if !opts.quiet {
-        let line = run_line(&run.id, &trained.outcome, &kind.metrics(&run.config));
-        // indicatif drops println on a hidden bar (stderr not a terminal): print the line directly then.
-        if bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            bar.println(line);
-        }
+        say(bar, run_line(&run.id, &trained.outcome, &kind.metrics(&run.config)));
     }
     Ok(None)
+}
+
+/// A line above the progress bar. indicatif drops println on a hidden bar (stderr not a terminal): the line
+/// is printed directly then.
+fn say(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
 /// Runs `train`, turning an out-of-memory failure (libtorch's error, returned or raised as a panic by tch's
@@ -487,13 +491,10 @@ fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &
         bar.set_prefix(format!("run {}/{} [{}]", skipped + k + 1, plan.mine.len(), run.id));
         if let Some(line) = train_and_record(recipe, run, &plan, opts, &header, &bar)? {
             plan.results.record_failure(run, &line)?;
-            let line =
-                format!("ablate: {line}; recorded in {}, going on", dir.join(super::results::FAILED_CSV).display());
-            if bar.is_hidden() {
-                eprintln!("{line}");
-            } else {
-                bar.println(line);
-            }
+            say(
+                &bar,
+                format!("ablate: {line}; recorded in {}, going on", dir.join(super::results::FAILED_CSV).display()),
+            );
             failed.push(run.id.clone());
         }
     }

@@ -493,9 +493,9 @@ pub fn optimise(
     let mut unread: Vec<(i64, Tensor)> = Vec::new();
     // The last step taken: `t.steps`, or under a seconds budget the step that reached it.
     let mut last_step = at.first_step;
-    let out_of_time = |at: &Standing| t.seconds_budget().is_some_and(|s| at.train_time >= s);
+    let out_of_time = |seconds: f64| t.seconds_budget().is_some_and(|s| seconds >= s);
     for step in at.first_step..t.steps {
-        if out_of_time(&at) {
+        if out_of_time(at.train_time) {
             // A run resumed after its budget was spent: nothing left to train.
             break;
         }
@@ -517,7 +517,7 @@ pub fn optimise(
         // run's clock would count only the host's queueing (4–10% short at a read every 10–25 steps,
         // several-fold at every step), and tokens_per_s and mfu would overstate by as much.
         let host_time = at.train_time + tick.elapsed().as_secs_f64();
-        let last = done == t.steps || t.seconds_budget().is_some_and(|s| host_time >= s);
+        let last = done == t.steps || out_of_time(host_time);
         let diverged = match must_read(t, done, last || stop) {
             true => read_losses(&mut unread, &mut at),
             false => None,

@@ -108,3 +108,20 @@ pub fn runs_csv_before_column(runs: &Path, column: &str, keep: usize) {
     }
     writer.flush().unwrap();
 }
+
+/// Every `.rs` file under `dir`, at any depth (the source tests read `src/` with it).
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
