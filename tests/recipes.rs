@@ -352,3 +352,68 @@ fn a_swept_section_replaces_the_whole_section_and_labels_read_plainly() {
     assert_eq!(r.runs[1].config.transformer.attention.pattern.dilation, 1, "unset fields take their defaults");
     assert_eq!(r.runs[1].label, "attention={implementation:sparse,pattern:{window:8}}");
 }
+
+/// `ablate stale` run in `root` (a tree of recipes/ and results/): its exit status, table and error line.
+fn stale_in(root: &std::path::Path) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ablate")).arg("stale").current_dir(root).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[test]
+fn ablate_stale_fails_on_a_stale_reference_and_on_a_retirement_that_does_not_hold() {
+    // A fixture tree: the shipped heads recipe and its committed runs.csv, then edits a change would make.
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = std::env::temp_dir().join(format!("ablate-stale-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for dir in ["recipes", "results/heads"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let recipe = std::fs::read_to_string(repo.join("recipes/heads.yaml")).unwrap();
+    std::fs::copy(repo.join("results/heads/runs.csv"), root.join("results/heads/runs.csv")).unwrap();
+    let write = |name: &str, text: &str| std::fs::write(root.join(format!("recipes/{name}.yaml")), text).unwrap();
+
+    write("heads", &recipe);
+    let (ok, table, _) = stale_in(&root);
+    assert!(ok && table.contains("| `recipes/heads.yaml` | `results/heads` | current |"), "{table}");
+
+    // The model's training changed under the reference: stale, and the command fails naming it.
+    assert!(recipe.contains("  steps: 1500\n"));
+    write("heads", &recipe.replace("  steps: 1500\n", "  steps: 1400\n"));
+    let (ok, table, err) = stale_in(&root);
+    assert!(!ok && table.contains("**stale**") && table.contains("train.steps"), "{table}");
+    assert!(err.contains("1 reference(s) not current: results/heads is stale"), "{err}");
+
+    // Retired while its results are still committed, and with a successor that is no shipped recipe.
+    let retired = format!("{recipe}retired:\n  reason: answered elsewhere\n  successors: [heads_again]\n");
+    write("heads", &retired);
+    let (ok, _, err) = stale_in(&root);
+    assert!(!ok && err.contains("results/heads is still committed"), "{err}");
+    assert!(err.contains("its successor heads_again is not a shipped recipe"), "{err}");
+
+    // Retired properly: its results gone, its successor a recipe with a current reference.
+    std::fs::rename(root.join("results/heads"), root.join("results/heads_again")).unwrap();
+    write("heads_again", &recipe.replace("name: heads\n", "name: heads_again\n"));
+    let (ok, table, err) = stale_in(&root);
+    assert!(ok, "{err}");
+    assert!(table.contains("**retired** → [heads_again](heads_again/README.md): answered elsewhere"), "{table}");
+    assert!(table.contains("| `recipes/heads_again.yaml` | `results/heads_again` | current |"), "{table}");
+
+    // A successor whose own reference is stale does not hold a retirement up.
+    write("heads_again", &recipe.replace("name: heads\n", "name: heads_again\n").replace("  steps: 1500\n", "  steps: 1400\n"));
+    let (ok, _, err) = stale_in(&root);
+    assert!(!ok && err.contains("its successor heads_again has no current reference"), "{err}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn a_retirement_names_its_reason_and_successors_by_name() {
+    let ok = load("retired:\n  reason: answered by heads\n  successors: [heads]\n").unwrap();
+    assert_eq!(ok.retired.as_ref().map(|r| r.successors.clone()), Some(vec!["heads".to_string()]));
+    let e = error("retired:\n  reason: answered by heads\n  successors: [recipes/heads.yaml]\n");
+    assert!(e.to_string().contains("is not a recipe name"), "{e}");
+    assert_eq!(e.line, 3, "{e}");
+    let e = error("retired:\n  reason: \" \"\n");
+    assert!(e.to_string().contains("say why"), "{e}");
+    let e = error("retired:\n  why: no\n");
+    assert!(e.to_string().contains("why"), "{e}");
+}

@@ -94,6 +94,9 @@ struct RecipeFile {
     scale_check: Mapping,
     /// The comparisons the results answer and the smallest effect that matters per metric.
     compare: Option<compare::CompareFile>,
+    /// A recipe kept as an example whose committed reference was withdrawn: why, and where its question is
+    /// answered now.
+    retired: Option<Retired>,
 }
 
 /// The sections as their structs, read straight from the text only to report a mistake in them at its
@@ -120,6 +123,7 @@ struct TypedSections {
     tune: Option<Value>,
     scale_check: Option<Value>,
     compare: Option<Value>,
+    retired: Option<Value>,
 }
 
 /// The config sections of a recipe file, in schema order.
@@ -164,6 +168,21 @@ pub struct Recipe {
     pub scale_check: Option<(Box<Recipe>, Vec<String>)>,
     /// With `compare:`, the comparisons its results answer and their margins.
     pub compare: Option<compare::Compare>,
+    /// With `retired:`, the recipe has no committed reference (results/<name> is gone), and says why.
+    pub retired: Option<Retired>,
+}
+
+/// `retired:` — a shipped recipe whose committed reference was withdrawn (out of date and not worth its
+/// refresh, or answered better by another recipe's results). The recipe still runs, as an example;
+/// `ablate stale` lists it with its successors and checks that they hold current references.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retired {
+    /// Why the reference was withdrawn, in a sentence.
+    pub reason: String,
+    /// The recipes (by name) whose results answer its question now; empty when none does.
+    #[serde(default)]
+    pub successors: Vec<String>,
 }
 
 impl Recipe {
@@ -389,6 +408,7 @@ fn parse_one_scale(
     };
     let second = second_scale(&src, &parsed, &sweep_keys)?;
     let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c, seeds.len())).transpose()?;
+    let retired = parsed.retired.clone().map(|r| checked_retirement(&src, r)).transpose()?;
     let recipe = Recipe {
         file: file.into(),
         name: parsed.name.unwrap_or_else(|| stem.to_string()),
@@ -401,8 +421,25 @@ fn parse_one_scale(
         tuning,
         scale_check: None,
         compare,
+        retired,
     };
     Ok((recipe, second))
+}
+
+/// `retired:` with a reason to read and successors that are recipe names, not paths.
+fn checked_retirement(src: &Source, retired: Retired) -> Result<Retired, RecipeError> {
+    if retired.reason.trim().is_empty() {
+        return Err(src.at("retired.reason", "retired.reason: say why the reference was withdrawn".into()));
+    }
+    if let Some(bad) =
+        retired.successors.iter().find(|s| s.is_empty() || s.contains(['/', '.', ' ']) || s.ends_with(".yaml"))
+    {
+        return Err(src.at(
+            "retired.successors",
+            format!("retired.successors: `{bad}` is not a recipe name (write `heads`, not a path)"),
+        ));
+    }
+    Ok(retired)
 }
 
 /// What every step after the overrides reads: the file's name, its line map (with the arguments that
