@@ -132,7 +132,7 @@ fn an_override_that_pins_the_compared_key_runs_without_the_comparison() {
     // `bin/ablate heads.yaml transformer.heads=4` is a quick run of one arm: the recipe's `compare:`
     // (baseline heads=1, a prediction about heads=2) has nothing to pair then, which is not an error; the
     // same recipe as written still has its comparison checked.
-    let text = "kind: lm\ntransformer: {d_model: 32, layers: 1, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\ncompare:\n  baseline: heads=1\n  predict:\n    - {comparison: heads=2, metric: test_loss, expect: better, source: a test}\n";
+    let text = "kind: lm\ntransformer: {d_model: 32, layers: 1, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\ncompare:\n  baseline: heads=1\n  predict:\n    - {comparison: heads=2, metric: test_loss, expect: better, source: a test, role: test}\n";
     let dir = std::env::temp_dir().join(format!("ablate-pin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("pin.yaml");

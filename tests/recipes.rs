@@ -399,7 +399,10 @@ fn ablate_stale_fails_on_a_stale_reference_and_on_a_retirement_that_does_not_hol
     assert!(table.contains("| `recipes/heads_again.yaml` | `results/heads_again` | current |"), "{table}");
 
     // A successor whose own reference is stale does not hold a retirement up.
-    write("heads_again", &recipe.replace("name: heads\n", "name: heads_again\n").replace("  steps: 1500\n", "  steps: 1400\n"));
+    write(
+        "heads_again",
+        &recipe.replace("name: heads\n", "name: heads_again\n").replace("  steps: 1500\n", "  steps: 1400\n"),
+    );
     let (ok, _, err) = stale_in(&root);
     assert!(!ok && err.contains("its successor heads_again has no current reference"), "{err}");
     std::fs::remove_dir_all(&root).unwrap();

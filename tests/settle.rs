@@ -176,7 +176,7 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
         let text = recipe_text(&dir, 0.01).replace(
             "compare:\n  baseline: heads=1\n",
             &format!(
-                "compare:\n  baseline: heads=1\n  predict:\n    - {{comparison: heads=2, metric: test_loss, expect: {expect}, source: 'a paper, Table 1'}}\n    - {{comparison: heads=2, metric: test_accuracy, expect: equivalent, source: the same paper}}\n"
+                "compare:\n  baseline: heads=1\n  predict:\n    - {{comparison: heads=2, metric: test_loss, expect: {expect}, source: 'a paper, Table 1', role: test}}\n    - {{comparison: heads=2, metric: test_accuracy, expect: equivalent, source: the same paper, role: control}}\n"
             ),
         );
         parse(&text, "predict.yaml", "predict", false).unwrap()
@@ -188,8 +188,13 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     write_pilot(&out, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
     ablate::run::results::write_resolved(&recipe, &out.join("recipe.resolved.yaml")).unwrap();
     let block = ablate::run::verdicts::block(&out, &recipe, None, "test").unwrap();
-    let row =
-        |metric: &str| block.lines().find(|l| l.starts_with(&format!("| heads=2 | {metric} | "))).unwrap().to_string();
+    let row = |metric: &str| {
+        block
+            .lines()
+            .find(|l| l.starts_with("| heads=2 | ") && l.contains(&format!(" | {metric} | ")))
+            .unwrap()
+            .to_string()
+    };
     assert!(row("test_loss").ends_with("| reproduced |"), "{block}");
     assert!(row("test_accuracy").ends_with("| consistent |"), "{block}");
     assert!(!block.contains("post hoc"), "{block}");
@@ -211,22 +216,39 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     // The same results judged against a prediction changed afterwards: its outcome is marked post hoc.
     let edited = with("worse");
     let block = ablate::run::verdicts::block(&out, &edited, None, "test").unwrap();
-    let loss = block.lines().find(|l| l.starts_with("| heads=2 | test_loss | worse")).unwrap();
+    let loss = block.lines().find(|l| l.starts_with("| heads=2 | test | test_loss | worse")).unwrap();
     assert!(loss.contains("not reproduced (the opposite direction) (post hoc"), "{loss}");
     assert!(block.contains("1 of 2 prediction(s) differ from those recorded"), "{block}");
-    // A prediction must name a variant and a headline metric, and give its source.
+    // A role given after the run (here the accuracy's, control when the run recorded test) is marked, and is
+    // not post hoc: the claim is the one the results ran against.
+    let mut recorded_as_test = recipe.clone();
+    recorded_as_test.compare.as_mut().unwrap().predict[1].role = Some(ablate::recipe::compare::Role::Test);
+    let fresh_roles = dir.join("roles");
+    std::fs::create_dir_all(&fresh_roles).unwrap();
+    ablate::run::results::write_resolved(&recorded_as_test, &fresh_roles.join("recipe.resolved.yaml")).unwrap();
+    write_pilot(&fresh_roles, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
+    let block = ablate::run::verdicts::block(&fresh_roles, &recipe, None, "test").unwrap();
+    let accuracy = block.lines().find(|l| l.starts_with("| heads=2 | control | test_accuracy")).unwrap();
+    assert!(accuracy.ends_with("| consistent (its role given after the run) |"), "{accuracy}");
+    assert!(!block.contains("post hoc"), "{block}");
+    // A prediction must name a variant and a headline metric, and give its source and its role.
     let text = recipe_text(&dir, 0.01);
     for (bad, expected) in [
         (
-            "{comparison: heads=3, metric: test_loss, expect: better, source: x}",
+            "{comparison: heads=3, metric: test_loss, expect: better, source: x, role: test}",
             "compare.predict.0.comparison: no variant `heads=3`",
         ),
         (
-            "{comparison: heads=2, metric: val_loss, expect: better, source: x}",
+            "{comparison: heads=2, metric: val_loss, expect: better, source: x, role: test}",
             "compare.predict.0.metric: no headline metric `val_loss`",
         ),
-        ("{comparison: heads=2, metric: test_loss, expect: better, source: ''}", "say where the prediction comes from"),
-        ("{comparison: heads=2, metric: test_loss, expect: larger, source: x}", "expect"),
+        (
+            "{comparison: heads=2, metric: test_loss, expect: better, source: '', role: test}",
+            "say where the prediction comes from",
+        ),
+        ("{comparison: heads=2, metric: test_loss, expect: larger, source: x, role: test}", "expect"),
+        ("{comparison: heads=2, metric: test_loss, expect: better, source: x}", "role"),
+        ("{comparison: heads=2, metric: test_loss, expect: better, source: x, role: probe}", "control"),
     ] {
         let t = text.replace(
             "compare:\n  baseline: heads=1\n",

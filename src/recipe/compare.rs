@@ -48,6 +48,27 @@ struct PredictionFile {
     metric: String,
     expect: Expect,
     source: String,
+    /// What the prediction is for: `control` (a large published effect that checks the implementation and
+    /// the regime) or `test` (a genuine question). Required, so that every prediction's author says which.
+    role: Role,
+}
+
+/// Why a prediction is made: a positive control checks that the mechanism and the regime can show a large
+/// published effect (a failure points at the implementation first); a test asks a genuine question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Control,
+    Test,
+}
+
+impl Role {
+    pub fn word(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Test => "test",
+        }
+    }
 }
 
 /// The direction a prediction expects, for the variant against what it is paired with.
@@ -71,6 +92,18 @@ pub struct Prediction {
     pub metric: String,
     pub expect: Expect,
     pub source: String,
+    /// Always set in a recipe; `None` only in results recorded before predictions had roles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+impl Prediction {
+    /// The same claim (comparison, metric, expectation and source), whatever role either gives it: a role
+    /// says what a prediction is for, not what it predicts.
+    pub fn same_claim(&self, other: &Prediction) -> bool {
+        (&self.comparison, &self.metric, self.expect, &self.source)
+            == (&other.comparison, &other.metric, other.expect, &other.source)
+    }
 }
 
 /// The smallest effect that matters for one metric.
@@ -228,6 +261,7 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
             metric: p.metric.clone(),
             expect: p.expect,
             source: p.source.trim().to_string(),
+            role: Some(p.role),
         });
     }
     if let Some(cap) = file.max_seeds {

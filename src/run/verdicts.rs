@@ -146,7 +146,11 @@ pub fn prediction_result(rows: &[JudgedRow], p: &Prediction, as_run: &[Predictio
         Some(r) => (verdict(r), prediction_outcome(p.expect, r.judged.verdict).to_string()),
         None => ("–".into(), "no such comparison in these results".into()),
     };
-    let post_hoc = if as_run.contains(p) { "" } else { " (post hoc: not the prediction these results ran against)" };
+    let post_hoc = match as_run.iter().find(|q| q.same_claim(p)) {
+        None => " (post hoc: not the prediction these results ran against)",
+        Some(q) if q.role != p.role => " (its role given after the run)",
+        Some(_) => "",
+    };
     (verdict_text, format!("{outcome}{post_hoc}"))
 }
 
@@ -178,15 +182,17 @@ pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[P
         "\n**Predictions** (the recipe's `compare.predict`, written before the run and recorded in \
          `recipe.resolved.yaml`): *reproduced* is the predicted direction after Holm; *consistent*, equivalence \
          within ±δ where no effect was predicted; *not reproduced*, equivalence where an effect was predicted or \
-         the opposite direction.\n\n| comparison | metric | predicted | source | verdict | outcome |\n|---|---|---|---|---|---|\n",
+         the opposite direction. A *control* is a large published effect that checks the implementation and the \
+         regime; a *test*, a genuine question.\n\n| comparison | role | metric | predicted | source | verdict | outcome |\n|---|---|---|---|---|---|---|\n",
     );
     let mut post_hoc = 0;
     for p in predict {
         let (verdict_text, outcome) = prediction_result(rows, p, as_run);
-        post_hoc += usize::from(!as_run.contains(p));
+        post_hoc += usize::from(!as_run.iter().any(|q| q.same_claim(p)));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {verdict_text} | {outcome} |\n",
+            "| {} | {} | {} | {} | {} | {verdict_text} | {outcome} |\n",
             p.comparison,
+            p.role.map_or("–", |r| r.word()),
             p.metric,
             expect_word(p.expect),
             p.source
