@@ -244,6 +244,45 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
 }
 
 #[test]
+fn the_induction_task_scores_the_repeat_whose_answer_follows_the_previous_occurrence() {
+    use ablate::data::text::HeldOut;
+    let (length, symbols) = (8, 20);
+    let data = Dataset::Copy(ablate::data::text::CopyTask::induction(length, symbols));
+    tch::manual_seed(0);
+    let mut batches = vec![data.train_batch(64, 2 * length, Device::Cpu)];
+    batches.extend(data.held_out_batches(HeldOut::Test, 2, 32, 2 * length, Device::Cpu));
+    let mut distances = std::collections::BTreeSet::new();
+    for (x, y) in &batches {
+        assert_eq!(x.size()[1], 2 * length);
+        for row in 0..x.size()[0] {
+            let xs = Vec::<i64>::try_from(x.get(row)).unwrap();
+            let ys = Vec::<i64>::try_from(y.get(row)).unwrap();
+            let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
+            // The repeat is the window's last n tokens, scored after its first: n − 1 targets, at the end.
+            let n = scored.len() + 1;
+            assert!((length as usize / 2..=length as usize).contains(&n), "segment length {n}");
+            assert_eq!(scored, (2 * length as usize + 1 - n..2 * length as usize).collect::<Vec<_>>());
+            for &t in &scored {
+                // The current token occurred n back, and the answer is the token that followed it there.
+                assert_eq!(xs[t], xs[t - n], "row {row} position {t}");
+                assert_eq!(ys[t], xs[t + 1 - n], "row {row} position {t}");
+                if t + 1 < xs.len() {
+                    assert_eq!(ys[t], xs[t + 1], "targets are the next tokens");
+                }
+            }
+            distances.insert(n);
+        }
+    }
+    // The distance varies, so no fixed offset finds the answer.
+    assert!(distances.len() >= 3, "{distances:?}");
+    // Held-out sequences are fixed per split and differ between splits.
+    let again = data.held_out_batches(HeldOut::Test, 2, 32, 2 * length, Device::Cpu);
+    assert!(again[0].0.equal(&batches[1].0) && again[0].1.equal(&batches[1].1));
+    let validation = data.held_out_batches(HeldOut::Validation, 1, 32, 2 * length, Device::Cpu);
+    assert!(!validation[0].0.equal(&batches[1].0));
+}
+
+#[test]
 fn length_generalisation_is_scored_where_the_encoding_allows_it() {
     let corpus = common::corpus_file("lengths", &"abcdefghij ".repeat(300));
     for (pe, readable) in [("learned", false), ("alibi", true)] {

@@ -97,6 +97,7 @@ impl Dataset {
         Ok(match cfg.task {
             Task::Text => Dataset::Text(TextData::load(cfg)?),
             Task::Copy => Dataset::Copy(CopyTask::new(cfg.copy_length, cfg.copy_symbols)),
+            Task::Induction => Dataset::Copy(CopyTask::induction(cfg.copy_length, cfg.copy_symbols)),
         })
     }
 
@@ -121,6 +122,12 @@ impl Dataset {
     pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
         match self {
             Dataset::Text(d) => d.train_batch(batch, block, device),
+            Dataset::Copy(c) if c.induction => {
+                let rows = Tensor::randint(c.symbols, [batch, 2 * c.length + 1], (Kind::Int64, Device::Cpu));
+                let lengths =
+                    Tensor::randint_low(c.shortest_repeat(), c.length + 1, [batch], (Kind::Int64, Device::Cpu));
+                c.induction_batch(&rows, &lengths, device)
+            }
             Dataset::Copy(c) => {
                 c.batch(&Tensor::randint(c.symbols, [batch, c.length], (Kind::Int64, Device::Cpu)), device)
             }
@@ -155,6 +162,14 @@ impl Dataset {
     pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
         match self {
             Dataset::Text(d) => (vec![d.validation.int64_value(&[0])], 200),
+            Dataset::Copy(c) if c.induction => {
+                // Up to the second writing's first token; the rest of it is to be generated.
+                let (x, y) = &c.held_out_batches(HeldOut::Validation, 1, 1, Device::Cpu)[0];
+                let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
+                let targets = Vec::<i64>::try_from(y.get(0)).expect("int64 targets");
+                let start = targets.iter().position(|&t| t != IGNORE).unwrap_or(ids.len() - 1);
+                (ids[..=start].to_vec(), ids.len() - start)
+            }
             Dataset::Copy(c) => {
                 let (x, _) = &c.held_out_batches(HeldOut::Validation, 1, 1, Device::Cpu)[0];
                 let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
@@ -184,16 +199,61 @@ impl HeldOut {
 /// The copy task: `length` random symbols, a separator, the same symbols again. The model sees the first
 /// 2·length tokens and is scored on predicting the copy, each of which needs the token `length` positions
 /// back: a dependency distance that a recipe controls.
+///
+/// With `induction` (Olsson et al. 2022's repeated random tokens), each window of 2·length tokens is random
+/// symbols that end with a segment of n tokens written twice, n drawn per row from length/2 to length; the
+/// model is scored on the second writing's tokens after its first. Each such target is the token that
+/// followed the previous occurrence of the current token, n positions back: with n varying, no fixed offset
+/// finds it, so the model must match the current token against earlier ones and read the token after the
+/// match (an induction head, which takes two layers: one to write each position's previous token into it,
+/// one to match on that).
 pub struct CopyTask {
     pub length: i64,
     pub symbols: i64,
     pub tokenizer: TextTokenizer,
+    pub induction: bool,
 }
 
 impl CopyTask {
     pub fn new(length: i64, symbols: i64) -> Self {
         let alphabet: String = (0..symbols as u8).map(|i| char::from(b'a' + i)).chain(std::iter::once('|')).collect();
-        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)) }
+        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)), induction: false }
+    }
+
+    /// The induction task over windows of 2·`length` tokens from `symbols` symbols.
+    pub fn induction(length: i64, symbols: i64) -> Self {
+        Self { induction: true, ..Self::new(length, symbols) }
+    }
+
+    /// The shortest repeated segment of the induction task: half the longest, at least 2 (so that every row
+    /// has a scored target).
+    pub fn shortest_repeat(&self) -> i64 {
+        ((self.length + 1) / 2).max(2).min(self.length)
+    }
+
+    /// Induction windows from rows of 2·length + 1 random symbols (B, 2L + 1) and each row's segment length n
+    /// (B): the row's last 2n symbols become its first n written twice; inputs are the first 2L symbols,
+    /// targets the next symbol at the second writing's positions 1..n and ignored elsewhere.
+    pub fn induction_batch(&self, rows: &Tensor, lengths: &Tensor, device: Device) -> (Tensor, Tensor) {
+        let (b, width) = rows.size2().expect("rows of symbols");
+        let mut symbols = Vec::<i64>::try_from(rows.reshape([-1])).expect("int64 symbols");
+        let lengths = Vec::<i64>::try_from(lengths).expect("int64 lengths");
+        let mut targets = vec![IGNORE; (b * (width - 1)) as usize];
+        for (i, &n) in lengths.iter().enumerate() {
+            let row = &mut symbols[i * width as usize..(i + 1) * width as usize];
+            let (first, second) = (width - 2 * n, width - n);
+            for k in 0..n {
+                row[(second + k) as usize] = row[(first + k) as usize];
+            }
+            // The target at input position t is the symbol at t + 1: score second writing's tokens 1..n.
+            for t in second..width - 1 {
+                targets[i * (width - 1) as usize + t as usize] = row[(t + 1) as usize];
+            }
+        }
+        let all = Tensor::from_slice(&symbols).view([b, width]);
+        let x = all.narrow(1, 0, width - 1).contiguous();
+        let y = Tensor::from_slice(&targets).view([b, width - 1]);
+        (super::to_device_async(&x, device), super::to_device_async(&y, device))
     }
 
     /// Inputs and targets for rows of symbols (B, L): inputs `s | s[..L-1]`, targets ignored over the first
@@ -216,6 +276,17 @@ impl CopyTask {
             HeldOut::Validation => 0x7a11d,
         };
         let mut next = || crate::stats::splitmix64(&mut state);
+        if self.induction {
+            let width = 2 * self.length + 1;
+            let span = (self.length - self.shortest_repeat() + 1) as u64;
+            return (0..batches)
+                .map(|_| {
+                    let v: Vec<i64> = (0..batch * width).map(|_| (next() % self.symbols as u64) as i64).collect();
+                    let n: Vec<i64> = (0..batch).map(|_| self.shortest_repeat() + (next() % span) as i64).collect();
+                    self.induction_batch(&Tensor::from_slice(&v).view([batch, width]), &Tensor::from_slice(&n), device)
+                })
+                .collect();
+        }
         (0..batches)
             .map(|_| {
                 let v: Vec<i64> = (0..batch * self.length).map(|_| (next() % self.symbols as u64) as i64).collect();

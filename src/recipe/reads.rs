@@ -64,7 +64,7 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
                     "kind seq_classify reads its whole test split (seq_classify.eval_examples sets its size)".into(),
                 ),
                 Kind::Lm
-                    if cfg.data.task == Task::Copy
+                    if cfg.data.task.is_synthetic()
                         && matches!(cfg.train.test_batches, Some(super::schema::TestBatches::All(_))) =>
                 {
                     Some("the copy task draws its test sequences at random, so there is no whole split to read; give a number of batches".into())
@@ -271,25 +271,31 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
         return (key == "images.path").then(|| fetched_set_path("data.images", dataset)).flatten();
     }
     if field == "validation_fraction" {
-        return (kind == Kind::Lm && cfg.data.task == Task::Copy)
-            .then(|| "the copy task draws its validation sequences from a seed of their own".into());
+        return (kind == Kind::Lm && cfg.data.task.is_synthetic())
+            .then(|| "the copy and induction tasks draw their validation sequences from a seed of their own".into());
     }
     if kind.is_vision() {
         return Some(format!("kind {kind} reads images (data.images), not text"));
     }
+    fn task_name(task: Task) -> &'static str {
+        match task {
+            Task::Induction => "induction",
+            _ => "copy",
+        }
+    }
     match field {
         "task" => (kind == Kind::Translate).then(|| "kind translate reads sentence pairs (translate.pairs)".into()),
-        "copy_length" | "copy_symbols" => (kind != Kind::Lm || cfg.data.task != Task::Copy)
-            .then(|| "sets the copy task: kind lm with data.task: copy".into()),
+        "copy_length" | "copy_symbols" => (kind != Kind::Lm || !cfg.data.task.is_synthetic())
+            .then(|| "sets the copy or induction task: kind lm with data.task: copy or induction".into()),
         "corpus" | "path" | "max_chars" | "test_fraction" if kind == Kind::Translate => {
             Some("kind translate reads sentence pairs (translate.pairs), not a corpus".into())
         }
-        "corpus" | "path" | "max_chars" | "test_fraction" if cfg.data.task == Task::Copy => {
-            Some("the copy task generates its sequences; it reads no corpus".into())
+        "corpus" | "path" | "max_chars" | "test_fraction" if cfg.data.task.is_synthetic() => {
+            Some(format!("the {} task generates its sequences; it reads no corpus", task_name(cfg.data.task)))
         }
         "corpus" if cfg.data.path.is_some() => Some("data.path replaces the default corpus".into()),
-        "tokenizer" | "vocab_size" | "tokenizer_path" if cfg.data.task == Task::Copy => {
-            Some("the copy task's symbols are characters".into())
+        "tokenizer" | "vocab_size" | "tokenizer_path" if cfg.data.task.is_synthetic() => {
+            Some(format!("the {} task's symbols are characters", task_name(cfg.data.task)))
         }
         "vocab_size" if cfg.data.tokenizer == Tokenizer::Char => {
             Some("a character vocabulary is the corpus's characters; vocab_size is for bpe and wordpiece".into())

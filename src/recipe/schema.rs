@@ -944,11 +944,14 @@ impl SeqClassifyConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// kind lm: `text` (next-token LM on the corpus) or `copy` (the synthetic copy task).
+    /// kind lm: `text` (next-token LM on the corpus), `copy` (the synthetic copy task) or `induction`
+    /// (repeated random tokens: a segment of copy_length/2 to copy_length symbols written twice, scored on
+    /// the second writing).
     pub task: Task,
-    /// Copy task: symbols per sequence (the dependency distance; block_size must be twice it).
+    /// Copy and induction tasks: symbols per sequence (the copy's dependency distance, the induction
+    /// segment's longest length; block_size must be twice it).
     pub copy_length: i64,
-    /// Copy task: alphabet size.
+    /// Copy and induction tasks: alphabet size.
     pub copy_symbols: i64,
     /// The corpus: `bible` (the World English Bible, the default) or `spam_emails` (the SpamAssassin
     /// training emails' text without labels, for pre-training on a task's own text).
@@ -1052,6 +1055,16 @@ impl Default for ImageDataConfig {
 pub enum Task {
     Text,
     Copy,
+    /// Repeated random tokens (Olsson et al. 2022): a segment of length/2 to length symbols written twice at
+    /// the end of each window, scored on the second writing.
+    Induction,
+}
+
+impl Task {
+    /// The synthetic tasks of kind lm (the copy task and the induction task), which read no corpus.
+    pub fn is_synthetic(self) -> bool {
+        matches!(self, Task::Copy | Task::Induction)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]

@@ -496,28 +496,40 @@ impl Config {
 
     fn validate_text(&self) -> Result<(), Invalid> {
         let (d, t) = (&self.data, &self.transformer);
-        if d.task == Task::Copy {
+        if d.task.is_synthetic() {
             if self.kind != Kind::Lm {
                 return Err(invalid(
                     "data.task",
-                    format!("the copy task trains a decoder (kind lm), not kind {}", self.kind),
+                    format!("the copy and induction tasks train a decoder (kind lm), not kind {}", self.kind),
                 ));
             }
             if !(1..=26).contains(&d.copy_symbols) {
                 return Err(invalid("data.copy_symbols", format!("must be in 1..=26, got {}", d.copy_symbols)));
             }
+            if d.task == Task::Induction && d.copy_length < 2 {
+                return Err(invalid(
+                    "data.copy_length",
+                    format!(
+                        "the induction task repeats segments of at least 2 symbols: set 2 or more, got {}",
+                        d.copy_length
+                    ),
+                ));
+            }
             if d.copy_length < 1 || t.block_size != 2 * d.copy_length {
                 return Err(invalid(
                     "transformer.block_size",
                     format!(
-                        "the copy task reads 2·copy_length = {} tokens: set transformer.block_size to that (got {})",
+                        "the copy and induction tasks read 2·copy_length = {} tokens: set transformer.block_size to that (got {})",
                         2 * d.copy_length,
                         t.block_size
                     ),
                 ));
             }
             if d.tokenizer != Tokenizer::Char {
-                return Err(invalid("data.tokenizer", "the copy task's symbols are characters: use char"));
+                return Err(invalid(
+                    "data.tokenizer",
+                    "the copy and induction tasks' symbols are characters: use char",
+                ));
             }
         }
         open_fraction("data.test_fraction", d.test_fraction)?;

@@ -166,25 +166,17 @@ impl Built for BuiltGpt {
 
 impl Task for LanguageModel {
     fn metrics(&self, cfg: &Config) -> Vec<Metric> {
-        let copy = cfg.data.task == DataTask::Copy;
+        let (loss, accuracy) = match cfg.data.task {
+            DataTask::Copy => ("test loss on the copy", "test accuracy on the copy"),
+            DataTask::Induction => ("test loss on the repeat", "test accuracy on the repeat"),
+            DataTask::Text => ("test loss", "test next-token accuracy"),
+        };
         let mut m = vec![
-            Metric::both(
-                "test_loss",
-                "val/loss",
-                if copy { "test loss on the copy" } else { "test loss" },
-                "nats/token",
-                false,
-            ),
+            Metric::both("test_loss", "val/loss", loss, "nats/token", false),
             Metric::column("test_perplexity", "test perplexity", "", false).detail().no_charts(),
             Metric::column("test_loss_per_char", "test loss per character", "nats/char", false).detail(),
             Metric::column("test_bits_per_byte", "test bits per UTF-8 byte", "bits/byte", false).detail(),
-            Metric::both(
-                "test_accuracy",
-                "val/accuracy",
-                if copy { "test accuracy on the copy" } else { "test next-token accuracy" },
-                "",
-                true,
-            ),
+            Metric::both("test_accuracy", "val/accuracy", accuracy, "", true),
         ];
         for k in &cfg.train.eval_lengths {
             let owned = |name: String| Some(Cow::Owned(name));
