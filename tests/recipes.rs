@@ -398,6 +398,32 @@ fn ablate_stale_fails_on_a_stale_reference_and_on_a_retirement_that_does_not_hol
     assert!(table.contains("**retired** → [heads_again](heads_again/README.md): answered elsewhere"), "{table}");
     assert!(table.contains("| `recipes/heads_again.yaml` | `results/heads_again` | current |"), "{table}");
 
+    // Two references that predate one key (its column absent, as when a knob is added whose default was
+    // meant to change nothing): the failure names the key and the line to add.
+    let without_column = |dir: &str| {
+        let path = root.join(dir).join("runs.csv");
+        let mut reader = csv::Reader::from_path(repo.join("results/heads/runs.csv")).unwrap();
+        let header = reader.headers().unwrap().clone();
+        let drop = header.iter().position(|h| h == "train.grad_clip").expect("a recorded column");
+        let mut writer = csv::Writer::from_path(&path).unwrap();
+        writer.write_record(header.iter().enumerate().filter(|(i, _)| *i != drop).map(|(_, h)| h)).unwrap();
+        for row in reader.records() {
+            let row = row.unwrap();
+            writer.write_record(row.iter().enumerate().filter(|(i, _)| *i != drop).map(|(_, v)| v)).unwrap();
+        }
+        writer.flush().unwrap();
+    };
+    write("heads", &recipe);
+    std::fs::create_dir_all(root.join("results/heads")).unwrap();
+    without_column("results/heads");
+    without_column("results/heads_again");
+    let (ok, _, err) = stale_in(&root);
+    assert!(!ok && err.contains("2 reference(s) predate `train.grad_clip`"), "{err}");
+    assert!(err.contains("`silent_default` in src/recipe/reads.rs (`\"train.grad_clip\" =>"), "{err}");
+    std::fs::remove_dir_all(root.join("results/heads")).unwrap();
+    std::fs::copy(repo.join("results/heads/runs.csv"), root.join("results/heads_again/runs.csv")).unwrap();
+    write("heads", &retired);
+
     // A successor whose own reference is stale does not hold a retirement up.
     write(
         "heads_again",

@@ -230,6 +230,9 @@ pub fn stale() -> anyhow::Result<()> {
     );
     println!("| recipe | reference | state |\n|---|---|---|");
     let mut problems = Vec::new();
+    // Per stale reference, the keys it predates: one new key that every stale reference predates is most
+    // often a new knob whose default was meant to leave the model as it was.
+    let mut predated: Vec<Vec<String>> = Vec::new();
     for path in recipes {
         let recipe = ablate::recipe::load(&path, false)?;
         let reference = PathBuf::from("results").join(&recipe.name);
@@ -245,6 +248,7 @@ pub fn stale() -> anyhow::Result<()> {
                     [] => "current".to_string(),
                     [first, rest @ ..] => {
                         problems.push(format!("{} is stale", reference.display()));
+                        predated.push(predated_keys(&stale));
                         let more = match rest.is_empty() {
                             true => String::new(),
                             false => format!(" (and {} more variant(s))", rest.len()),
@@ -256,6 +260,15 @@ pub fn stale() -> anyhow::Result<()> {
         };
         println!("| `{}` | `{}` | {state} |", path.display(), reference.display());
     }
+    if let Some(key) = shared_new_key(&predated) {
+        anyhow::bail!(
+            "{} reference(s) predate `{key}`: if its default leaves the model as it was, add a line for it to \
+             `silent_default` in src/recipe/reads.rs (`\"{key}\" => <the default holds>,`) and nothing is \
+             stale; if it does not, refresh or retire them ({})",
+            predated.len(),
+            problems.join("; ")
+        );
+    }
     if !problems.is_empty() {
         anyhow::bail!(
             "{} reference(s) not current: {} (refresh with `bin/ablate recipes/<name>.yaml --out results/<name>`, \
@@ -265,6 +278,26 @@ pub fn stale() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The keys named by "the reference predates `KEY`" in a reference's staleness lines.
+fn predated_keys(stale: &[String]) -> Vec<String> {
+    let mut keys: Vec<String> = stale
+        .iter()
+        .filter_map(|line| line.split("the reference predates `").nth(1)?.split('`').next().map(String::from))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// A key that two or more stale references all predate, when every stale reference does.
+fn shared_new_key(predated: &[Vec<String>]) -> Option<String> {
+    let (first, rest) = predated.split_first()?;
+    if rest.is_empty() {
+        return None;
+    }
+    first.iter().find(|k| rest.iter().all(|keys| keys.contains(k))).cloned()
 }
 
 /// A retired recipe's state line, and what is wrong with the retirement: its results directory still
