@@ -47,7 +47,7 @@ const CASES: &[(&str, usize, &str)] = &[
     ("data:\n  corpus: shakespeare\n", 2, "bible"),
     ("data:\n  task: copy\n  copy_length: 10\n", 1, "2·copy_length = 20"),
     ("data:\n  task: copy\n  copy_symbols: 40\n", 3, "data.copy_symbols"),
-    ("data:\n  copy_length: 8\n", 2, "data.copy_length: sets the copy or induction task"),
+    ("data:\n  copy_length: 8\n", 2, "data.copy_length: sets the copy, induction or recall task"),
     ("transformer:\n  block_size: 32\n  attention:\n    pattern:\n      window: 32\n", 5, "covers the whole sequence"),
     ("transformer:\n  attention:\n    pattern:\n      window: 0\n", 4, "transformer.attention.pattern.window"),
     ("transformer:\n  attention:\n    pattern:\n      dilation: 3\n", 4, "set transformer.attention.pattern.window too"),

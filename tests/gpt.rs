@@ -283,6 +283,48 @@ fn the_induction_task_scores_the_repeat_whose_answer_follows_the_previous_occurr
 }
 
 #[test]
+fn the_recall_task_scores_each_queried_value_at_least_its_stated_distance_from_its_pair() {
+    use ablate::data::text::HeldOut;
+    let (length, symbols, pairs) = (12i64, 20i64, 4usize);
+    let data = Dataset::Copy(ablate::data::text::CopyTask::recall(length, symbols, pairs as i64));
+    tch::manual_seed(0);
+    let mut batches = vec![data.train_batch(32, 2 * length, Device::Cpu)];
+    batches.extend(data.held_out_batches(HeldOut::Test, 2, 16, 2 * length, Device::Cpu));
+    let nearest = (2 * length as usize) - 4 * pairs + 2;
+    let mut values_seen = std::collections::BTreeSet::new();
+    for (x, y) in &batches {
+        assert_eq!(x.size()[1], 2 * length);
+        for row in 0..x.size()[0] {
+            let xs = Vec::<i64>::try_from(x.get(row)).unwrap();
+            let ys = Vec::<i64>::try_from(y.get(row)).unwrap();
+            // The pairs open the window: distinct keys from the first half, values from the second.
+            let keys: Vec<i64> = (0..pairs).map(|i| xs[2 * i]).collect();
+            assert!(keys.iter().all(|&k| k < symbols / 2));
+            assert_eq!(keys.iter().collect::<std::collections::BTreeSet<_>>().len(), pairs, "{keys:?}");
+            assert!((0..pairs).all(|i| xs[2 * i + 1] >= symbols / 2 && xs[2 * i + 1] < symbols));
+            let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
+            assert_eq!(scored.len(), pairs, "every key is asked for once");
+            let mut asked = Vec::new();
+            for &t in &scored {
+                // The target at a queried key is the value that followed the same key in the pairs.
+                let i = keys.iter().position(|&k| k == xs[t]).expect("a query names a key of the pairs");
+                assert_eq!(ys[t], xs[2 * i + 1], "row {row} position {t}");
+                assert!(t - (2 * i + 1) >= nearest, "the answer is {} back, fewer than {nearest}", t - (2 * i + 1));
+                asked.push(i);
+                values_seen.insert(ys[t]);
+            }
+            asked.sort();
+            assert_eq!(asked, (0..pairs).collect::<Vec<_>>());
+            // Between the pairs and the queries, only separators.
+            assert!(xs[2 * pairs..scored[0]].iter().all(|&s| s == symbols));
+        }
+    }
+    assert!(values_seen.len() > 5, "values vary: {values_seen:?}");
+    let again = data.held_out_batches(HeldOut::Test, 1, 16, 2 * length, Device::Cpu);
+    assert!(again[0].0.equal(&batches[1].0) && again[0].1.equal(&batches[1].1));
+}
+
+#[test]
 fn length_generalisation_is_scored_where_the_encoding_allows_it() {
     let corpus = common::corpus_file("lengths", &"abcdefghij ".repeat(300));
     for (pe, readable) in [("learned", false), ("alibi", true)] {

@@ -98,6 +98,7 @@ impl Dataset {
             Task::Text => Dataset::Text(TextData::load(cfg)?),
             Task::Copy => Dataset::Copy(CopyTask::new(cfg.copy_length, cfg.copy_symbols)),
             Task::Induction => Dataset::Copy(CopyTask::induction(cfg.copy_length, cfg.copy_symbols)),
+            Task::Recall => Dataset::Copy(CopyTask::recall(cfg.copy_length, cfg.copy_symbols, cfg.recall_pairs)),
         })
     }
 
@@ -122,11 +123,15 @@ impl Dataset {
     pub fn train_batch(&self, batch: i64, block: i64, device: Device) -> (Tensor, Tensor) {
         match self {
             Dataset::Text(d) => d.train_batch(batch, block, device),
-            Dataset::Copy(c) if c.induction => {
+            Dataset::Copy(c) if c.form == Form::Induction => {
                 let rows = Tensor::randint(c.symbols, [batch, 2 * c.length + 1], (Kind::Int64, Device::Cpu));
                 let lengths =
                     Tensor::randint_low(c.shortest_repeat(), c.length + 1, [batch], (Kind::Int64, Device::Cpu));
                 c.induction_batch(&rows, &lengths, device)
+            }
+            Dataset::Copy(c @ CopyTask { form: Form::Recall { pairs }, .. }) => {
+                let draws = Tensor::randint(1 << 30, [batch, 3 * pairs], (Kind::Int64, Device::Cpu));
+                c.recall_batch(&draws, device)
             }
             Dataset::Copy(c) => {
                 c.batch(&Tensor::randint(c.symbols, [batch, c.length], (Kind::Int64, Device::Cpu)), device)
@@ -162,8 +167,8 @@ impl Dataset {
     pub fn sample_prompt(&self) -> (Vec<i64>, usize) {
         match self {
             Dataset::Text(d) => (vec![d.validation.int64_value(&[0])], 200),
-            Dataset::Copy(c) if c.induction => {
-                // Up to the second writing's first token; the rest of it is to be generated.
+            Dataset::Copy(c) if c.form != Form::Copy => {
+                // Up to the first scored position; the rest is to be generated.
                 let (x, y) = &c.held_out_batches(HeldOut::Validation, 1, 1, Device::Cpu)[0];
                 let ids = Vec::<i64>::try_from(x.get(0)).expect("int64 tokens");
                 let targets = Vec::<i64>::try_from(y.get(0)).expect("int64 targets");
@@ -211,18 +216,81 @@ pub struct CopyTask {
     pub length: i64,
     pub symbols: i64,
     pub tokenizer: TextTokenizer,
-    pub induction: bool,
+    pub form: Form,
+}
+
+/// Which synthetic task a [`CopyTask`] generates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Copy,
+    Induction,
+    /// Multi-query associative recall with this many key–value pairs.
+    Recall {
+        pairs: i64,
+    },
 }
 
 impl CopyTask {
     pub fn new(length: i64, symbols: i64) -> Self {
         let alphabet: String = (0..symbols as u8).map(|i| char::from(b'a' + i)).chain(std::iter::once('|')).collect();
-        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)), induction: false }
+        Self { length, symbols, tokenizer: TextTokenizer::Char(CharTokenizer::fit(&alphabet)), form: Form::Copy }
     }
 
     /// The induction task over windows of 2·`length` tokens from `symbols` symbols.
     pub fn induction(length: i64, symbols: i64) -> Self {
-        Self { induction: true, ..Self::new(length, symbols) }
+        Self { form: Form::Induction, ..Self::new(length, symbols) }
+    }
+
+    /// Multi-query associative recall (Arora et al. 2023, Zoology's MQAR) over windows of 2·`length`
+    /// tokens: `pairs` key–value pairs open the window (keys distinct, from the first half of the alphabet;
+    /// values from the second), separators fill its middle, and its end asks for every key again in a random
+    /// order, each followed by its value. The model is scored on each queried value: the answer lies between
+    /// 2·length − 4·pairs + 2 and 2·length − 2 positions back, so the window length sets the distance.
+    pub fn recall(length: i64, symbols: i64, pairs: i64) -> Self {
+        Self { form: Form::Recall { pairs }, ..Self::new(length, symbols) }
+    }
+
+    /// Recall windows from `draws` (B, 3·pairs) of random non-negative integers: per row, the keys (a partial
+    /// shuffle), their values and the order of the queries. Inputs are the window's 2·length tokens; targets
+    /// are each queried key's value, at the key's position, and ignored elsewhere.
+    pub fn recall_batch(&self, draws: &Tensor, device: Device) -> (Tensor, Tensor) {
+        let Form::Recall { pairs } = self.form else { unreachable!("recall_batch on a recall task only") };
+        let (b, _) = draws.size2().expect("rows of draws");
+        let draws = Vec::<i64>::try_from(draws.reshape([-1])).expect("int64 draws");
+        let (p, width) = (pairs as usize, (2 * self.length + 1) as usize);
+        let (keys, values) = (self.symbols / 2, self.symbols - self.symbols / 2);
+        let separator = self.symbols;
+        let mut inputs = Vec::with_capacity(b as usize * (width - 1));
+        let mut targets = Vec::with_capacity(b as usize * (width - 1));
+        for row_draws in draws.chunks(3 * p) {
+            let mut pool: Vec<i64> = (0..keys).collect();
+            for i in 0..p {
+                let j = i + (row_draws[i] as usize) % (pool.len() - i);
+                pool.swap(i, j);
+            }
+            let value: Vec<i64> = (0..p).map(|i| keys + row_draws[p + i] % values).collect();
+            let mut order: Vec<usize> = (0..p).collect();
+            for i in (1..p).rev() {
+                order.swap(i, (row_draws[2 * p + i] as usize) % (i + 1));
+            }
+            let mut row = vec![separator; width];
+            let mut scored = vec![IGNORE; width - 1];
+            for i in 0..p {
+                row[2 * i] = pool[i];
+                row[2 * i + 1] = value[i];
+            }
+            let queries = width - 2 * p;
+            for (j, &i) in order.iter().enumerate() {
+                row[queries + 2 * j] = pool[i];
+                row[queries + 2 * j + 1] = value[i];
+                scored[queries + 2 * j] = value[i];
+            }
+            inputs.extend_from_slice(&row[..width - 1]);
+            targets.extend_from_slice(&scored);
+        }
+        let x = Tensor::from_slice(&inputs).view([b, width as i64 - 1]);
+        let y = Tensor::from_slice(&targets).view([b, width as i64 - 1]);
+        (super::to_device_async(&x, device), super::to_device_async(&y, device))
     }
 
     /// The shortest repeated segment of the induction task: half the longest, at least 2 (so that every row
@@ -276,7 +344,15 @@ impl CopyTask {
             HeldOut::Validation => 0x7a11d,
         };
         let mut next = || crate::stats::splitmix64(&mut state);
-        if self.induction {
+        if let Form::Recall { pairs } = self.form {
+            return (0..batches)
+                .map(|_| {
+                    let v: Vec<i64> = (0..batch * 3 * pairs).map(|_| (next() >> 34) as i64).collect();
+                    self.recall_batch(&Tensor::from_slice(&v).view([batch, 3 * pairs]), device)
+                })
+                .collect();
+        }
+        if self.form == Form::Induction {
             let width = 2 * self.length + 1;
             let span = (self.length - self.shortest_repeat() + 1) as u64;
             return (0..batches)

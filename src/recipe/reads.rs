@@ -280,13 +280,17 @@ fn data_key(cfg: &Config, key: &str) -> Option<String> {
     fn task_name(task: Task) -> &'static str {
         match task {
             Task::Induction => "induction",
+            Task::Recall => "recall",
             _ => "copy",
         }
     }
     match field {
         "task" => (kind == Kind::Translate).then(|| "kind translate reads sentence pairs (translate.pairs)".into()),
-        "copy_length" | "copy_symbols" => (kind != Kind::Lm || !cfg.data.task.is_synthetic())
-            .then(|| "sets the copy or induction task: kind lm with data.task: copy or induction".into()),
+        "copy_length" | "copy_symbols" => (kind != Kind::Lm || !cfg.data.task.is_synthetic()).then(|| {
+            "sets the copy, induction or recall task: kind lm with data.task: copy, induction or recall".into()
+        }),
+        "recall_pairs" => (kind != Kind::Lm || cfg.data.task != Task::Recall)
+            .then(|| "sets the recall task: kind lm with data.task: recall".into()),
         "corpus" | "path" | "max_chars" | "test_fraction" if kind == Kind::Translate => {
             Some("kind translate reads sentence pairs (translate.pairs), not a corpus".into())
         }

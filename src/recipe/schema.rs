@@ -944,15 +944,18 @@ impl SeqClassifyConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataConfig {
-    /// kind lm: `text` (next-token LM on the corpus), `copy` (the synthetic copy task) or `induction`
+    /// kind lm: `text` (next-token LM on the corpus), `copy` (the synthetic copy task), `induction`
     /// (repeated random tokens: a segment of copy_length/2 to copy_length symbols written twice, scored on
-    /// the second writing).
+    /// the second writing) or `recall` (multi-query associative recall: key–value pairs, then each key asked
+    /// for again across the window, scored on the values).
     pub task: Task,
     /// Copy and induction tasks: symbols per sequence (the copy's dependency distance, the induction
     /// segment's longest length; block_size must be twice it).
     pub copy_length: i64,
-    /// Copy and induction tasks: alphabet size.
+    /// Copy, induction and recall tasks: alphabet size (recall: the first half keys, the second values).
     pub copy_symbols: i64,
+    /// Recall task: key–value pairs per window (distinct keys; at most copy_symbols/2 and copy_length/2).
+    pub recall_pairs: i64,
     /// The corpus: `bible` (the World English Bible, the default) or `spam_emails` (the SpamAssassin
     /// training emails' text without labels, for pre-training on a task's own text).
     pub corpus: Corpus,
@@ -985,6 +988,7 @@ impl Default for DataConfig {
             task: Task::Text,
             copy_length: 16,
             copy_symbols: 10,
+            recall_pairs: 4,
             corpus: Corpus::Bible,
             path: None,
             tokenizer: Tokenizer::Char,
@@ -1058,12 +1062,15 @@ pub enum Task {
     /// Repeated random tokens (Olsson et al. 2022): a segment of length/2 to length symbols written twice at
     /// the end of each window, scored on the second writing.
     Induction,
+    /// Multi-query associative recall (Arora et al. 2023): `recall_pairs` key–value pairs, then every key
+    /// asked for again; scored on the values.
+    Recall,
 }
 
 impl Task {
-    /// The synthetic tasks of kind lm (the copy task and the induction task), which read no corpus.
+    /// The synthetic tasks of kind lm (copy, induction, recall), which read no corpus.
     pub fn is_synthetic(self) -> bool {
-        matches!(self, Task::Copy | Task::Induction)
+        matches!(self, Task::Copy | Task::Induction | Task::Recall)
     }
 }
 

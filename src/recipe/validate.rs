@@ -506,6 +506,16 @@ impl Config {
             if !(1..=26).contains(&d.copy_symbols) {
                 return Err(invalid("data.copy_symbols", format!("must be in 1..=26, got {}", d.copy_symbols)));
             }
+            if d.task == Task::Recall && !(1..=(d.copy_symbols / 2).min(d.copy_length / 2)).contains(&d.recall_pairs) {
+                return Err(invalid(
+                    "data.recall_pairs",
+                    format!(
+                        "the recall task's keys are distinct, from half of copy_symbols, and its pairs and queries fit the window: set 1 to {} (min(copy_symbols/2, copy_length/2)), got {}",
+                        (d.copy_symbols / 2).min(d.copy_length / 2),
+                        d.recall_pairs
+                    ),
+                ));
+            }
             if d.task == Task::Induction && d.copy_length < 2 {
                 return Err(invalid(
                     "data.copy_length",

@@ -169,6 +169,7 @@ impl Task for LanguageModel {
         let (loss, accuracy) = match cfg.data.task {
             DataTask::Copy => ("test loss on the copy", "test accuracy on the copy"),
             DataTask::Induction => ("test loss on the repeat", "test accuracy on the repeat"),
+            DataTask::Recall => ("test loss on the recalled values", "test recall accuracy"),
             DataTask::Text => ("test loss", "test next-token accuracy"),
         };
         let mut m = vec![
