@@ -5,12 +5,12 @@ use clap::CommandFactory;
 #[derive(clap::Args, Debug)]
 pub struct KeysArgs {
     /// Print instead the table of refusals (a key or value some kinds read and others refuse, with the
-    /// refusal's own reason), found by asking the loader about every key and enum value on every kind: the
-    /// README's refusal table is this output.
+    /// refusal's own reason), found by asking the loader about every key and enum value on every kind:
+    /// docs/knobs.md's refusal table is this output.
     #[arg(long, conflicts_with = "mechanisms")]
     pub refusals: bool,
     /// Print instead the table of mechanisms after UDL's chapter (their keys, values and the first sentence of
-    /// each key's doc): the README's mechanism table is this output.
+    /// each key's doc): docs/knobs.md's mechanism table is this output.
     #[arg(long)]
     pub mechanisms: bool,
 }

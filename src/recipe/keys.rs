@@ -221,7 +221,7 @@ pub const MECHANISMS_AFTER_UDL: &[&str] = &[
     "transformer.parametrisation",
 ];
 
-/// The README's mechanism table: each key of [`MECHANISMS_AFTER_UDL`], its values and the first sentence
+/// docs/knobs.md's mechanism table: each key of [`MECHANISMS_AFTER_UDL`], its values and the first sentence
 /// of its doc comment (the key reference's text, so the two cannot differ).
 pub fn mechanisms_markdown() -> String {
     let all = reference();
