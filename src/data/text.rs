@@ -263,9 +263,10 @@ impl CopyTask {
         let mut inputs = Vec::with_capacity(b as usize * (width - 1));
         let mut targets = Vec::with_capacity(b as usize * (width - 1));
         for row_draws in draws.chunks(3 * p) {
+            // The first `p` of a partial Fisher–Yates shuffle of the keys: distinct keys, uniformly drawn.
             let mut pool: Vec<i64> = (0..keys).collect();
-            for i in 0..p {
-                let j = i + (row_draws[i] as usize) % (pool.len() - i);
+            for (i, &draw) in row_draws[..p].iter().enumerate() {
+                let j = i + (draw as usize) % (pool.len() - i);
                 pool.swap(i, j);
             }
             let value: Vec<i64> = (0..p).map(|i| keys + row_draws[p + i] % values).collect();
@@ -275,9 +276,9 @@ impl CopyTask {
             }
             let mut row = vec![separator; width];
             let mut scored = vec![IGNORE; width - 1];
-            for i in 0..p {
-                row[2 * i] = pool[i];
-                row[2 * i + 1] = value[i];
+            for (i, (&key, &v)) in pool.iter().zip(&value).enumerate() {
+                row[2 * i] = key;
+                row[2 * i + 1] = v;
             }
             let queries = width - 2 * p;
             for (j, &i) in order.iter().enumerate() {
