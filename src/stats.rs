@@ -402,7 +402,9 @@ impl Verdict {
             Verdict::Incomplete { added } => {
                 format!("incomplete (its second stage has {added} added seed(s); it is tested on two or more)")
             }
-            Verdict::Untested => "untested (fewer than two shared seeds)".into(),
+            Verdict::Untested => {
+                "untested (fewer than two shared seeds, or a stage whose differences are all equal)".into()
+            }
         }
     }
 
