@@ -320,13 +320,18 @@ fn retirement(name: &str, retired: &ablate::recipe::Retired) -> anyhow::Result<(
             wrong.push(format!("its successor {successor} has no current reference"));
         }
     }
-    let successors = match retired.successors.as_slice() {
-        [] => "no successor".to_string(),
-        names => names.iter().map(|n| format!("[{n}]({n}/README.md)")).collect::<Vec<_>>().join(", "),
-    };
-    let state = format!("**retired** → {successors}: {}", retired.reason.trim());
+    let state = format!("**retired** → {}: {}", successor_links(retired, ""), retired.reason.trim());
     let problem = (!wrong.is_empty()).then(|| format!("{name} is retired but {}", wrong.join(" and ")));
     Ok((state, problem))
+}
+
+/// A retired recipe's successors as links to their results READMEs (`results_dir`: the path from the page
+/// to results/, empty from results/stale.md), or "no successor".
+fn successor_links(retired: &ablate::recipe::Retired, results_dir: &str) -> String {
+    match retired.successors.as_slice() {
+        [] => "no successor".to_string(),
+        names => names.iter().map(|n| format!("[{n}]({results_dir}{n}/README.md)")).collect::<Vec<_>>().join(", "),
+    }
 }
 
 /// The training recipes under recipes/ (complexity benchmarks aside), in name order.
@@ -473,10 +478,7 @@ pub fn findings() -> anyhow::Result<()> {
         let recipe = ablate::recipe::load(&path, false)?;
         let question = recipe.description.clone().unwrap_or_default().replace('|', "/");
         if let Some(retired) = &recipe.retired {
-            let successors = match retired.successors.as_slice() {
-                [] => "no successor".to_string(),
-                names => names.iter().map(|n| format!("[{n}](results/{n}/README.md)")).collect::<Vec<_>>().join(", "),
-            };
+            let successors = successor_links(retired, "results/");
             println!("| {} | {question} | – (an example; no reference) | retired → {successors} |", recipe.name);
             continue;
         }

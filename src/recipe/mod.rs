@@ -431,9 +431,7 @@ fn checked_retirement(src: &Source, retired: Retired) -> Result<Retired, RecipeE
     if retired.reason.trim().is_empty() {
         return Err(src.at("retired.reason", "retired.reason: say why the reference was withdrawn".into()));
     }
-    if let Some(bad) =
-        retired.successors.iter().find(|s| s.is_empty() || s.contains(['/', '.', ' ']) || s.ends_with(".yaml"))
-    {
+    if let Some(bad) = retired.successors.iter().find(|s| s.is_empty() || s.contains(['/', '.', ' '])) {
         return Err(src.at(
             "retired.successors",
             format!("retired.successors: `{bad}` is not a recipe name (write `heads`, not a path)"),
