@@ -243,35 +243,49 @@ fn the_copy_task_scores_only_the_copy_and_a_dense_model_learns_it() {
     assert!(run.outcome.get("test_accuracy") > 0.9, "copy accuracy {}", run.outcome.get("test_accuracy"));
 }
 
+/// A synthetic task's windows of 2·`length` tokens: one training batch of `batch` rows (seed 0), then two
+/// test batches of half as many.
+fn synthetic_batches(data: &Dataset, length: i64, batch: i64) -> Vec<(Tensor, Tensor)> {
+    tch::manual_seed(0);
+    let mut batches = vec![data.train_batch(batch, 2 * length, Device::Cpu)];
+    batches.extend(data.held_out_batches(ablate::data::text::HeldOut::Test, 2, batch / 2, 2 * length, Device::Cpu));
+    batches
+}
+
+/// Every row of `batches` as (inputs, targets), each row checked to be 2·`length` tokens.
+fn synthetic_rows(batches: &[(Tensor, Tensor)], length: i64) -> Vec<(Vec<i64>, Vec<i64>)> {
+    let mut rows = Vec::new();
+    for (x, y) in batches {
+        assert_eq!(x.size()[1], 2 * length);
+        for row in 0..x.size()[0] {
+            rows.push((Vec::<i64>::try_from(x.get(row)).unwrap(), Vec::<i64>::try_from(y.get(row)).unwrap()));
+        }
+    }
+    rows
+}
+
 #[test]
 fn the_induction_task_scores_the_repeat_whose_answer_follows_the_previous_occurrence() {
     use ablate::data::text::HeldOut;
     let (length, symbols) = (8, 20);
     let data = Dataset::Copy(ablate::data::text::CopyTask::induction(length, symbols));
-    tch::manual_seed(0);
-    let mut batches = vec![data.train_batch(64, 2 * length, Device::Cpu)];
-    batches.extend(data.held_out_batches(HeldOut::Test, 2, 32, 2 * length, Device::Cpu));
+    let batches = synthetic_batches(&data, length, 64);
     let mut distances = std::collections::BTreeSet::new();
-    for (x, y) in &batches {
-        assert_eq!(x.size()[1], 2 * length);
-        for row in 0..x.size()[0] {
-            let xs = Vec::<i64>::try_from(x.get(row)).unwrap();
-            let ys = Vec::<i64>::try_from(y.get(row)).unwrap();
-            let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
-            // The repeat is the window's last n tokens, scored after its first: n − 1 targets, at the end.
-            let n = scored.len() + 1;
-            assert!((length as usize / 2..=length as usize).contains(&n), "segment length {n}");
-            assert_eq!(scored, (2 * length as usize + 1 - n..2 * length as usize).collect::<Vec<_>>());
-            for &t in &scored {
-                // The current token occurred n back, and the answer is the token that followed it there.
-                assert_eq!(xs[t], xs[t - n], "row {row} position {t}");
-                assert_eq!(ys[t], xs[t + 1 - n], "row {row} position {t}");
-                if t + 1 < xs.len() {
-                    assert_eq!(ys[t], xs[t + 1], "targets are the next tokens");
-                }
+    for (row, (xs, ys)) in synthetic_rows(&batches, length).iter().enumerate() {
+        let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
+        // The repeat is the window's last n tokens, scored after its first: n − 1 targets, at the end.
+        let n = scored.len() + 1;
+        assert!((length as usize / 2..=length as usize).contains(&n), "segment length {n}");
+        assert_eq!(scored, (2 * length as usize + 1 - n..2 * length as usize).collect::<Vec<_>>());
+        for &t in &scored {
+            // The current token occurred n back, and the answer is the token that followed it there.
+            assert_eq!(xs[t], xs[t - n], "row {row} position {t}");
+            assert_eq!(ys[t], xs[t + 1 - n], "row {row} position {t}");
+            if t + 1 < xs.len() {
+                assert_eq!(ys[t], xs[t + 1], "targets are the next tokens");
             }
-            distances.insert(n);
         }
+        distances.insert(n);
     }
     // The distance varies, so no fixed offset finds the answer.
     assert!(distances.len() >= 3, "{distances:?}");
@@ -287,37 +301,30 @@ fn the_recall_task_scores_each_queried_value_at_least_its_stated_distance_from_i
     use ablate::data::text::HeldOut;
     let (length, symbols, pairs) = (12i64, 20i64, 4usize);
     let data = Dataset::Copy(ablate::data::text::CopyTask::recall(length, symbols, pairs as i64));
-    tch::manual_seed(0);
-    let mut batches = vec![data.train_batch(32, 2 * length, Device::Cpu)];
-    batches.extend(data.held_out_batches(HeldOut::Test, 2, 16, 2 * length, Device::Cpu));
+    let batches = synthetic_batches(&data, length, 32);
     let nearest = (2 * length as usize) - 4 * pairs + 2;
     let mut values_seen = std::collections::BTreeSet::new();
-    for (x, y) in &batches {
-        assert_eq!(x.size()[1], 2 * length);
-        for row in 0..x.size()[0] {
-            let xs = Vec::<i64>::try_from(x.get(row)).unwrap();
-            let ys = Vec::<i64>::try_from(y.get(row)).unwrap();
-            // The pairs open the window: distinct keys from the first half, values from the second.
-            let keys: Vec<i64> = (0..pairs).map(|i| xs[2 * i]).collect();
-            assert!(keys.iter().all(|&k| k < symbols / 2));
-            assert_eq!(keys.iter().collect::<std::collections::BTreeSet<_>>().len(), pairs, "{keys:?}");
-            assert!((0..pairs).all(|i| xs[2 * i + 1] >= symbols / 2 && xs[2 * i + 1] < symbols));
-            let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
-            assert_eq!(scored.len(), pairs, "every key is asked for once");
-            let mut asked = Vec::new();
-            for &t in &scored {
-                // The target at a queried key is the value that followed the same key in the pairs.
-                let i = keys.iter().position(|&k| k == xs[t]).expect("a query names a key of the pairs");
-                assert_eq!(ys[t], xs[2 * i + 1], "row {row} position {t}");
-                assert!(t - (2 * i + 1) >= nearest, "the answer is {} back, fewer than {nearest}", t - (2 * i + 1));
-                asked.push(i);
-                values_seen.insert(ys[t]);
-            }
-            asked.sort();
-            assert_eq!(asked, (0..pairs).collect::<Vec<_>>());
-            // Between the pairs and the queries, only separators.
-            assert!(xs[2 * pairs..scored[0]].iter().all(|&s| s == symbols));
+    for (row, (xs, ys)) in synthetic_rows(&batches, length).iter().enumerate() {
+        // The pairs open the window: distinct keys from the first half, values from the second.
+        let keys: Vec<i64> = (0..pairs).map(|i| xs[2 * i]).collect();
+        assert!(keys.iter().all(|&k| k < symbols / 2));
+        assert_eq!(keys.iter().collect::<std::collections::BTreeSet<_>>().len(), pairs, "{keys:?}");
+        assert!((0..pairs).all(|i| xs[2 * i + 1] >= symbols / 2 && xs[2 * i + 1] < symbols));
+        let scored: Vec<usize> = (0..ys.len()).filter(|&t| ys[t] != ablate::data::IGNORE).collect();
+        assert_eq!(scored.len(), pairs, "every key is asked for once");
+        let mut asked = Vec::new();
+        for &t in &scored {
+            // The target at a queried key is the value that followed the same key in the pairs.
+            let i = keys.iter().position(|&k| k == xs[t]).expect("a query names a key of the pairs");
+            assert_eq!(ys[t], xs[2 * i + 1], "row {row} position {t}");
+            assert!(t - (2 * i + 1) >= nearest, "the answer is {} back, fewer than {nearest}", t - (2 * i + 1));
+            asked.push(i);
+            values_seen.insert(ys[t]);
         }
+        asked.sort();
+        assert_eq!(asked, (0..pairs).collect::<Vec<_>>());
+        // Between the pairs and the queries, only separators.
+        assert!(xs[2 * pairs..scored[0]].iter().all(|&s| s == symbols));
     }
     assert!(values_seen.len() > 5, "values vary: {values_seen:?}");
     let again = data.held_out_batches(HeldOut::Test, 1, 16, 2 * length, Device::Cpu);
