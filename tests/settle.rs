@@ -414,3 +414,33 @@ fn rows_agree_up_to_the_last_float32_digit_and_no_further() {
     assert!(!same_cell(&cell("test_loss", "0.5"), &cell("test_accuracy", "0.5")));
     assert!(!same_cell(&cell("variant", "a"), &cell("variant", "b")));
 }
+
+/// A detail column (the test loss at k× the block) is judged once the recipe's `compare` names it, and
+/// only then: naming it is the recipe asking for a verdict on it.
+#[test]
+fn a_detail_metric_named_by_compare_is_judged() {
+    let base = "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ntrain: {eval_lengths: [2, 8]}\nsweep:\n  transformer.pe: [alibi, rope]\nseeds: [0, 1]\ncompare:\n  baseline: pe=alibi\n";
+    let judged = |text: &str| -> Vec<String> {
+        let recipe = parse(text, "le.yaml", "le", false).unwrap();
+        ablate::run::summary::check_compare(&recipe).unwrap();
+        ablate::tasks::recipe_metrics(&recipe)
+            .iter()
+            .filter(|m| m.headline)
+            .filter_map(|m| m.column_name().map(String::from))
+            .filter(|c| c.starts_with("test_loss_x"))
+            .collect()
+    };
+    assert!(judged(base).is_empty(), "a detail column stays out of the verdicts unless named");
+    let predicted = format!(
+        "{base}  predict:\n    - {{comparison: pe=rope, metric: test_loss_x8, expect: worse, source: a paper, role: control}}\n"
+    );
+    assert_eq!(judged(&predicted), ["test_loss_x8"]);
+    assert_eq!(judged(&format!("{base}  primary: test_loss_x2\n")), ["test_loss_x2"]);
+    assert_eq!(judged(&format!("{base}  delta: {{test_loss_x8: 0.1}}\n")), ["test_loss_x8"]);
+    let labels: Vec<&str> = ablate::tasks::recipe_metrics(&parse(base, "le.yaml", "le", false).unwrap())
+        .iter()
+        .filter(|m| m.column_name().is_some_and(|c| c.starts_with("test_loss_x")))
+        .map(|m| m.label)
+        .collect();
+    assert_eq!(labels, ["test loss at 2× the block", "test loss at 8× the block"]);
+}

@@ -185,13 +185,13 @@ impl Task for LanguageModel {
             let base = Metric::column("", "", "", false).detail().no_charts();
             m.push(Metric {
                 column: owned(format!("test_loss_x{k}")),
-                label: "test loss at k× the block",
+                label: length_label("test loss", *k),
                 unit: "nats/token",
                 ..base.clone()
             });
             m.push(Metric {
                 column: owned(format!("test_accuracy_x{k}")),
-                label: "test accuracy at k× the block",
+                label: length_label("test accuracy", *k),
                 higher_is_better: true,
                 ..base
             });
@@ -308,4 +308,14 @@ impl Task for LanguageModel {
         outcome.sample = sample;
         Ok(Trained { outcome, vs, tokenizer: Some(data.tokenizer().clone()) })
     }
+}
+
+/// "test loss at 8× the block": a metric label names its multiple. Labels are `'static`; the few multiples a
+/// process meets (`train.eval_lengths` allows 2..=1024) are interned once each, not leaked per call.
+fn length_label(what: &'static str, k: i64) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static LABELS: OnceLock<Mutex<HashMap<(&'static str, i64), &'static str>>> = OnceLock::new();
+    let mut labels = LABELS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    labels.entry((what, k)).or_insert_with(|| Box::leak(format!("{what} at {k}× the block").into_boxed_str()))
 }

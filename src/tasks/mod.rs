@@ -32,12 +32,22 @@ pub mod pretrained;
 pub mod seq_classify;
 pub mod translate;
 
-/// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
+/// Every metric the recipe's runs record, once each (the first run's declaration of a name wins). A detail
+/// column that the recipe's `compare` section names (its primary metric, a prediction's metric or a δ) is
+/// judged like a headline one: the recipe asked for it (`test_loss_x8` in a length-extrapolation control).
 pub fn recipe_metrics(recipe: &crate::recipe::Recipe) -> Vec<Metric> {
+    let named = |column: &str| {
+        recipe.compare.as_ref().is_some_and(|c| {
+            c.primary.as_deref() == Some(column)
+                || c.delta.contains_key(column)
+                || c.predict.iter().any(|p| p.metric == column)
+        })
+    };
     let mut out: Vec<Metric> = Vec::new();
     for run in &recipe.runs {
-        for m in task(run.config.kind).metrics(&run.config) {
+        for mut m in task(run.config.kind).metrics(&run.config) {
             if !out.iter().any(|o| o.column == m.column && o.curve == m.curve) {
+                m.headline |= m.column_name().is_some_and(named);
                 out.push(m);
             }
         }
