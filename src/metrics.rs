@@ -230,6 +230,16 @@ pub fn optimisation(loss_unit: &'static str) -> Vec<Metric> {
     ]
 }
 
+/// The outlier probe (`train.probe_outliers`): diagnostics of the model's internals, lower is fewer outliers.
+pub fn outlier_probes() -> Vec<Metric> {
+    vec![
+        Metric::column("attn_out_peak_ratio", "largest activation of an attention output over its RMS", "", false)
+            .diagnostic()
+            .digits(3),
+        Metric::column("attn_out_kurtosis", "kurtosis of the attention outputs", "", false).diagnostic().digits(3),
+    ]
+}
+
 /// The attention probes (`train.probe_attention`).
 pub fn attention_probes() -> Vec<Metric> {
     vec![

@@ -482,3 +482,48 @@ fn the_non_embedding_count_is_kaplans_n_twelve_layers_d_squared_plus_biases_and_
         assert_eq!(total - n, tables, "tied: {tie}");
     }
 }
+
+/// The outlier probe's statistics (after Bondarenko et al. 2023): the largest |x| over the RMS, and the
+/// kurtosis E[(x − μ)⁴]/σ⁴, against SciPy (`scipy.stats.kurtosis(x, fisher=False)`, values written in), then over a
+/// model: one pair per self-attention unit and pass, recorded only while asked; a run asked for the probe
+/// writes both columns.
+#[test]
+fn the_outlier_probe_measures_each_attention_output() {
+    use ablate::transformer::layers::{outlier_statistics, record_attention_outputs, take_attention_outputs};
+    for (values, shape, kurtosis) in [
+        (vec![1.0, 2.0, 3.0, 4.0, 100.0], vec![5], 3.2467164893001637),
+        (vec![0.5, -1.5, 2.0, 3.0, -0.25, 0.0], vec![2, 3], 1.9407977465922237),
+    ] {
+        let x = Tensor::from_slice(&values).to_kind(Kind::Float).reshape(&shape);
+        let (peak_ratio, k) = outlier_statistics(&x);
+        let largest = values.iter().fold(0.0f64, |m: f64, v: &f64| m.max(v.abs()));
+        let rms = (values.iter().map(|v| v * v).sum::<f64>() / values.len() as f64).sqrt();
+        assert!((peak_ratio - largest / rms).abs() < 1e-6, "{peak_ratio}");
+        // Both are free of scale: a gate that halves every output changes neither.
+        let (half_peak, half_k) = outlier_statistics(&(&x * 0.5));
+        assert!((half_peak - peak_ratio).abs() < 1e-6 && (half_k - k).abs() < 1e-6);
+        assert!((k - kurtosis).abs() < 1e-6, "{k} against SciPy's {kurtosis}");
+    }
+    let (_vs, model) = tiny_model(11, 4);
+    let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).unsqueeze(0);
+    tch::no_grad(|| model.forward(&idx, false));
+    assert!(take_attention_outputs().is_empty(), "nothing is recorded unless asked");
+    record_attention_outputs(true);
+    tch::no_grad(|| {
+        model.forward(&idx, false);
+        model.forward(&idx, false);
+    });
+    let stats = take_attention_outputs();
+    record_attention_outputs(false);
+    assert_eq!(stats.len(), 4, "two layers, two passes: {stats:?}");
+    assert_eq!(stats[0], stats[2], "the same input gives the same statistics");
+    assert!(stats.iter().all(|&(p, k)| p >= 1.0 && k >= 1.0), "both are at least 1: {stats:?}");
+    let corpus = common::corpus_file("outliers", &"abcdefghij ".repeat(300));
+    let cfg = common::config(&format!(
+        "kind: lm\ntransformer: {{d_model: 16, layers: 2, heads: 2, block_size: 16}}\ndata: {{path: {}, test_fraction: 0.3}}\ntrain: {{steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, probe_outliers: true}}\n",
+        corpus.display()
+    ));
+    let (run, _) = common::train(&cfg);
+    let (peak, kurtosis) = (run.outcome.get("attn_out_peak_ratio"), run.outcome.get("attn_out_kurtosis"));
+    assert!(peak >= 1.0 && peak.is_finite() && kurtosis >= 1.0 && kurtosis.is_finite(), "{peak} {kurtosis}");
+}

@@ -85,6 +85,9 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "world_size" => (cfg.train.world_size == 1).then(|| {
                 "is set by a data-parallel launch (torchrun, srun) to its number of processes; 1 (one process) is the default and recorded nowhere".into()
             }),
+            "probe_outliers" => (kind != Kind::Lm).then(|| {
+                format!("the outlier probe reads a decoder's test batches (kind lm); this run is kind {kind}")
+            }),
             "probe_attention" => matches!(kind, Kind::Bert | Kind::Translate | Kind::Cnn).then(|| {
                 format!("attention probes are recorded for kinds lm, vit, swin, davit and image_gpt; this run is kind {kind}")
             }),
@@ -123,6 +126,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "train.test_batches" => cfg.train.test_batches.is_none(),
         "train.tf32" => !cfg.train.tf32,
         "train.deterministic" => !cfg.train.deterministic,
+        "train.probe_outliers" => !cfg.train.probe_outliers,
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,
         "transformer.mup_base_width" => t.mup_base_width == 64,

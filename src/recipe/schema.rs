@@ -1139,6 +1139,11 @@ pub struct TrainConfig {
     pub log_interval: i64,
     /// Record attention entropy and maximum weight per evaluation (one extra forward pass).
     pub probe_attention: bool,
+    /// After training, the outlier statistics of every self-attention unit's output over the test batches
+    /// (after Bondarenko et al. 2023; both free of the output's scale): two diagnostic columns,
+    /// `attn_out_peak_ratio` (the largest |x| over the output's root mean square, the largest over layers and
+    /// batches) and `attn_out_kurtosis` (the mean over layers and batches). Kind lm.
+    pub probe_outliers: bool,
     /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
     pub seed: u64,
     /// Save each trained model to `<out>/checkpoints/`.
@@ -1272,6 +1277,7 @@ impl Default for TrainConfig {
             test_batches: None,
             log_interval: 10,
             probe_attention: false,
+            probe_outliers: false,
             seed: 0,
             checkpoint: false,
             checkpoint_every: None,

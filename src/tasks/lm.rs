@@ -196,6 +196,9 @@ impl Task for LanguageModel {
                 ..base
             });
         }
+        if cfg.train.probe_outliers {
+            m.extend(metrics::outlier_probes());
+        }
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
         }
@@ -291,6 +294,7 @@ impl Task for LanguageModel {
             None => data.tokenizer().decode(&generate(&model, &prompt, new_tokens, decoding, true)),
             Some(step) => format!("(no sample: training diverged at step {step})"),
         };
+        let outliers = (t.probe_outliers && reads_test).then(|| outlier_probe(&model, &objective.test));
         drop(_autocast);
         let per_text = match data {
             Dataset::Text(_) if reads_test => Some(text_loss(&model, &objective.test, data.tokenizer())),
@@ -301,6 +305,10 @@ impl Task for LanguageModel {
         outcome.set("params_non_embedding", non_embedding_parameters(&vs) as f64);
         outcome.set("test_loss_per_char", per_text.map_or(f64::NAN, |l| l.nats_per_char));
         outcome.set("test_bits_per_byte", per_text.map_or(f64::NAN, |l| l.bits_per_byte));
+        if let Some((peak_ratio, kurtosis)) = outliers {
+            outcome.set("attn_out_peak_ratio", peak_ratio);
+            outcome.set("attn_out_kurtosis", kurtosis);
+        }
         for (k, (loss, accuracy)) in lengths {
             outcome.set(&format!("test_loss_x{k}"), loss);
             outcome.set(&format!("test_accuracy_x{k}"), accuracy);
@@ -318,4 +326,17 @@ fn length_label(what: &'static str, k: i64) -> &'static str {
     static LABELS: OnceLock<Mutex<HashMap<(&'static str, i64), &'static str>>> = OnceLock::new();
     let mut labels = LABELS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     labels.entry((what, k)).or_insert_with(|| Box::leak(format!("{what} at {k}× the block").into_boxed_str()))
+}
+
+/// The outlier probe (`train.probe_outliers`): over the test batches, the largest peak ratio of any
+/// self-attention unit's output, and the mean of their kurtoses (one per unit and batch).
+fn outlier_probe(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64) {
+    use crate::transformer::layers::{record_attention_outputs, take_attention_outputs};
+    record_attention_outputs(true);
+    tch::no_grad(|| batches.iter().for_each(|(x, _)| drop(model.forward(x, false))));
+    let stats = take_attention_outputs();
+    record_attention_outputs(false);
+    let peak_ratio = stats.iter().map(|s| s.0).fold(f64::NAN, f64::max);
+    let kurtosis = stats.iter().map(|s| s.1).sum::<f64>() / stats.len() as f64;
+    (peak_ratio, kurtosis)
 }

@@ -27,6 +27,44 @@ pub fn take_activations() -> Vec<f64> {
     ACTIVATIONS.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
 }
 
+thread_local! {
+    /// While recording (`train.probe_outliers`), the peak ratio and the kurtosis of each self-attention
+    /// unit's output, one pair per unit and forward pass.
+    static ATTENTION_OUTPUTS: std::cell::RefCell<Option<Vec<(f64, f64)>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Starts (`true`) or stops recording, on this thread, [`outlier_statistics`] of every self-attention unit's
+/// output (after its output projection and gate, before the residual sum).
+pub fn record_attention_outputs(on: bool) {
+    ATTENTION_OUTPUTS.with(|a| *a.borrow_mut() = on.then(Vec::new));
+}
+
+/// What was recorded since recording started or was last taken: one (peak ratio, kurtosis) per unit and pass.
+pub fn take_attention_outputs() -> Vec<(f64, f64)> {
+    ATTENTION_OUTPUTS.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+}
+
+/// The outlier statistics of a tensor's values (after Bondarenko et al. 2023), both free of the tensor's
+/// scale, so that a gate which merely shrinks every output changes neither: the peak ratio, the largest |x|
+/// over the root mean square of x, and the kurtosis E[(x − μ)⁴] / σ⁴ over all its values (3 for a Gaussian;
+/// large when a few values dwarf the rest), computed in float64.
+pub fn outlier_statistics(x: &Tensor) -> (f64, f64) {
+    let x = x.to_kind(tch::Kind::Double);
+    let rms = x.square().mean(tch::Kind::Double).double_value(&[]).sqrt();
+    let centred = &x - x.mean(tch::Kind::Double);
+    let variance = centred.square().mean(tch::Kind::Double).double_value(&[]);
+    let fourth = centred.square().square().mean(tch::Kind::Double).double_value(&[]);
+    (x.abs().max().double_value(&[]) / rms, fourth / (variance * variance))
+}
+
+fn record_attention_output(x: &Tensor) {
+    ATTENTION_OUTPUTS.with(|a| {
+        if let Some(values) = a.borrow_mut().as_mut() {
+            values.push(outlier_statistics(x));
+        }
+    });
+}
+
 fn record(x: &Tensor) {
     ACTIVATIONS.with(|a| {
         if let Some(values) = a.borrow_mut().as_mut() {
@@ -329,6 +367,7 @@ impl TransformerLayer {
         let mut attend = |h: &Tensor| {
             let (a, v) = self.self_attention.self_attend_mixed(h, mask, qk_add, extra, train, want_weights);
             (self_weights, values) = (a.weights, Some(v));
+            record_attention_output(&a.output);
             a.output
         };
         let Some(norm_ffn) = &self.norm_ffn else {
