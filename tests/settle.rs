@@ -444,3 +444,59 @@ fn a_detail_metric_named_by_compare_is_judged() {
         .collect();
     assert_eq!(labels, ["test loss at 2× the block", "test loss at 8× the block"]);
 }
+
+/// An interaction (a prediction's `versus:`): the verdict block judges (A − A's reference) − (B − B's
+/// reference) per seed of the recipe's own, hand-computed here: contrasts 0.40, 0.43, 0.37 (mean 0.40, sd
+/// 0.03, t = 23.1 on 2 degrees of freedom, interval 0.40 ± 4.303 · 0.03/√3 = [0.3255, 0.4745]), worse by
+/// more than δ = 0.1; a seed outside the recipe's (added for the plain comparisons) is left out. A `versus`
+/// that names no variant is refused in one line.
+#[test]
+fn an_interaction_is_judged_on_the_contrast_of_two_comparisons() {
+    let dir = scratch("interaction");
+    let data = dir.join("corpus.txt");
+    std::fs::write(&data, "to be or not to be, that is the question. ".repeat(80)).unwrap();
+    let text = |versus: &str| {
+        format!(
+            "kind: lm\ntransformer: {{d_model: 16, block_size: 16}}\ndata: {{path: {}}}\nsweep:\n  transformer.heads: [1, 2]\n  transformer.layers: [1, 2]\nseeds: [0, 1, 2]\ncompare:\n  baseline: heads=1\n  delta: {{test_loss: 0.1}}\n  predict:\n    - {{comparison: heads=2 layers=2, versus: {versus}, metric: test_loss, expect: worse_beyond_delta, source: a paper, role: control}}\n",
+            data.display()
+        )
+    };
+    let recipe = parse(&text("heads=2 layers=1"), "i.yaml", "i", false).unwrap();
+    ablate::run::summary::check_compare(&recipe).unwrap();
+    let mut csv = String::from(
+        "run_id,label,seed,config_hash,status,transformer.heads,transformer.layers,test_loss,test_accuracy\n",
+    );
+    let (effect_1, effect_2) = ([0.10, 0.12, 0.08, 0.0], [0.50, 0.55, 0.45, -5.0]);
+    for seed in 0..4 {
+        let base = 2.0 + 0.1 * seed as f64;
+        for (layers, effect) in [(1, effect_1[seed]), (2, effect_2[seed])] {
+            for (heads, loss) in [(1, base + layers as f64), (2, base + layers as f64 + effect)] {
+                csv.push_str(&format!(
+                    "transformer.heads={heads} transformer.layers={layers} seed={seed},heads={heads} layers={layers},{seed},x,ok,{heads},{layers},{loss},0.5\n"
+                ));
+            }
+        }
+    }
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("runs.csv"), csv).unwrap();
+    let block = ablate::run::verdicts::block(&out, &recipe, None, "test").unwrap();
+    let row = block
+        .lines()
+        .find(|l| l.starts_with("| (heads=2 layers=2 − heads=1 layers=2) − (heads=2 layers=1 − heads=1 layers=1) |"))
+        .unwrap_or_else(|| panic!("{block}"));
+    assert!(row.contains("| interaction | +0.4000 [+0.3255, +0.4745] |"), "{row}");
+    assert!(row.ends_with("| worse, by more than 0.1 |"), "{row}");
+    let predicted = block.lines().find(|l| l.contains("(interaction) | control |")).unwrap();
+    assert!(
+        predicted.ends_with("| reproduced (post hoc: not the prediction these results ran against) |"),
+        "{predicted}"
+    );
+    let bad = parse(&text("heads=3 layers=1"), "i.yaml", "i", false).unwrap();
+    let err = ablate::run::summary::check_compare(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("compare.predict.0.versus: no variant `heads=3 layers=1`") && err.lines().count() == 1,
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

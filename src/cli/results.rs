@@ -388,7 +388,11 @@ pub fn reproductions() -> anyhow::Result<()> {
             .and_then(|j| j.rows.iter().find(|r| r.primary))
             .and_then(|r| r.metric.column_name().map(String::from));
         for p in &compare.predict {
-            let role = if primary.as_deref() == Some(p.metric.as_str()) { "primary" } else { "secondary" };
+            let role = match (&p.versus, primary.as_deref() == Some(p.metric.as_str())) {
+                (Some(_), _) => "interaction",
+                (None, true) => "primary",
+                (None, false) => "secondary",
+            };
             let measured = judged.as_ref().map_or("–".to_string(), |j| prediction_measured(&j.rows, p));
             let (verdict, outcome) = match &judged {
                 Some(j) => prediction_result(&j.rows, p, &as_run),
@@ -404,7 +408,7 @@ pub fn reproductions() -> anyhow::Result<()> {
             tallies.entry(purpose).or_default().push(outcome.clone());
             rows.push(format!(
                 "| {name} | {purpose} | {} | {} ({role}) | {} | {} | {measured} | {verdict} | {outcome} | {minutes} |",
-                p.comparison,
+                ablate::run::verdicts::predicted_claim(p),
                 p.metric,
                 expect_word(p.expect),
                 p.source.replace('|', "\\|")

@@ -45,6 +45,9 @@ pub(super) struct CompareFile {
 #[serde(deny_unknown_fields)]
 struct PredictionFile {
     comparison: String,
+    /// An interaction: the prediction is about `comparison`'s effect minus this comparison's (each a variant
+    /// against what the recipe pairs it with), the same seed of all four arms making one contrast.
+    versus: Option<String>,
     metric: String,
     expect: Expect,
     source: String,
@@ -85,10 +88,14 @@ pub enum Expect {
     Equivalent,
 }
 
-/// A prediction: `expect` for `comparison` (a variant's label) on `metric` (a column), from `source`.
+/// A prediction: `expect` for `comparison` (a variant's label) on `metric` (a column), from `source`; with
+/// `versus`, for the interaction: `comparison`'s effect minus `versus`'s.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct Prediction {
     pub comparison: String,
+    /// An interaction's other comparison: the prediction is about `comparison`'s effect minus this one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versus: Option<String>,
     pub metric: String,
     pub expect: Expect,
     pub source: String,
@@ -101,8 +108,8 @@ impl Prediction {
     /// The same claim (comparison, metric, expectation and source), whatever role either gives it: a role
     /// says what a prediction is for, not what it predicts.
     pub fn same_claim(&self, other: &Prediction) -> bool {
-        (&self.comparison, &self.metric, self.expect, &self.source)
-            == (&other.comparison, &other.metric, other.expect, &other.source)
+        (&self.comparison, &self.versus, &self.metric, self.expect, &self.source)
+            == (&other.comparison, &other.versus, &other.metric, other.expect, &other.source)
     }
 }
 
@@ -253,11 +260,15 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
                 src.at(&at, format!("{at}: say where the prediction comes from (`source: Liu et al. 2021, Table 4`)"))
             );
         }
-        if predict.iter().any(|q| q.comparison == p.comparison && q.metric == p.metric) {
+        if predict.iter().any(|q| q.comparison == p.comparison && q.versus == p.versus && q.metric == p.metric) {
             return Err(src.at(&at, format!("{at}: {} on {} is predicted twice", p.comparison, p.metric)));
+        }
+        if p.versus.as_ref() == Some(&p.comparison) {
+            return Err(src.at(&at, format!("{at}: versus: an interaction sets a comparison against another one")));
         }
         predict.push(Prediction {
             comparison: p.comparison.clone(),
+            versus: p.versus.clone(),
             metric: p.metric.clone(),
             expect: p.expect,
             source: p.source.trim().to_string(),

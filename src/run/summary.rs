@@ -174,6 +174,9 @@ pub struct JudgedRow {
     pub comparison: String,
     /// The two arms' labels: the variant and the one it is paired against.
     pub arms: (String, String),
+    /// An interaction's other comparison (its variant's label): this row judges the effect of `arms.0`
+    /// against `arms.1` minus the effect of that variant against its own reference.
+    pub versus: Option<String>,
     pub metric: Metric,
     pub judged: Judged,
     /// Whether the metric is the recipe's primary one (`compare.primary`): its verdicts answer the recipe's
@@ -253,13 +256,104 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
             rows.push(JudgedRow {
                 comparison: comparison_label(reference, &variants, v, against),
                 arms: (variants[v].0.clone(), variants[against].0.clone()),
+                versus: None,
                 metric: metric_of_variant(recipe, &variants[v].0, m),
                 judged: families[j][k].clone(),
                 primary: m.column_name().is_some() && m.column_name() == primary.as_deref(),
             });
         }
     }
+    let interactions = interaction_rows(&rows, recipe, metrics);
+    rows.extend(interactions);
     rows
+}
+
+/// The interactions the recipe's predictions name (`versus:`), judged on `rows`' comparisons: for each
+/// seed every arm of both comparisons ran among the recipe's own seeds, the contrast (A − A's reference) −
+/// (B − B's reference); the paired tests of `crate::design` on those contrasts, as a fixed design (a second
+/// stage adds seeds for the plain comparisons, so its seeds are not the interaction's plan), Holm-adjusted
+/// over the interactions of each metric. δ is A's, in the metric's unit.
+fn interaction_rows(rows: &[JudgedRow], recipe: &Recipe, metrics: &[Metric]) -> Vec<JudgedRow> {
+    let Some(compare) = &recipe.compare else { return Vec::new() };
+    let mut out = Vec::new();
+    for m in metrics {
+        let Some(column) = m.column_name() else { continue };
+        let plain = |label: &str| {
+            rows.iter().find(|r| r.versus.is_none() && r.arms.0 == label && r.metric.column_name() == Some(column))
+        };
+        let asked: Vec<(&JudgedRow, &JudgedRow)> = compare
+            .predict
+            .iter()
+            .filter(|p| p.metric == column)
+            .filter_map(|p| Some((plain(&p.comparison)?, plain(p.versus.as_deref()?)?)))
+            .collect();
+        if asked.is_empty() {
+            continue;
+        }
+        let contrasts: Vec<Option<Paired>> = asked
+            .iter()
+            .map(|(a, b)| {
+                let by_seed = |r: &JudgedRow| -> Vec<(u64, f64)> {
+                    r.judged.paired.as_ref().map_or_else(Vec::new, |p| {
+                        p.seeds
+                            .iter()
+                            .zip(&p.differences)
+                            .filter(|(s, _)| recipe.seeds.contains(s))
+                            .map(|(&s, &d)| (s, d))
+                            .collect()
+                    })
+                };
+                paired(&by_seed(b), &by_seed(a))
+            })
+            .collect();
+        let fixed = StagePlan::default();
+        let evidence: Vec<Evidence> = contrasts
+            .iter()
+            .zip(&asked)
+            .map(|(c, (a, _))| match c {
+                Some(c) if a.judged.delta.is_finite() && a.judged.delta > 0.0 => {
+                    Evidence::of(&fixed.split(c), a.judged.delta)
+                }
+                _ => Evidence::untestable(),
+            })
+            .collect();
+        let family = evidence.iter().filter(|e| !e.difference.is_nan()).count().max(1);
+        let seeds: Vec<Option<usize>> = contrasts
+            .iter()
+            .zip(&asked)
+            .map(|(c, (a, _))| {
+                c.as_ref().and_then(|c| seeds_to_settle(c.difference.std, a.judged.delta, ALPHA / family as f64))
+            })
+            .collect();
+        let (adjusted, verdicts) = judge_family(&evidence, m.higher_is_better, &seeds);
+        for (k, ((a, b), contrast)) in asked.iter().zip(contrasts).enumerate() {
+            let margin_p_holm =
+                if evidence[k].mean > 0.0 { adjusted.above_margin[k] } else { adjusted.below_margin[k] };
+            out.push(JudgedRow {
+                comparison: format!("({} − {}) − ({} − {})", a.arms.0, a.arms.1, b.arms.0, b.arms.1),
+                arms: a.arms.clone(),
+                versus: Some(b.arms.0.clone()),
+                metric: a.metric.clone(),
+                judged: Judged {
+                    variant: a.judged.variant,
+                    against: a.judged.against,
+                    shared: contrast.as_ref().map_or(0, |c| c.seeds.len()),
+                    interval: contrast.as_ref().and_then(|c| fixed.split(c).interval()),
+                    analysis: Analysis::Fixed,
+                    verdict: if contrast.is_some() { verdicts[k] } else { Verdict::Untested },
+                    paired: contrast,
+                    p_raw: evidence[k].difference,
+                    p_holm: adjusted.difference[k],
+                    equivalence_p_holm: adjusted.equivalence[k],
+                    margin_p_holm,
+                    delta: a.judged.delta,
+                    delta_text: a.judged.delta_text.clone(),
+                },
+                primary: false,
+            });
+        }
+    }
+    out
 }
 
 /// A comparison's arms (variant, reference), the standard deviation of its paired differences and its δ.
@@ -571,13 +665,15 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
     }
     let labels: Vec<String> = variants_of(&rows).into_iter().map(|v| v.0).collect();
     for (i, p) in compare.predict.iter().enumerate() {
-        if !labels.contains(&p.comparison) && !narrowed {
-            bail!(
-                "{}: compare.predict.{i}.comparison: no variant `{}`; the variants are {}",
-                recipe.file,
-                p.comparison,
-                labels.join(", ")
-            );
+        let named = [("comparison", Some(&p.comparison)), ("versus", p.versus.as_ref())];
+        for (field, label) in named.into_iter().filter_map(|(f, l)| Some((f, l?))) {
+            if !labels.contains(label) && !narrowed {
+                bail!(
+                    "{}: compare.predict.{i}.{field}: no variant `{label}`; the variants are {}",
+                    recipe.file,
+                    labels.join(", ")
+                );
+            }
         }
     }
     let metrics: Vec<String> = crate::tasks::recipe_metrics(recipe)

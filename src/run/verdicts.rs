@@ -30,9 +30,9 @@ pub fn counts(rows: &[JudgedRow]) -> [usize; 6] {
     count(rows.iter().filter(|r| r.primary))
 }
 
-/// [`counts`] of the secondary quality metrics.
+/// [`counts`] of the secondary quality metrics (interactions are counted apart: they are predictions' own).
 pub fn secondary_counts(rows: &[JudgedRow]) -> [usize; 6] {
-    count(rows.iter().filter(|r| !r.primary && is_quality(r)))
+    count(rows.iter().filter(|r| !r.primary && r.versus.is_none() && is_quality(r)))
 }
 
 fn count<'a>(rows: impl Iterator<Item = &'a JudgedRow>) -> [usize; 6] {
@@ -159,9 +159,20 @@ pub fn prediction_measured(rows: &[JudgedRow], p: &Prediction) -> String {
     predicted_row(rows, p).map_or_else(|| "–".into(), difference)
 }
 
-/// The comparison a prediction is about: its variant against the baseline, on its metric.
+/// The comparison a prediction is about: its variant against the baseline (with `versus`, the interaction
+/// row of the two comparisons), on its metric.
 fn predicted_row<'a>(rows: &'a [JudgedRow], p: &Prediction) -> Option<&'a JudgedRow> {
-    rows.iter().find(|r| r.arms.0 == p.comparison && r.metric.column_name() == Some(p.metric.as_str()))
+    rows.iter()
+        .find(|r| r.arms.0 == p.comparison && r.versus == p.versus && r.metric.column_name() == Some(p.metric.as_str()))
+}
+
+/// What a prediction is about, as a table names it: its variant, or an interaction "A beyond B" (A's effect
+/// minus B's).
+pub fn predicted_claim(p: &Prediction) -> String {
+    match &p.versus {
+        None => p.comparison.clone(),
+        Some(b) => format!("{}, beyond {b} (interaction)", p.comparison),
+    }
 }
 
 /// How a prediction's expectation is written.
@@ -191,7 +202,7 @@ pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[P
         post_hoc += usize::from(!as_run.iter().any(|q| q.same_claim(p)));
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {verdict_text} | {outcome} |\n",
-            p.comparison,
+            predicted_claim(p),
             p.role.map_or("–", |r| r.word()),
             p.metric,
             expect_word(p.expect),
@@ -210,7 +221,9 @@ pub fn predictions_table(rows: &[JudgedRow], predict: &[Prediction], as_run: &[P
 /// What a row is in the block: the primary metric's verdict, a secondary quality metric's, the machine's
 /// cost, or a diagnostic.
 fn role(row: &JudgedRow) -> &'static str {
-    if row.primary {
+    if row.versus.is_some() {
+        "interaction"
+    } else if row.primary {
         "primary"
     } else if is_quality(row) {
         "secondary"
@@ -224,7 +237,9 @@ fn role(row: &JudgedRow) -> &'static str {
 /// The rows in the block's order: the primary metric's first, then secondary, diagnostics and cost, each in
 /// the order of the comparisons.
 fn ordered(rows: &[JudgedRow]) -> Vec<&JudgedRow> {
-    let rank = |r: &JudgedRow| ["primary", "secondary", "diagnostic", "cost"].iter().position(|x| *x == role(r));
+    let rank = |r: &JudgedRow| {
+        ["primary", "interaction", "secondary", "diagnostic", "cost"].iter().position(|x| *x == role(r))
+    };
     let mut out: Vec<&JudgedRow> = rows.iter().collect();
     out.sort_by_key(|r| rank(r));
     out
@@ -263,6 +278,12 @@ pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
     format!("**Plan**: {}; {design}; {when}.\n\n", shown.describe())
 }
 
+/// What an interaction row is, said once in a block that has one.
+const INTERACTIONS: &str = "An *interaction* (a prediction's `versus:`) judges one comparison's effect minus \
+     another's: for each of the recipe's own seeds that all four arms ran, (A − A's reference) − (B − B's \
+     reference), the paired tests on those contrasts as a fixed design (a second stage adds seeds for the plain \
+     comparisons, not for it), Holm-adjusted over the interactions of its metric, at A's δ.\n\n";
+
 fn render(j: &Judgements, command: &str, plan: &str) -> String {
     let mut out = format!("{BEGIN}{command}`; do not edit by hand -->\n");
     out.push_str(&format!(
@@ -275,6 +296,9 @@ fn render(j: &Judgements, command: &str, plan: &str) -> String {
          default (docs/results.md).\n\n",
         j.pairing
     ));
+    if j.rows.iter().any(|r| r.versus.is_some()) {
+        out.push_str(INTERACTIONS);
+    }
     out.push_str(plan);
     out.push_str(&format!("Primary: {}.\n", count_line(counts(&j.rows), "the primary metric")));
     let secondary = secondary_counts(&j.rows);
