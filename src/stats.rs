@@ -464,6 +464,72 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The learning-rate sensitivity of a loss over a grid of rates (Wortsman et al. 2023, "Small-scale proxies
+/// for large-scale Transformer training instabilities", §3.2): the mean over the grid's cells of (the cell's
+/// mean loss − the best cell's mean), each run's loss first capped at its loss at initialisation (a diverged
+/// run counts as that loss). 0 for a flat curve; large when most rates are far from the best.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sensitivity {
+    pub value: f64,
+    /// Which cell is best (lowest mean).
+    pub best: usize,
+    /// Each cell's term of the variance, c²·s²/n (c = 1/k, minus 1 at the best cell), and its degrees of
+    /// freedom n − 1: the interval's standard error and Welch–Satterthwaite degrees of freedom.
+    parts: Vec<(f64, f64)>,
+}
+
+impl Sensitivity {
+    /// From each cell's capped losses (one per seed); `None` for an empty grid or an empty cell.
+    pub fn of(cells: &[Vec<f64>]) -> Option<Sensitivity> {
+        if cells.is_empty() || cells.iter().any(|c| c.is_empty()) {
+            return None;
+        }
+        let means: Vec<f64> = cells.iter().map(|c| mean_std(c).0).collect();
+        let best = (0..means.len()).min_by(|&a, &b| means[a].total_cmp(&means[b]))?;
+        let k = means.len() as f64;
+        let value = means.iter().map(|m| m - means[best]).sum::<f64>() / k;
+        let parts = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let coefficient = 1.0 / k - f64::from(u8::from(i == best));
+                let n = c.len() as f64;
+                (coefficient * coefficient * mean_std(c).1.powi(2) / n, n - 1.0)
+            })
+            .collect();
+        Some(Sensitivity { value, best, parts })
+    }
+
+    /// The 95% interval: value ± t · SE, the best cell taken as known (the delta method), with
+    /// Welch–Satterthwaite degrees of freedom; `None` where a cell has one run. Simulated coverage:
+    /// `tests/sequential.rs` (and docs/results.md).
+    pub fn interval(&self) -> Option<(f64, f64)> {
+        let half = half_width(&self.parts)?;
+        Some((self.value - half, self.value + half))
+    }
+
+    /// `self − other` (two arms' sensitivities, their runs independent) with its 95% interval.
+    pub fn difference(&self, other: &Sensitivity) -> (f64, Option<(f64, f64)>) {
+        let d = self.value - other.value;
+        let parts: Vec<(f64, f64)> = self.parts.iter().chain(&other.parts).copied().collect();
+        (d, half_width(&parts).map(|h| (d - h, d + h)))
+    }
+}
+
+/// t · √(Σ v) with Welch–Satterthwaite degrees of freedom over `(v, df)` terms; `None` where a term has no
+/// degrees of freedom.
+fn half_width(parts: &[(f64, f64)]) -> Option<f64> {
+    if parts.iter().any(|&(_, df)| df < 1.0) {
+        return None;
+    }
+    let variance: f64 = parts.iter().map(|p| p.0).sum();
+    if variance == 0.0 {
+        return Some(0.0);
+    }
+    let df = variance.powi(2) / parts.iter().map(|&(v, df)| v * v / df).sum::<f64>();
+    Some(t_critical(df) * variance.sqrt())
+}
+
 /// Least squares of log y on log x: (slope, intercept, R²); `None` unless two x values differ.
 fn log_log_line(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
     let n = points.len() as f64;
@@ -513,6 +579,25 @@ pub fn fit_power_law(points: &[(f64, f64)], resamples: usize, seed: u64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three rates of two seeds each, by hand: means 1.1, 0.6 and 2.2, so the best is the second and the
+    /// sensitivity (0.5 + 0 + 1.6) / 3 = 0.7; variance terms (1/9, 4/9, 1/9) · s²/2 with s² = 0.02, 0.02,
+    /// 0.08 sum to 0.01 on 2.4545 Welch–Satterthwaite degrees of freedom, so the half-width is
+    /// t(0.975, 2.4545) · 0.1 = 0.362246 (SciPy's `stats.t.ppf`).
+    #[test]
+    fn the_sensitivity_and_its_interval_by_hand() {
+        let cells = vec![vec![1.0, 1.2], vec![0.5, 0.7], vec![2.0, 2.4]];
+        let s = Sensitivity::of(&cells).unwrap();
+        assert_eq!(s.best, 1);
+        assert!((s.value - 0.7).abs() < 1e-12);
+        let (lo, hi) = s.interval().unwrap();
+        assert!((lo - 0.3377535617562668).abs() < 1e-6 && (hi - 1.062246438243733).abs() < 1e-6, "{lo} {hi}");
+        let flat = Sensitivity::of(&[vec![1.0, 1.0], vec![1.0, 1.0]]).unwrap();
+        assert_eq!((flat.value, flat.interval()), (0.0, Some((0.0, 0.0))));
+        assert_eq!(Sensitivity::of(&[vec![1.0], vec![2.0]]).unwrap().interval(), None, "one seed: no interval");
+        let (d, interval) = s.difference(&flat);
+        assert!((d - 0.7).abs() < 1e-12 && interval.is_some_and(|(lo, _)| (lo - 0.3377535617562668).abs() < 1e-6));
+    }
 
     #[test]
     fn a_power_law_fit_recovers_a_known_exponent_inside_its_bootstrap_interval() {

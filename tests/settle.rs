@@ -500,3 +500,32 @@ fn an_interaction_is_judged_on_the_contrast_of_two_comparisons() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `compare.sensitivity` names a swept key of at least three numeric levels, or the recipe is refused in
+/// one line before anything trains.
+#[test]
+fn a_sensitivity_names_a_swept_numeric_key() {
+    let dir = scratch("sensitivity");
+    let text = |sweep: &str, key: &str| {
+        format!(
+            "kind: lm\ntransformer: {{d_model: 16, block_size: 16}}\nsweep:\n{sweep}seeds: [0, 1]\ncompare:\n  baseline: heads=1\n  sensitivity: {key}\n"
+        )
+    };
+    let grid = "  transformer.heads: [1, 2]\n  train.lr: [0.001, 0.01, 0.1]\n";
+    for (sweep, key, expected) in [
+        (grid, "train.steps", "compare.sensitivity: `train.steps` is not a swept key"),
+        (
+            "  transformer.heads: [1, 2]\n  train.lr: [0.001, 0.01]\n",
+            "lr",
+            "has 2 level(s); a sensitivity needs at least 3",
+        ),
+    ] {
+        let recipe = parse(&text(sweep, key), "s.yaml", "s", false).unwrap();
+        let err = ablate::run::summary::check_compare(&recipe).unwrap_err().to_string();
+        assert!(err.contains(expected) && err.lines().count() == 1, "{err}");
+    }
+    for key in ["train.lr", "lr"] {
+        ablate::run::summary::check_compare(&parse(&text(grid, key), "s.yaml", "s", false).unwrap()).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -186,6 +186,9 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
             print!("{}", ablate::run::verdicts::predictions_table(&j.rows, &compare.predict, &as_run));
         }
     }
+    if let Some(sensitivity) = ablate::run::sensitivity::section(&sweep.out, &sweep.recipe)? {
+        print!("{sensitivity}");
+    }
     Ok(())
 }
 

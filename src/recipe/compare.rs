@@ -38,6 +38,10 @@ pub(super) struct CompareFile {
     /// (at least the recipe's seeds + 2, since a second stage is tested on two or more). Absent, or equal to
     /// the number of seeds: the recipe's seeds are the whole design (a fixed design, nothing added).
     max_seeds: Option<usize>,
+    /// A swept numeric key (`train.lr`) over which to report each arm's sensitivity of the primary metric
+    /// (Wortsman et al. 2023's learning-rate sensitivity, with its interval) and each arm's difference from
+    /// the baseline's arm: a description of the curves beside the verdicts, not a verdict.
+    sensitivity: Option<String>,
 }
 
 /// One prediction as written.
@@ -159,6 +163,8 @@ pub struct Compare {
     pub primary: Option<String>,
     /// The settling plan's cap on seeds per arm (`None`: a fixed design).
     pub max_seeds: Option<usize>,
+    /// The swept key over which each arm's sensitivity is reported (`run::sensitivity`).
+    pub sensitivity: Option<String>,
 }
 
 /// What a results directory records of its plan when its pilot runs, and what a verdict block compares
@@ -295,7 +301,14 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
             return Err(src.at("compare.primary", "compare.primary: name a metric column (test_loss)".into()));
         }
     }
-    Ok(Compare { comparison, delta, predict, primary: file.primary.clone(), max_seeds: file.max_seeds })
+    Ok(Compare {
+        comparison,
+        delta,
+        predict,
+        primary: file.primary.clone(),
+        max_seeds: file.max_seeds,
+        sensitivity: file.sensitivity.clone(),
+    })
 }
 
 /// The default δ of a metric by its kind: its column and unit.

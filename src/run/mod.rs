@@ -11,6 +11,7 @@ pub mod report;
 pub mod reproduce;
 pub mod results;
 pub mod scale;
+pub mod sensitivity;
 pub mod settle;
 pub mod summary;
 pub mod sweep;

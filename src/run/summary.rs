@@ -636,6 +636,7 @@ pub fn delta_of(recipe: &Recipe, m: &Metric) -> Delta {
 /// a `compare.baseline` that names no variant (or no level of a swept key) of the recipe's runs.
 pub fn check_compare(recipe: &Recipe) -> Result<()> {
     let Some(compare) = &recipe.compare else { return Ok(()) };
+    super::sensitivity::check(recipe)?;
     // The rows runs.csv will have (metrics empty), final runs only: resolved as the summary will.
     let untrained = crate::train::RunOutcome {
         metrics: Default::default(),

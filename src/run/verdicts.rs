@@ -102,6 +102,9 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
         // Inside the block: the closing marker stays last.
         text = text.replace(END, &format!("{predictions}{END}"));
     }
+    if let Some(sensitivity) = super::sensitivity::section(dir, recipe)? {
+        text = text.replace(END, &format!("{sensitivity}{END}"));
+    }
     Ok(text)
 }
 
