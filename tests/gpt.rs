@@ -506,12 +506,12 @@ fn the_outlier_probe_measures_each_attention_output() {
     }
     let (_vs, model) = tiny_model(11, 4);
     let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).unsqueeze(0);
-    tch::no_grad(|| model.forward(&idx, false));
+    let _ = tch::no_grad(|| model.forward(&idx, false));
     assert!(take_attention_outputs().is_empty(), "nothing is recorded unless asked");
     record_attention_outputs(true);
     tch::no_grad(|| {
-        model.forward(&idx, false);
-        model.forward(&idx, false);
+        let _ = model.forward(&idx, false);
+        let _ = model.forward(&idx, false);
     });
     let stats = take_attention_outputs();
     record_attention_outputs(false);
