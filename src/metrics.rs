@@ -237,6 +237,7 @@ pub fn outlier_probes() -> Vec<Metric> {
             .diagnostic()
             .digits(3),
         Metric::column("attn_out_kurtosis", "kurtosis of the attention outputs", "", false).diagnostic().digits(3),
+        Metric::column("attn_logit_max", "largest attention logit", "", false).diagnostic().digits(2),
     ]
 }
 

@@ -160,3 +160,42 @@ fn the_kv_cache_of_a_grouped_query_model_holds_one_entry_per_key_value_head_and_
         assert_eq!(cache.elements(), 2 * (2 * 10 * kv_heads * (qk_dim + 8)));
     }
 }
+
+/// The outlier probe's largest attention logit: with recording on, each self-attention call records
+/// max |q·k| / √qk_dim over the pairs its mask lets a query see (Wortsman et al. 2023's statistic), the same
+/// as the scores written out head by head (grouped keys, a causal mask hiding larger future scores), and
+/// nothing when recording is off.
+#[test]
+fn the_largest_attention_logit_is_the_written_out_one() {
+    use ablate::transformer::attention::{record_attention_logits, take_attention_logits};
+    let _serial = common::serial();
+    tch::manual_seed(2);
+    let (d, heads, kv_heads, dq) = (12, 4, 2, 5);
+    let spec = AttentionSpec { kv_heads, qk_dim: dq, ..AttentionSpec::standard(d, heads) };
+    let (vs, m) = unit(d, &spec);
+    let x = Tensor::randn([2, 6, d], (Kind::Float, Device::Cpu));
+    let vars = vs.variables();
+    let (w, b) = (&vars["qkv.weight"], &vars["qkv.bias"]);
+    let rows = |start: i64, n: i64| x.matmul(&w.narrow(0, start, n).tr()) + b.narrow(0, start, n);
+    let mut seen = Vec::new();
+    for causal in [false, true] {
+        let mut expected = 0.0f64;
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let scores =
+                (rows(h * dq, dq).matmul(&rows(heads * dq + g * dq, dq).transpose(-2, -1)) / (dq as f64).sqrt()).abs();
+            let scores = if causal { scores.tril(0) } else { scores };
+            expected = expected.max(scores.max().double_value(&[]));
+        }
+        let _ = m.self_attend(&x, &Mask { causal, ..Mask::default() }, None, false, false);
+        assert!(take_attention_logits().is_empty(), "nothing is recorded unless asked");
+        record_attention_logits(true);
+        let _ = m.self_attend(&x, &Mask { causal, ..Mask::default() }, None, false, false);
+        let got = take_attention_logits();
+        record_attention_logits(false);
+        assert_eq!(got.len(), 1);
+        assert!((got[0] - expected).abs() < 1e-4 * expected.max(1.0), "causal {causal}: {} vs {expected}", got[0]);
+        seen.push(expected);
+    }
+    assert!(seen[0] > seen[1], "the mask must hide the largest score for the causal case to test it: {seen:?}");
+}

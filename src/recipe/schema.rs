@@ -1140,9 +1140,10 @@ pub struct TrainConfig {
     /// Record attention entropy and maximum weight per evaluation (one extra forward pass).
     pub probe_attention: bool,
     /// After training, the outlier statistics of every self-attention unit's output over the test batches
-    /// (after Bondarenko et al. 2023; both free of the output's scale): two diagnostic columns,
+    /// (after Bondarenko et al. 2023; the first two free of the output's scale): three diagnostic columns,
     /// `attn_out_peak_ratio` (the largest |x| over the output's root mean square, the largest over layers and
-    /// batches) and `attn_out_kurtosis` (the mean over layers and batches). Kind lm.
+    /// batches) and `attn_out_kurtosis` (the mean over layers and batches); and `attn_logit_max`, the largest
+    /// |q·k| · scale any query sees (after QK-norm and RoPE, before additive biases). Kind lm.
     pub probe_outliers: bool,
     /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
     pub seed: u64,

@@ -305,9 +305,10 @@ impl Task for LanguageModel {
         outcome.set("params_non_embedding", non_embedding_parameters(&vs) as f64);
         outcome.set("test_loss_per_char", per_text.map_or(f64::NAN, |l| l.nats_per_char));
         outcome.set("test_bits_per_byte", per_text.map_or(f64::NAN, |l| l.bits_per_byte));
-        if let Some((peak_ratio, kurtosis)) = outliers {
+        if let Some((peak_ratio, kurtosis, logit)) = outliers {
             outcome.set("attn_out_peak_ratio", peak_ratio);
             outcome.set("attn_out_kurtosis", kurtosis);
+            outcome.set("attn_logit_max", logit);
         }
         for (k, (loss, accuracy)) in lengths {
             outcome.set(&format!("test_loss_x{k}"), loss);
@@ -329,14 +330,19 @@ fn length_label(what: &'static str, k: i64) -> &'static str {
 }
 
 /// The outlier probe (`train.probe_outliers`): over the test batches, the largest peak ratio of any
-/// self-attention unit's output, and the mean of their kurtoses (one per unit and batch).
-fn outlier_probe(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64) {
+/// self-attention unit's output, the mean of their kurtoses (one per unit and batch), and the largest
+/// attention logit of any unit.
+fn outlier_probe(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64, f64) {
+    use crate::transformer::attention::{record_attention_logits, take_attention_logits};
     use crate::transformer::layers::{record_attention_outputs, take_attention_outputs};
     record_attention_outputs(true);
+    record_attention_logits(true);
     tch::no_grad(|| batches.iter().for_each(|(x, _)| drop(model.forward(x, false))));
     let stats = take_attention_outputs();
+    let logits = take_attention_logits();
     record_attention_outputs(false);
+    record_attention_logits(false);
     let peak_ratio = stats.iter().map(|s| s.0).fold(f64::NAN, f64::max);
     let kurtosis = stats.iter().map(|s| s.1).sum::<f64>() / stats.len() as f64;
-    (peak_ratio, kurtosis)
+    (peak_ratio, kurtosis, logits.into_iter().fold(f64::NAN, f64::max))
 }

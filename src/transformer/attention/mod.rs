@@ -38,6 +38,39 @@ thread_local! {
     /// Calls of each implementation on this thread since it started: fused, explicit, sparse. Per thread,
     /// so that what one caller counts is its own calls, whatever else runs beside it (tests in parallel).
     static PATHS: Cell<[usize; 3]> = const { Cell::new([0; 3]) };
+    /// While recording (the outlier probe), the largest |logit| of each self-attention call.
+    static LOGITS: std::cell::RefCell<Option<Vec<f64>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Starts (`true`) or stops recording, on this thread, the largest attention logit of every self-attention
+/// call: max |q·k| · scale over the pairs the mask lets a query see (the dot-product part of the logit,
+/// after QK-norm and RoPE, before additive position biases and any soft cap). Wortsman et al. 2023 trace
+/// high-rate instability to its growth.
+pub fn record_attention_logits(on: bool) {
+    LOGITS.with(|l| *l.borrow_mut() = on.then(Vec::new));
+}
+
+/// What was recorded since recording started or was last taken: one value per self-attention call.
+pub fn take_attention_logits() -> Vec<f64> {
+    LOGITS.with(|l| l.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+}
+
+/// Records the largest |logit| of per-head q (B, H, N_q, ·) against k (B, H, N_k, ·) when recording.
+fn record_logits(q: &Tensor, k: &Tensor, scale: f64, causal: bool) {
+    LOGITS.with(|l| {
+        let mut recording = l.borrow_mut();
+        let Some(values) = recording.as_mut() else { return };
+        let logits = (q.to_kind(Kind::Float).matmul(&k.to_kind(Kind::Float).transpose(-2, -1)) * scale).abs();
+        let (n_q, n_k) = (logits.size()[2], logits.size()[3]);
+        let logits = if causal {
+            // Query i (the last n_q of n_k positions) sees keys up to n_k − n_q + i.
+            let visible = Tensor::ones([n_q, n_k], (Kind::Bool, logits.device())).tril(n_k - n_q);
+            logits.where_self(&visible, &logits.zeros_like())
+        } else {
+            logits
+        };
+        values.push(logits.max().double_value(&[]));
+    });
 }
 
 /// How many attention calls each implementation computed so far on this thread (fused, explicit, sparse):
@@ -563,6 +596,9 @@ impl MultiHeadAttention {
             (k.shallow_clone(), v.shallow_clone())
         };
         let (k, v) = (&k, &v);
+        if is_self {
+            record_logits(q, k, self.scores.scale, mask.causal);
+        }
         let dropout = if train { self.dropout } else { 0.0 };
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
