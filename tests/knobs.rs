@@ -560,7 +560,7 @@ fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
 }
 
 #[test]
-fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
+fn every_trainable_tensor_of_every_model_has_a_declared_role() {
     let _serial = common::serial();
     // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
     // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
@@ -587,6 +587,22 @@ fn every_matrix_of_every_model_has_a_declared_optimiser_role() {
         }
     }
     assert!(undeclared.is_empty(), "matrices with no declared optimiser role: {undeclared:?}");
+    // Every other trainable tensor (vectors, kernels, tokens) is declared too: its weight decay follows.
+    let mut others = std::collections::BTreeSet::new();
+    for kind in Kind::ALL {
+        for (_, cfg) in accepted_rows(kind, KNOBS).1 {
+            let vs = nn::VarStore::new(Device::Cpu);
+            let _model = task(kind).build(&cfg, &vs.root(), 50);
+            for (name, t) in vs.variables() {
+                let general: Vec<&str> =
+                    name.split('.').map(|p| if p.parse::<i64>().is_ok() { "*" } else { p }).collect();
+                if t.requires_grad() && ablate::train::optim::declared_role(&name, &t.size()).is_none() {
+                    others.insert(format!("{} ({}-D)", general.join("."), t.dim()));
+                }
+            }
+        }
+    }
+    assert!(others.is_empty(), "tensors with no declared role: {others:#?}");
     // Every hidden matrix is an attention projection, an output gate or an FFN matrix.
     let units = ["qkv", "out", "output_gate", "up", "gate", "down"];
     assert!(hidden.iter().all(|h| units.iter().any(|u| h == &format!("weight<{u}"))), "{hidden:?}");

@@ -190,3 +190,46 @@ fn muons_momentum_is_saved_and_restored_with_the_optimiser_state() {
     assert_eq!(values(&w3), values(&w1));
     assert_eq!(values(&b3), values(&b1));
 }
+
+/// Weight decay follows each tensor's declared role (`optim::declared_role`), not its shape alone: after one
+/// step with zero gradients (Adam's update is 0), every matrix, kernel and the <cls> token (1 × 1 × D) shrink
+/// by 1 − lr·λ, and every declared vector (biases, norm gains, mixing weights) stays as it was. A ViT with a
+/// convolutional patch embedding and a <cls> token, and a decoder with value residuals and QK-norm.
+#[test]
+fn weight_decay_follows_the_declared_role() {
+    use ablate::train::optim::{declared_role, Declared};
+    let _serial = common::serial();
+    for text in [
+        "kind: vit\ntransformer: {d_model: 16, layers: 1, heads: 2}\nvision: {patch_size: 7, pool: cls}\ntrain: {weight_decay: 0.5}\n",
+        "kind: lm\ntransformer: {d_model: 16, layers: 2, heads: 2, block_size: 8, value_residual: true, attention: {qk_norm: layer_norm}}\ntrain: {weight_decay: 0.5}\n",
+    ] {
+        let cfg = ablate::recipe::parse(text, "d.yaml", "d", false).unwrap().runs[0].config.clone();
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let _model = ablate::tasks::task(cfg.kind).build(&cfg, &vs.root(), 30);
+        let before: Vec<(String, Tensor, Option<Declared>)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .map(|(n, t)| {
+                let role = declared_role(&n, &t.size());
+                (n, t.copy(), role)
+            })
+            .collect();
+        assert!(before.iter().any(|(_, t, r)| t.dim() == 1 && *r == Some(Declared::Vector)));
+        let mut opt = ablate::train::optimiser(&cfg.train, &vs);
+        let zeros: Vec<Tensor> = opt.grads().iter().map(|g| g.zeros_like()).collect();
+        opt.step_with(zeros, 0.1, None, 1.0);
+        let after = vs.variables();
+        for (name, was, role) in &before {
+            let now = &after[name];
+            let factor = if *role == Some(Declared::Vector) { 1.0 } else { 1.0 - 0.1 * 0.5 };
+            let expected = was * factor;
+            let gap = (now - &expected).abs().max().double_value(&[]);
+            assert!(gap < 1e-6, "{name} ({role:?}, {}-D): off by {gap}", was.dim());
+            assert!(role.is_some(), "{name} has no declared role");
+        }
+        if text.contains("kind: vit") {
+            assert_eq!(before.iter().find(|(n, ..)| n == "cls_token").and_then(|b| b.2), Some(Declared::Decayed));
+        }
+    }
+}

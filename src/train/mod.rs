@@ -450,13 +450,17 @@ pub fn optimiser(t: &TrainConfig, vs: &nn::VarStore) -> AdamW {
     // The trainable tensors come without names: match them to the store's named ones by storage.
     let names: std::collections::HashMap<usize, String> =
         vs.variables().into_iter().map(|(name, t)| (t.data_ptr() as usize, name)).collect();
+    // Each tensor's declared role (`optim::declared_role`); one no list declares (the role test fails on it)
+    // is decayed by its shape.
     let roles: Vec<optim::Role> = params
         .iter()
         .map(|p| {
-            let hidden = names.get(&(p.data_ptr() as usize)).is_some_and(|n| optim::is_hidden_matrix(n, &p.size()));
+            let declared = names.get(&(p.data_ptr() as usize)).and_then(|n| optim::declared_role(n, &p.size()));
+            let hidden = declared == Some(optim::Declared::Hidden);
             optim::Role {
                 muon: hidden && t.optimizer == crate::recipe::Optimizer::Muon,
                 lr_scale: if hidden { t.hidden_lr_scale } else { 1.0 },
+                decay: declared.map_or(p.dim() >= 2, |d| d != optim::Declared::Vector),
             }
         })
         .collect();

@@ -41,7 +41,7 @@ impl Default for Muon {
 /// The hidden layers' matrices, by the end of their var-store path (the unit's name and the weight's, as the
 /// core's constructors name them): what Muon updates and muP's per-layer rate scales. A role is declared here,
 /// not inferred: a new 2-D weight takes AdamW and the base rate until it is listed, and
-/// `tests/knobs.rs: every_matrix_of_every_model_has_a_declared_optimiser_role` fails until its author has
+/// `tests/knobs.rs: every_trainable_tensor_of_every_model_has_a_declared_role` fails until its author has
 /// put it here or in [`OTHER_MATRICES`].
 pub const HIDDEN_MATRICES: &[&str] = &[
     // Self- and cross-attention: the stacked Q/K/V projection, the output projection, the output gate's W_g.
@@ -87,6 +87,65 @@ pub const OTHER_MATRICES: &[&str] = &[
     "attn.relative_position_bias_table",
     "cross.score_vector",
 ];
+
+/// The trainable vectors (and scalars), by the end of their path: AdamW at the base rate, without weight
+/// decay. Declared, not inferred from the shape, for the same reason as the matrices:
+/// `tests/knobs.rs: every_trainable_tensor_of_every_model_has_a_declared_role` fails until a new tensor's
+/// author has listed it here or in another list.
+pub const VECTORS: &[&str] = &[
+    // Every bias: of a projection, an FFN, a gate, a head, a norm.
+    "bias",
+    // Norm gains: of the residual branches, the stacks' ends, the embeddings, QK-norm and the vision models'
+    // stems, patch embeddings and merges.
+    "norm_attn.weight",
+    "norm_ffn.weight",
+    "norm_cross.weight",
+    "norm1.weight",
+    "norm2.weight",
+    "norm.weight",
+    "final_norm.weight",
+    "embedding_norm.weight",
+    "encoder_norm.weight",
+    "decoder_norm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+    "stem_norm.weight",
+    "patch_norm.weight",
+    "downsample_norm.weight",
+    // Learned mixing weights: value residuals' λ, value embeddings' μ, U-net skips' weight.
+    "value_mix",
+    "embedding_mix",
+    "skip_weight",
+];
+
+/// Trainable tensors of more than two dimensions: convolution kernels (the vision stems, patch embeddings,
+/// merges and convolutional position encodings) and ViT's <cls> token (1 × 1 × D). AdamW at the base rate,
+/// with weight decay, as the matrices of [`OTHER_MATRICES`].
+pub const OTHER_DECAYED: &[&str] =
+    &["stem.weight", "patch_embed.weight", "downsample.weight", "cpe.*.proj.weight", "cpe.proj.weight", "cls_token"];
+
+/// A trainable tensor's declared role: what updates it, at which rate, with or without weight decay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    /// [`HIDDEN_MATRICES`]: Muon under `optimizer: muon`, muP's hidden rate; weight decay.
+    Hidden,
+    /// [`OTHER_MATRICES`] and [`OTHER_DECAYED`]: AdamW at the base rate, with weight decay.
+    Decayed,
+    /// [`VECTORS`]: AdamW at the base rate, no weight decay.
+    Vector,
+}
+
+/// The declared role of the tensor named `name` of shape `size`; `None` when no list declares it.
+pub fn declared_role(name: &str, size: &[i64]) -> Option<Declared> {
+    let listed = |list: &[&str]| list.iter().any(|p| path_ends_with(name, p));
+    match size.len() {
+        2 if listed(HIDDEN_MATRICES) => Some(Declared::Hidden),
+        2 if listed(OTHER_MATRICES) => Some(Declared::Decayed),
+        3 | 4 if listed(OTHER_DECAYED) => Some(Declared::Decayed),
+        0 | 1 if listed(VECTORS) => Some(Declared::Vector),
+        _ => None,
+    }
+}
 
 /// Whether `name` ends with `pattern`, component by component (`*` matches any one component).
 fn path_ends_with(name: &str, pattern: &str) -> bool {
@@ -135,6 +194,8 @@ pub fn newton_schulz(g: &Tensor, muon: &Muon) -> Tensor {
 pub struct Role {
     pub muon: bool,
     pub lr_scale: f64,
+    /// Decoupled weight decay applies (matrices and kernels; never a vector: [`Declared`]).
+    pub decay: bool,
 }
 
 /// Which implementation performs the AdamW update.
@@ -208,7 +269,12 @@ impl AdamW {
         beta2: f64,
         weight_decay: f64,
     ) -> Self {
-        let roles: Vec<Role> = orthogonalised.iter().map(|&muon| Role { muon, lr_scale: 1.0 }).collect();
+        // Anonymous tensors: decay by shape, as a declared role would give them.
+        let roles: Vec<Role> = orthogonalised
+            .iter()
+            .zip(&params)
+            .map(|(&muon, p)| Role { muon, lr_scale: 1.0, decay: p.dim() >= 2 })
+            .collect();
         Self::with_roles(params, &roles, muon, beta1, beta2, weight_decay)
     }
 
@@ -233,7 +299,7 @@ impl AdamW {
             muon_params.into_iter().map(|(p, r)| (p, r.lr_scale)).unzip();
         assert!(params.iter().all(|p| p.dim() == 2), "Muon orthogonalises matrices only");
         let muon_tensors = params.len();
-        let (decayed_adam, rest): (Assigned, Assigned) = adam.into_iter().partition(|(p, _)| p.dim() >= 2);
+        let (decayed_adam, rest): (Assigned, Assigned) = adam.into_iter().partition(|(_, r)| r.decay);
         for (p, r) in decayed_adam {
             params.push(p);
             lr_scales.push(r.lr_scale);
@@ -349,6 +415,12 @@ impl AdamW {
     /// [`step`](Self::step) from `grads` (one per parameter, in [`grads`](Self::grads)' order) instead of the
     /// parameters' own: a data-parallel group's averaged gradients.
     pub fn step_with(&mut self, grads: Vec<Tensor>, lr: f64, clip: Option<f64>, loss_scale: f64) -> StepReport {
+        // The fused update reads each gradient as its parameter's shape: a list in another order would be
+        // read as garbage, not refused.
+        assert!(
+            grads.len() == self.params.len() && grads.iter().zip(&self.params).all(|(g, p)| g.size() == p.size()),
+            "step_with takes one gradient per parameter, in grads()' order"
+        );
         let _guard = tch::no_grad_guard();
         // The norm and the clip coefficient stay on the device (float64, the arithmetic `clip_factor` does
         // on the host), so a step makes the host wait for nothing; fp16's overflow check alone reads it.
