@@ -608,3 +608,132 @@ fn every_trainable_tensor_of_every_model_has_a_declared_role() {
     assert!(hidden.iter().all(|h| units.iter().any(|u| h == &format!("weight<{u}"))), "{hidden:?}");
     assert_eq!(hidden.len(), units.len(), "{hidden:?}");
 }
+
+/// A forward pass in evaluation mode with gradients: the output, and d(mean of its squares)/d(each weight) by
+/// name.
+fn forward_and_gradients(vs: &nn::VarStore, model: &dyn Built) -> (Tensor, Vec<(String, Tensor)>) {
+    tch::manual_seed(11);
+    let out = model.forward_example(2, false, Device::Cpu);
+    out.to_kind(DType::Float).square().mean(DType::Float).backward();
+    let mut grads: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| {
+            let g = t.grad();
+            (n, if g.defined() { g.copy() } else { t.zeros_like() })
+        })
+        .collect();
+    grads.sort_by(|a, b| a.0.cmp(&b.0));
+    (out.detach(), grads)
+}
+
+/// How far two implementations may differ, relative to the larger of 1 and the largest value: float32
+/// summation in another order (the largest seen is 1.5e-4, a ViT gradient without norms, whose values grow).
+const TOLERANCE: f64 = 5e-4;
+
+/// The largest difference between two tensors, relative to the larger of 1 and the first's largest value.
+fn relative_gap(a: &Tensor, b: &Tensor) -> f64 {
+    if a.size() != b.size() {
+        return f64::INFINITY;
+    }
+    let scale = a.abs().max().double_value(&[]).max(1.0);
+    (a - b).abs().max().double_value(&[]) / scale
+}
+
+/// The implementation-agreement matrix: for every row of the knob matrix a kind accepts (the knob and its
+/// context), each attention implementation computes the same model: libtorch's fused kernel and the explicit
+/// path agree in the output and in every weight's gradient; with a sliding window added (`pattern.window:
+/// 2`, where the row sets no window of its own), the sparse kernel agrees with the explicit path; and for
+/// the decoder, cached decoding gives the logits of the whole-context pass at every step. A combination the
+/// loader refuses is listed with its one line; nothing else may differ by more than [`TOLERANCE`]. A decoder
+/// (causal) and a ViT (bidirectional). `-- --nocapture` prints the matrix.
+#[test]
+fn every_knob_agrees_across_attention_implementations_or_is_refused() {
+    use ablate::models::decode::Decoder;
+    let _serial = common::serial();
+    let mut matrix = String::new();
+    let mut failures = Vec::new();
+    for kind in [Kind::Lm, Kind::Vit] {
+        let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
+        for &(key, value, extra) in KNOBS.iter().filter(|(k, ..)| !k.ends_with("implementation")) {
+            let value = knob_value(key, value, &defaults);
+            let mut row = context(extra);
+            row.push((key.to_string(), value.clone()));
+            let what = format!("{kind} {key}={value}");
+            if parse(&recipe(kind, &row), "r.yaml", "r", false).is_err() {
+                continue; // The knob matrix lists the kind's refusals.
+            }
+            let sets_window = row.iter().any(|(k, _)| k.ends_with("pattern.window") || k.ends_with("layer_patterns"));
+            let window: Vec<(String, String)> = if sets_window {
+                Vec::new()
+            } else {
+                vec![("transformer.attention.pattern.window".into(), "2".into())]
+            };
+            let with = |extra: &[(String, String)], implementation: &str| {
+                let mut s = row.clone();
+                s.extend(extra.iter().cloned());
+                s.push(("transformer.attention.implementation".into(), implementation.into()));
+                parse(&recipe(kind, &s), "i.yaml", "i", false).map(|r| r.runs[0].config.clone())
+            };
+            for (pair, extra_settings) in [(("fused", "explicit"), Vec::new()), (("sparse", "explicit"), window)] {
+                let (a, b) = (with(&extra_settings, pair.0), with(&extra_settings, pair.1));
+                let label = format!("{what}: {} vs {}", pair.0, pair.1);
+                let (a, b) = match (a, b) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), _) | (_, Err(e)) => {
+                        let line = e.to_string();
+                        if line.lines().count() != 1 {
+                            failures.push(format!("{label}: refused in more than one line: {line}"));
+                        }
+                        matrix.push_str(&format!("{label}: refused: {line}\n"));
+                        continue;
+                    }
+                };
+                let (vs_a, model_a) = build(&a, None, false);
+                let (vs_b, model_b) = build(&b, Some(&vs_a), false);
+                let (out_a, grads_a) = forward_and_gradients(&vs_a, model_a.as_ref());
+                let (out_b, grads_b) = forward_and_gradients(&vs_b, model_b.as_ref());
+                let mut worst = relative_gap(&out_a, &out_b);
+                for ((name, ga), (_, gb)) in grads_a.iter().zip(&grads_b) {
+                    let gap = relative_gap(ga, gb);
+                    if gap > TOLERANCE {
+                        failures.push(format!("{label}: the gradient of {name} differs by {gap:.2e}"));
+                    }
+                    worst = worst.max(gap);
+                }
+                if relative_gap(&out_a, &out_b) > TOLERANCE {
+                    failures.push(format!("{label}: the output differs by {:.2e}", relative_gap(&out_a, &out_b)));
+                }
+                matrix.push_str(&format!("{label}: agree (largest relative gap {worst:.1e})\n"));
+            }
+            if kind == Kind::Lm {
+                let cfg = parse(&recipe(kind, &row), "r.yaml", "r", false).unwrap().runs[0].config.clone();
+                let (_vs, model) = build(&cfg, None, false);
+                let gpt = model.gpt().expect("a decoder");
+                let prompts = vec![vec![1, 5, 2, 7, 3], vec![4, 4, 9, 0, 12]];
+                let _guard = tch::no_grad_guard();
+                let mut cached = Decoder::new(gpt, prompts.clone(), true);
+                let mut plain = Decoder::new(gpt, prompts, false);
+                if !cached.is_cached() {
+                    matrix.push_str(&format!("{what}: cached decoding: recomputes the context (no cache for it)\n"));
+                    continue;
+                }
+                let mut worst = 0.0f64;
+                for _ in 0..6 {
+                    let (x, y) = (cached.logits(), plain.logits());
+                    worst = worst.max(relative_gap(&y, &x));
+                    let next = Vec::<i64>::try_from(y.argmax(-1, false)).unwrap();
+                    cached.push(&next);
+                    plain.push(&next);
+                }
+                if worst > TOLERANCE {
+                    failures.push(format!("{what}: cached decoding differs by {worst:.2e}"));
+                }
+                matrix.push_str(&format!("{what}: cached decoding agrees (largest relative gap {worst:.1e})\n"));
+            }
+        }
+    }
+    println!("{matrix}");
+    assert!(failures.is_empty(), "{}\n\nmatrix:\n{matrix}", failures.join("\n"));
+}
