@@ -79,10 +79,14 @@ pub fn section(dir: &Path, recipe: &Recipe) -> Result<Option<String>> {
     let mut arms: BTreeMap<String, Arm> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     let mut uncapped = 0;
-    for run in recipe.runs.iter().filter(|r| r.tune.is_none()) {
-        let Some(level) = run.swept.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()) else { continue };
-        let Some(v) = value(&run.id) else { continue };
-        let capped = match initial(&run.id) {
+    // Every reported run of the directory, the seeds a second stage added included (the recipe lists only
+    // its own).
+    for row in &runs {
+        let (Some(id), Some(level), Some(label)) = (row.get("run_id"), row.get(&key), row.get("label")) else {
+            continue;
+        };
+        let Some(v) = value(id) else { continue };
+        let capped = match initial(id) {
             Some(l0) if v.is_finite() => v.min(l0),
             Some(l0) => l0,
             None => {
@@ -90,16 +94,16 @@ pub fn section(dir: &Path, recipe: &Recipe) -> Result<Option<String>> {
                 v
             }
         };
-        let arm_label: Vec<&str> = run.label.split(' ').filter(|t| !t.starts_with(&format!("{short}="))).collect();
+        let arm_label: Vec<&str> = label.split(' ').filter(|t| !t.starts_with(&format!("{short}="))).collect();
         let arm_label = if arm_label.is_empty() { "all runs".to_string() } else { arm_label.join(" ") };
         if !order.contains(&arm_label) {
             order.push(arm_label.clone());
         }
         let arm = arms.entry(arm_label).or_insert_with(|| Arm { levels: Vec::new(), cells: Vec::new() });
-        let i = match arm.levels.iter().position(|l| *l == level) {
+        let i = match arm.levels.iter().position(|l| l == level) {
             Some(i) => i,
             None => {
-                arm.levels.push(level);
+                arm.levels.push(level.clone());
                 arm.cells.push(Vec::new());
                 arm.levels.len() - 1
             }
