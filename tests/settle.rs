@@ -529,3 +529,47 @@ fn a_sensitivity_names_a_swept_numeric_key() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The sensitivity section of a verdict block, by hand on a fixture: every run of `runs.csv` counts, a
+/// second stage's seed (2, not among the recipe's 0 and 1) included; a run above its step-0 loss (5.0
+/// against 4.0) and a diverged one (no test loss) count as that loss. Arm heads=1: level means 2.1, 1.9 and
+/// (4 + 4 + 3.4)/3 = 3.8, best 1e-2, sensitivity (0.2 + 0 + 1.9)/3 = 0.7; the interval from SciPy's
+/// `stats.t.ppf(0.975, 3.5901)` on the variance terms (1/9, 4/9, 1/9) · s²/3: [0.4694, 0.9306]. Arm heads=2
+/// is flat (every level 2.0): 0, and −0.7 against heads=1.
+#[test]
+fn the_sensitivity_section_reads_every_run_and_caps_at_the_initial_loss() {
+    let dir = scratch("sensitivity-section");
+    let text = "kind: lm\ntransformer: {d_model: 16, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\n  train.lr: [0.001, 0.01, 0.1]\nseeds: [0, 1]\ncompare:\n  baseline: heads=1\n  sensitivity: train.lr\n";
+    let recipe = parse(text, "s.yaml", "s", false).unwrap();
+    let losses = |heads: u32, lr: &str| -> [&str; 3] {
+        match (heads, lr) {
+            (1, "0.001") => ["2.0", "2.2", "2.1"],
+            (1, "0.01") => ["1.8", "1.9", "2.0"],
+            (1, _) => ["5.0", "", "3.4"],
+            _ => ["2.0", "2.0", "2.0"],
+        }
+    };
+    let (mut runs, mut curves) = (
+        String::from("run_id,label,seed,config_hash,status,transformer.heads,train.lr,test_loss,test_accuracy\n"),
+        String::from("run_id,step,split,metric,value\n"),
+    );
+    for heads in [1, 2] {
+        for lr in ["0.001", "0.01", "0.1"] {
+            for (seed, loss) in losses(heads, lr).iter().enumerate() {
+                let id = format!("transformer.heads={heads} train.lr={lr} seed={seed}");
+                let status = if loss.is_empty() { "diverged at step 3" } else { "ok" };
+                runs.push_str(&format!("{id},heads={heads} lr={lr},{seed},x,{status},{heads},{lr},{loss},0.5\n"));
+                curves.push_str(&format!("{id},0,val,loss,4.0\n"));
+            }
+        }
+    }
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("runs.csv"), runs).unwrap();
+    std::fs::write(out.join("curves.csv"), curves).unwrap();
+    let section = ablate::run::sensitivity::section(&out, &recipe).unwrap().unwrap();
+    assert!(section.contains("| heads=1 | 3 (9) | lr=0.01 | 1.9000 | 0.7000 [0.4694, 0.9306] |"), "{section}");
+    assert!(section.contains("| heads=2 | 3 (9) | lr=0.001 | 2.0000 | 0.0000 [0.0000, 0.0000] |"), "{section}");
+    assert!(section.contains("| heads=2 | -0.7000 [-0.9306, -0.4694] |"), "{section}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
