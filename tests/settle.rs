@@ -573,3 +573,18 @@ fn the_sensitivity_section_reads_every_run_and_caps_at_the_initial_loss() {
     assert!(section.contains("| heads=2 | -0.7000 [-0.9306, -0.4694] |"), "{section}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fixed design written as `max_seeds` equal to the recipe's seeds stays valid when `--smoke` keeps two of
+/// them: the plan is checked against the recipe's seeds (the smoke run of recipes/mup_transfer.yaml).
+#[test]
+fn a_fixed_design_survives_the_smoke_runs_fewer_seeds() {
+    let text = "kind: lm\ntransformer: {d_model: 16, block_size: 16}\nsweep:\n  transformer.heads: [1, 2]\nseeds: [0, 1, 2]\ncompare:\n  baseline: heads=1\n  max_seeds: 3\n";
+    let full = parse(text, "f.yaml", "f", false).unwrap();
+    assert_eq!(full.seeds.len(), 3);
+    let smoke = parse(text, "f.yaml", "f", true).unwrap();
+    assert_eq!(smoke.seeds.len(), 2);
+    assert!(!smoke.compare.as_ref().unwrap().two_stage(smoke.seeds.len()), "a smoke run adds no second stage");
+    let wrong = text.replace("max_seeds: 3", "max_seeds: 4");
+    let err = parse(&wrong, "f.yaml", "f", true).unwrap_err().to_string();
+    assert!(err.contains("compare.max_seeds: 4 seeds per arm is not a plan for 3 seeds"), "{err}");
+}

@@ -191,7 +191,9 @@ impl Compare {
 
     /// Whether the plan adds a second stage to a pilot of `seeds` seeds.
     pub fn two_stage(&self, seeds: usize) -> bool {
-        self.max_seeds.is_some_and(|m| m > seeds)
+        // A cap too close to `seeds` for a second stage (a fixed design of 3 that a smoke run keeps 2 seeds
+        // of) is no second stage.
+        self.max_seeds.is_some_and(|m| crate::design::is_second_stage(seeds, m))
     }
 }
 

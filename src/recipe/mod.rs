@@ -355,6 +355,8 @@ fn parse_one_scale(
     apply_overrides(&mut parsed, &mut lines, overrides, file)?;
     let src = Source { file, last_line, lines, template: schema_template() };
     let mut seeds = seeds(&src, &parsed, &typed)?;
+    // The plan (`compare.max_seeds`) is the recipe's, checked against its own seeds, not a smoke run's.
+    let planned_seeds = seeds.len();
     if smoke && overrides.seeds.is_none() {
         // Two seeds keep every paired comparison and interval computing; a third adds only time.
         seeds.truncate(SMOKE_SEEDS);
@@ -407,7 +409,7 @@ fn parse_one_scale(
         None => (None, runs),
     };
     let second = second_scale(&src, &parsed, &sweep_keys)?;
-    let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c, seeds.len())).transpose()?;
+    let compare = parsed.compare.as_ref().map(|c| compare::expand(&src, c, planned_seeds)).transpose()?;
     let retired = parsed.retired.clone().map(|r| checked_retirement(&src, r)).transpose()?;
     let recipe = Recipe {
         file: file.into(),
