@@ -565,10 +565,12 @@ fn every_trainable_tensor_of_every_model_has_a_declared_role() {
     // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
     // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
     // optimiser by where it happens to sit. Every kind, every row of the matrix.
-    use ablate::train::optim::{has_declared_role, is_hidden_matrix};
+    use ablate::train::optim::{declared_role, has_declared_role, is_hidden_matrix};
     let mut undeclared = std::collections::BTreeSet::new();
     let mut hidden = std::collections::BTreeSet::new();
-    for kind in Kind::ALL.into_iter().filter(|&k| k != Kind::Cnn) {
+    // Every other trainable tensor (vectors, kernels, tokens) is declared too: its weight decay follows.
+    let mut others = std::collections::BTreeSet::new();
+    for kind in Kind::ALL {
         for (_, cfg) in accepted_rows(kind, KNOBS).1 {
             let vs = nn::VarStore::new(Device::Cpu);
             let _model = task(kind).build(&cfg, &vs.root(), 50);
@@ -577,6 +579,12 @@ fn every_trainable_tensor_of_every_model_has_a_declared_role() {
                 let general: Vec<&str> =
                     name.split('.').map(|p| if p.parse::<i64>().is_ok() { "*" } else { p }).collect();
                 let general = general.join(".");
+                if t.requires_grad() && declared_role(&name, &t.size()).is_none() {
+                    others.insert(format!("{general} ({}-D)", t.dim()));
+                }
+                if kind == Kind::Cnn {
+                    continue;
+                }
                 if t.requires_grad() && t.dim() == 2 && !has_declared_role(&name) {
                     undeclared.insert(general.clone());
                 }
@@ -587,21 +595,6 @@ fn every_trainable_tensor_of_every_model_has_a_declared_role() {
         }
     }
     assert!(undeclared.is_empty(), "matrices with no declared optimiser role: {undeclared:?}");
-    // Every other trainable tensor (vectors, kernels, tokens) is declared too: its weight decay follows.
-    let mut others = std::collections::BTreeSet::new();
-    for kind in Kind::ALL {
-        for (_, cfg) in accepted_rows(kind, KNOBS).1 {
-            let vs = nn::VarStore::new(Device::Cpu);
-            let _model = task(kind).build(&cfg, &vs.root(), 50);
-            for (name, t) in vs.variables() {
-                let general: Vec<&str> =
-                    name.split('.').map(|p| if p.parse::<i64>().is_ok() { "*" } else { p }).collect();
-                if t.requires_grad() && ablate::train::optim::declared_role(&name, &t.size()).is_none() {
-                    others.insert(format!("{} ({}-D)", general.join("."), t.dim()));
-                }
-            }
-        }
-    }
     assert!(others.is_empty(), "tensors with no declared role: {others:#?}");
     // Every hidden matrix is an attention projection, an output gate or an FFN matrix.
     let units = ["qkv", "out", "output_gate", "up", "gate", "down"];
