@@ -290,7 +290,7 @@ fn interaction_rows(rows: &[JudgedRow], recipe: &Recipe, metrics: &[Metric]) -> 
         if asked.is_empty() {
             continue;
         }
-        let contrasts: Vec<Option<Paired>> = asked
+        let compared: Vec<(usize, Option<Paired>)> = asked
             .iter()
             .map(|(a, b)| {
                 let by_seed = |r: &JudgedRow| -> Vec<(u64, f64)> {
@@ -303,52 +303,22 @@ fn interaction_rows(rows: &[JudgedRow], recipe: &Recipe, metrics: &[Metric]) -> 
                             .collect()
                     })
                 };
-                paired(&by_seed(b), &by_seed(a))
+                let contrast = paired(&by_seed(b), &by_seed(a));
+                (contrast.as_ref().map_or(0, |c| c.seeds.len()), contrast)
             })
             .collect();
-        let fixed = StagePlan::default();
-        let evidence: Vec<Evidence> = contrasts
-            .iter()
-            .zip(&asked)
-            .map(|(c, (a, _))| match c {
-                Some(c) if a.judged.delta.is_finite() && a.judged.delta > 0.0 => {
-                    Evidence::of(&fixed.split(c), a.judged.delta)
-                }
-                _ => Evidence::untestable(),
-            })
-            .collect();
-        let family = evidence.iter().filter(|e| !e.difference.is_nan()).count().max(1);
-        let seeds: Vec<Option<usize>> = contrasts
-            .iter()
-            .zip(&asked)
-            .map(|(c, (a, _))| {
-                c.as_ref().and_then(|c| seeds_to_settle(c.difference.std, a.judged.delta, ALPHA / family as f64))
-            })
-            .collect();
-        let (adjusted, verdicts) = judge_family(&evidence, m.higher_is_better, &seeds);
-        for (k, ((a, b), contrast)) in asked.iter().zip(contrasts).enumerate() {
-            let margin_p_holm =
-                if evidence[k].mean > 0.0 { adjusted.above_margin[k] } else { adjusted.below_margin[k] };
+        let pairs: Vec<(usize, usize)> = asked.iter().map(|(a, _)| (a.judged.variant, a.judged.against)).collect();
+        let margins: Vec<f64> = asked.iter().map(|(a, _)| a.judged.delta).collect();
+        let delta_texts = asked.iter().map(|(a, _)| a.judged.delta_text.clone()).collect();
+        // A fixed design: no pilot named, every shared seed is the one stage.
+        let judged = judge_paired(compared, &pairs, &margins, delta_texts, m.higher_is_better, &StagePlan::default());
+        for ((a, b), judged) in asked.iter().zip(judged) {
             out.push(JudgedRow {
                 comparison: format!("({} − {}) − ({} − {})", a.arms.0, a.arms.1, b.arms.0, b.arms.1),
                 arms: a.arms.clone(),
                 versus: Some(b.arms.0.clone()),
                 metric: a.metric.clone(),
-                judged: Judged {
-                    variant: a.judged.variant,
-                    against: a.judged.against,
-                    shared: contrast.as_ref().map_or(0, |c| c.seeds.len()),
-                    interval: contrast.as_ref().and_then(|c| fixed.split(c).interval()),
-                    analysis: Analysis::Fixed,
-                    verdict: if contrast.is_some() { verdicts[k] } else { Verdict::Untested },
-                    paired: contrast,
-                    p_raw: evidence[k].difference,
-                    p_holm: adjusted.difference[k],
-                    equivalence_p_holm: adjusted.equivalence[k],
-                    margin_p_holm,
-                    delta: a.judged.delta,
-                    delta_text: a.judged.delta_text.clone(),
-                },
+                judged,
                 primary: false,
             });
         }
@@ -811,10 +781,31 @@ pub fn judge(
     let compared = compare(runs, variants, pairs, &column);
     let margins: Vec<f64> =
         pairs.iter().map(|&(_, against)| margin(runs, &variants[against].1, &column, delta)).collect();
+    let delta_texts = margins
+        .iter()
+        .map(|&resolved| match delta {
+            Delta::Absolute(_) => delta.text(),
+            Delta::Relative(_) => format!("{} = {}", delta.text(), format_margin(resolved)),
+        })
+        .collect();
+    judge_paired(compared, pairs, &margins, delta_texts, m.higher_is_better, stages)
+}
+
+/// Judges one family of paired comparisons — for each of `pairs`, the seeds it shared and its paired
+/// differences (`None` below two), with its margin in the metric's unit and as written — under the design of
+/// `stages`: the tests of `crate::design`, Holm-adjusted over the family, and the verdicts.
+fn judge_paired(
+    compared: Vec<(usize, Option<Paired>)>,
+    pairs: &[(usize, usize)],
+    margins: &[f64],
+    delta_texts: Vec<String>,
+    higher_is_better: bool,
+    stages: &StagePlan,
+) -> Vec<Judged> {
     let split: Vec<Option<Stages>> = compared.iter().map(|(_, p)| p.as_ref().map(|p| stages.split(p))).collect();
     let evidence: Vec<Evidence> = split
         .iter()
-        .zip(&margins)
+        .zip(margins)
         .map(|(s, &d)| match s {
             Some(s) if d.is_finite() && d > 0.0 => Evidence::of(s, d),
             _ => Evidence::untestable(),
@@ -823,20 +814,17 @@ pub fn judge(
     let family = evidence.iter().filter(|e| !e.difference.is_nan()).count().max(1);
     let seeds: Vec<Option<usize>> = compared
         .iter()
-        .zip(&margins)
+        .zip(margins)
         .map(|((_, p), &d)| p.as_ref().and_then(|p| seeds_to_settle(p.difference.std, d, ALPHA / family as f64)))
         .collect();
-    let (adjusted, verdicts) = judge_family(&evidence, m.higher_is_better, &seeds);
+    let (adjusted, verdicts) = judge_family(&evidence, higher_is_better, &seeds);
     compared
         .into_iter()
         .zip(pairs)
+        .zip(delta_texts)
         .enumerate()
-        .map(|(k, ((shared, paired), &(variant, against)))| {
+        .map(|(k, (((shared, paired), &(variant, against)), delta_text))| {
             let verdict = if paired.is_some() { verdicts[k] } else { Verdict::Untested };
-            let delta_text = match delta {
-                Delta::Absolute(_) => delta.text(),
-                Delta::Relative(_) => format!("{} = {}", delta.text(), format_margin(margins[k])),
-            };
             let margin_p_holm =
                 if evidence[k].mean > 0.0 { adjusted.above_margin[k] } else { adjusted.below_margin[k] };
             Judged {
