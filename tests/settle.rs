@@ -567,7 +567,7 @@ fn the_sensitivity_section_reads_every_run_and_caps_at_the_initial_loss() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("runs.csv"), runs).unwrap();
     std::fs::write(out.join("curves.csv"), curves).unwrap();
-    let section = ablate::run::sensitivity::section(&out, &recipe).unwrap().unwrap();
+    let section = ablate::run::sensitivity::section(&out, &recipe, "test_loss").unwrap().unwrap();
     assert!(section.contains("| heads=1 | 3 (9) | lr=0.01 | 1.9000 | 0.7000 [0.4694, 0.9306] |"), "{section}");
     assert!(section.contains("| heads=2 | 3 (9) | lr=0.001 | 2.0000 | 0.0000 [0.0000, 0.0000] |"), "{section}");
     assert!(section.contains("| heads=2 | -0.7000 [-0.9306, -0.4694] |"), "{section}");

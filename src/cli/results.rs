@@ -186,8 +186,11 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
             print!("{}", ablate::run::verdicts::predictions_table(&j.rows, &compare.predict, &as_run));
         }
     }
-    if let Some(sensitivity) = ablate::run::sensitivity::section(&sweep.out, &sweep.recipe)? {
-        print!("{sensitivity}");
+    let metrics = ablate::tasks::recipe_metrics(&sweep.recipe);
+    if let Some(column) = ablate::run::summary::primary_column(&sweep.recipe, &metrics) {
+        if let Some(sensitivity) = ablate::run::sensitivity::section(&sweep.out, &sweep.recipe, &column)? {
+            print!("{sensitivity}");
+        }
     }
     Ok(())
 }

@@ -8,10 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::results::{read_curves, read_runs};
-use super::summary::primary_column;
 use crate::recipe::Recipe;
 use crate::stats::Sensitivity;
-use crate::tasks::recipe_metrics;
 
 /// One arm's grid: the key's levels (as written, in grid order) and each level's capped values.
 struct Arm {
@@ -59,18 +57,17 @@ pub fn check(recipe: &Recipe) -> Result<()> {
     Ok(())
 }
 
-/// The block's sensitivity section for `dir` (markdown), or `None` when the recipe asks for none.
-pub fn section(dir: &Path, recipe: &Recipe) -> Result<Option<String>> {
+/// The block's sensitivity section for `dir` (markdown) of the primary metric `column`, or `None` when the
+/// recipe asks for none.
+pub fn section(dir: &Path, recipe: &Recipe, column: &str) -> Result<Option<String>> {
     let Some(spec) = recipe.compare.as_ref().and_then(|c| c.sensitivity.as_deref()) else { return Ok(None) };
     let Some(key) = swept_key(recipe, spec) else { return Ok(None) };
-    let metrics = recipe_metrics(recipe);
-    let Some(column) = primary_column(recipe, &metrics) else { return Ok(None) };
     let short = key.rsplit('.').next().unwrap_or(&key).to_string();
     let runs = read_runs(&dir.join("runs.csv"))?;
     let curves = read_curves(&dir.join("curves.csv")).unwrap_or_default();
     let value = |id: &str| -> Option<f64> {
         let row = runs.iter().find(|r| r.get("run_id").map(String::as_str) == Some(id))?;
-        Some(row.get(&column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN))
+        Some(row.get(column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN))
     };
     // The loss at initialisation: the run's first validation point (step 0).
     let initial = |id: &str| -> Option<f64> {

@@ -102,8 +102,10 @@ pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &st
         // Inside the block: the closing marker stays last.
         text = text.replace(END, &format!("{predictions}{END}"));
     }
-    if let Some(sensitivity) = super::sensitivity::section(dir, recipe)? {
-        text = text.replace(END, &format!("{sensitivity}{END}"));
+    if let Some(column) = &primary {
+        if let Some(sensitivity) = super::sensitivity::section(dir, recipe, column)? {
+            text = text.replace(END, &format!("{sensitivity}{END}"));
+        }
     }
     Ok(text)
 }
