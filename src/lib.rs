@@ -8,7 +8,9 @@
 //! - `data` — corpora, image sets, sentence pairs, tokenizers, batches;
 //! - `train` — the optimisation loop every kind shares (AdamW, schedules, precision, resumable state);
 //! - `tasks` — one per kind of run: its data, model, objective, evaluation, FLOPs and named metrics;
-//! - `run` — the sweep, result files, plots, summaries, scale-out and benchmarks;
+//! - `judge` — the one reading of a results directory and what is made of it: summaries, verdicts, plots,
+//!   TensorBoard, the HTML report, reproduction;
+//! - `run` — the sweep and its result files, settling, tuning, scale-out and benchmarks;
 //! - `recipe` — the schema (the config structs), validation, which keys each kind reads, expansion; with
 //!   `metrics`, the names every layer above the core reads; below them `stats`, the intervals and tests of
 //!   the tables, and over it `design`, the two-stage design that adds seeds (`tests/layers.rs` has the
@@ -25,6 +27,8 @@ pub mod transformer;
 pub mod data;
 #[cfg(feature = "torch")]
 pub mod files;
+#[cfg(feature = "torch")]
+pub mod judge;
 #[cfg(feature = "torch")]
 pub mod run;
 #[cfg(feature = "torch")]

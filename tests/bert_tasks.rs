@@ -110,7 +110,7 @@ fn a_tiny_bert_pretrains_and_then_tells_spam_from_ham() {
     let opts =
         ablate::run::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
     ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&dir).unwrap();
     let r = &runs[0];
     let get = |k: &str| -> f64 { r[k].parse().unwrap_or_else(|_| panic!("{k} = {:?}", r[k])) };
     // 69% of the test emails are ham: a trivial classifier gets 0.69 and F1 0. 200 steps reach 0.91–0.92
@@ -143,7 +143,7 @@ fn a_few_labelled_examples_are_memorised_and_more_than_the_split_holds_is_refuse
         let opts =
             ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
         ablate::run::sweep::run_recipe(&recipe, &opts).map_err(|e| format!("{e:#}"))?;
-        let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
+        let runs = ablate::judge::reading::reported_runs(&out).unwrap();
         Ok(runs[0]["train_loss"].parse().unwrap())
     };
     let few = train_loss("  labelled_examples: 4\n", "few").unwrap();
@@ -260,7 +260,9 @@ fn a_sweep_over_tasks_names_each_comparison_by_its_own_task_metric() {
     let text = std::fs::read_to_string(root.join("recipes/bert_bidirectional.yaml")).unwrap();
     let recipe = ablate::recipe::parse(&text, "bert_bidirectional.yaml", "bert_bidirectional", false).unwrap();
     let dir = root.join("results/bert_bidirectional");
-    let table = ablate::run::summary::summary_table(&dir, &recipe, None).unwrap();
+    let table =
+        ablate::judge::summary::summary_table(&ablate::judge::reading::Results::open(&dir, &recipe, None).unwrap())
+            .unwrap();
     let (spam, punctuation) = ("test F1 of the spam class", "test F1 over the punctuation marks");
     let header = table.lines().find(|l| l.starts_with("| variant | n |")).expect("per-variant header");
     assert!(header.contains(&format!("{spam} / {punctuation}")), "{header}");
@@ -274,7 +276,10 @@ fn a_sweep_over_tasks_names_each_comparison_by_its_own_task_metric() {
             assert!(row.contains(own), "{row}");
         }
     }
-    let judged = ablate::run::summary::judgements(&dir, &recipe, None).unwrap().expect("the recipe compares");
+    let judged =
+        ablate::judge::summary::judgements(&ablate::judge::reading::Results::open(&dir, &recipe, None).unwrap())
+            .unwrap()
+            .expect("the recipe compares");
     let f1: Vec<_> = judged.rows.iter().filter(|r| r.metric.column_name() == Some("test_f1")).collect();
     assert_eq!(f1.len(), 2);
     for r in f1 {

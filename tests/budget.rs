@@ -4,7 +4,6 @@
 mod common;
 
 use ablate::recipe::{parse, warmup_cosine};
-use ablate::run::results::{read_curves, read_runs};
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use common::scratch;
 use std::path::Path;
@@ -22,16 +21,19 @@ fn recipe_text(dir: &Path, budget: &str) -> String {
     )
 }
 
-fn train(dir: &Path, budget: &str) -> (Vec<std::collections::BTreeMap<String, String>>, ablate::run::results::Curves) {
+fn train(
+    dir: &Path,
+    budget: &str,
+) -> (Vec<std::collections::BTreeMap<String, String>>, ablate::judge::reading::Curves) {
     let recipe = parse(&recipe_text(dir, budget), "budget.yaml", "budget", false).unwrap();
     let out = dir.join("out");
     let opts = SweepOptions { out: &out, device: Device::Cpu, force: true, quiet: true, shard: None };
     run_recipe(&recipe, &opts).unwrap();
-    (read_runs(&out.join("runs.csv")).unwrap(), read_curves(&out.join("curves.csv")).unwrap())
+    (ablate::judge::reading::reported_runs(&out).unwrap(), ablate::judge::reading::curves_of(&out).unwrap())
 }
 
 /// The learning rates the run recorded, by step.
-fn lrs(curves: &ablate::run::results::Curves) -> Vec<(i64, f64)> {
+fn lrs(curves: &ablate::judge::reading::Curves) -> Vec<(i64, f64)> {
     curves.values().next().unwrap()["train/lr"].iter().map(|&(s, v)| (s, v)).collect()
 }
 

@@ -248,7 +248,7 @@ fn a_tiny_bert_learns_to_restore_punctuation_and_to_locate_phrases() {
     let opts =
         ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
     ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&out).unwrap();
     let get = |r: usize, k: &str| -> f64 { runs[r][k].parse().unwrap_or_else(|_| panic!("{k} = {:?}", runs[r][k])) };
     // Punctuation: 25 of the 30 words carry a mark, so always guessing "none" scores 1/6 and F1 0.
     assert!(get(0, "test_accuracy") > 0.95, "token accuracy {}", get(0, "test_accuracy"));
@@ -288,7 +288,7 @@ fn fine_tuning_starts_from_a_saved_pretraining_checkpoint_named_in_the_recipe() 
     let opts =
         ablate::run::sweep::SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
     ablate::run::sweep::run_recipe(&chained, &opts).unwrap();
-    assert_eq!(ablate::run::results::read_runs(&out.join("runs.csv")).unwrap()[0]["status"], "ok");
+    assert_eq!(ablate::judge::reading::reported_runs(&out).unwrap()[0]["status"], "ok");
     // It tokenises with the checkpoint's vocabulary, not one trained afresh: fine-tuning on a longer text
     // (where training would give another vocabulary) saves exactly the pre-training tokenizer.
     let longer = from("$RESULTS/p/checkpoints/seed=0.safetensors")

@@ -146,7 +146,7 @@ fn two_ranks_with_batch_b_train_as_one_process_with_batch_2b() {
         assert!(diff < 1e-4, "{na} differs by {diff}");
     }
     // The run records the launch: per-rank and global batch, processes, the communication share.
-    let runs = ablate::run::results::read_runs(&two.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&two).unwrap();
     let row = &runs[0];
     assert_eq!(row["train.batch_size"], "8");
     assert_eq!(row["train.world_size"], "2");
@@ -154,7 +154,7 @@ fn two_ranks_with_batch_b_train_as_one_process_with_batch_2b() {
     let share: f64 = row["comm_share"].parse().unwrap();
     assert!(share > 0.0 && share < 1.0, "comm_share {share}");
     // A single process records neither column; rank 1 wrote nothing and said nothing.
-    let single = ablate::run::results::read_runs(&one.join("runs.csv")).unwrap();
+    let single = ablate::judge::reading::reported_runs(&one).unwrap();
     assert!(!single[0].contains_key("train.world_size") && !single[0].contains_key("comm_share"));
     assert_eq!(stderr(&outputs[1]), "");
 }
@@ -274,7 +274,7 @@ fn torchrun_launches_ablate_as_its_workers() {
         .unwrap();
     let o = &wait_all(vec![child], Duration::from_secs(180))[0];
     assert!(o.status.success(), "{}", stderr(o));
-    let runs = ablate::run::results::read_runs(&out.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&out).unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["train.world_size"], "2");
     assert_eq!(runs[0]["global_batch"], "8");
@@ -302,7 +302,7 @@ fn a_tuned_recipe_trains_both_phases_data_parallel_as_one_process_with_twice_the
     let one = ablate(&recipe, &single).env("OMP_NUM_THREADS", "1").output().unwrap();
     assert!(one.status.success(), "{}", stderr(&one));
     let rows = |d: &Path| {
-        ablate::run::results::read_all_runs(&d.join("runs.csv"))
+        ablate::judge::reading::all_runs(d)
             .unwrap()
             .into_iter()
             .map(|r| (r["run_id"].clone(), r["phase"].clone(), r["train.lr"].clone(), r["test_loss"].clone()))

@@ -304,7 +304,7 @@ fn words(command: &str) -> Vec<String> {
 
 /// The verdict block of a results README as its marker's command writes it from today's CSVs.
 fn regenerated(command: &str) -> String {
-    use ablate::run::summary::Pairing;
+    use ablate::judge::summary::Pairing;
     let w = words(command);
     assert!(w.len() >= 5 && w[0] == "ablate" && w[1] == "summary" && w[3] == "--out", "{command}");
     let recipe = ablate::recipe::load(&root().join(&w[2]), false).unwrap_or_else(|e| panic!("{command}: {e}"));
@@ -314,8 +314,9 @@ fn regenerated(command: &str) -> String {
         (None, true) => Some(Pairing::Ladder),
         (None, false) => None,
     };
-    ablate::run::verdicts::block(&root().join(&w[4]), &recipe, pairing, command)
-        .unwrap_or_else(|e| panic!("{command}: {e:#}"))
+    let results = ablate::judge::reading::Results::open(&root().join(&w[4]), &recipe, pairing)
+        .unwrap_or_else(|e| panic!("{command}: {e:#}"));
+    ablate::judge::verdicts::block(&results, command).unwrap_or_else(|e| panic!("{command}: {e:#}"))
 }
 
 /// Every results directory that holds comparisons (a `runs.csv` of two or more variants) carries a verdict
@@ -328,7 +329,7 @@ fn every_results_readme_carries_the_verdicts_its_csvs_give() {
     for entry in std::fs::read_dir(root().join("results")).unwrap() {
         let dir = entry.unwrap().path();
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap_or_default();
-        match ablate::run::verdicts::committed(&readme) {
+        match ablate::judge::verdicts::committed(&readme) {
             Some((block, command)) => {
                 assert!(
                     block == regenerated(&command),
@@ -338,8 +339,8 @@ fn every_results_readme_carries_the_verdicts_its_csvs_give() {
                 checked += 1;
             }
             None => {
-                let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).ok();
-                if runs.is_some_and(|r| ablate::run::results::variants_of(&r).len() >= 2) {
+                let runs = ablate::judge::reading::reported_runs(&dir).ok();
+                if runs.is_some_and(|r| ablate::judge::reading::variants_of(&r).len() >= 2) {
                     missing.push(dir.file_name().unwrap().to_string_lossy().to_string());
                 }
             }

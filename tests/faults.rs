@@ -3,7 +3,6 @@
 //! and says what happened in one line.
 mod common;
 
-use ablate::run::results::read_runs;
 use common::{runs_without_timings, scratch};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -195,10 +194,10 @@ fn a_full_disk_fails_cleanly_and_leaves_no_temporary_file() {
         }
     }
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
-    assert!(read_runs(&out.join("runs.csv")).is_err(), "no run finished");
+    assert!(ablate::judge::reading::reported_runs(&out).is_err(), "no run finished");
     // With room again, the same command trains everything.
     assert!(ablate(&recipe, &out).arg("--quiet").status().unwrap().success());
-    assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 2);
+    assert_eq!(ablate::judge::reading::reported_runs(&out).unwrap().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -243,7 +242,7 @@ fn a_run_that_runs_out_of_memory_is_one_line_and_the_sweep_trains_the_next() {
     );
     assert!(lines[1].contains("1 of 2 runs ran out of memory"), "{log}");
     // The next run trained and was recorded; the failed one is in failed.csv, not runs.csv.
-    let runs = read_runs(&out.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&out).unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["run_id"], "variant=small seed=0");
     let failed = std::fs::read_to_string(out.join("failed.csv")).unwrap();

@@ -356,7 +356,7 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     assert_eq!(weights[0].size(), vec![1, 4, 6, 6]);
     let path = std::env::temp_dir().join(format!("ablate-heatmap-{}.png", std::process::id()));
     let maps: Vec<Tensor> = weights.iter().map(|w| w.get(0)).collect();
-    ablate::run::plot::attention_heatmaps(&path, &maps, "test").unwrap();
+    ablate::judge::plot::attention_heatmaps(&path, &maps, "test").unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     // The image is a grid of equal panels: 4 heads across, 2 layers down (IHDR: width, height).
@@ -364,7 +364,7 @@ fn attention_heatmaps_render_one_panel_per_layer_and_head() {
     let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
     let _ = std::fs::remove_file(&path);
     let one_layer = std::env::temp_dir().join(format!("ablate-heatmap-1-{}.png", std::process::id()));
-    ablate::run::plot::attention_heatmaps(&one_layer, &maps[..1], "test").unwrap();
+    ablate::judge::plot::attention_heatmaps(&one_layer, &maps[..1], "test").unwrap();
     let bytes = std::fs::read(&one_layer).unwrap();
     let _ = std::fs::remove_file(&one_layer);
     let (width_1, height_1) =
@@ -418,7 +418,7 @@ fn legends_mark_diverged_variants() {
         row("c s0", "scale=big", "diverged at step 3"),
         row("c s1", "scale=big", "ok"),
     ];
-    let labels: Vec<String> = ablate::run::results::variants_of(&runs).into_iter().map(|v| v.0).collect();
+    let labels: Vec<String> = ablate::judge::reading::variants_of(&runs).into_iter().map(|v| v.0).collect();
     assert_eq!(labels, vec!["scale=none (diverged at step 12)", "scale=sqrt", "scale=big (1 of 2 runs diverged)"]);
 }
 

@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["data"],
     &["train"],
     &["tasks"],
+    &["judge"],
     &["run"],
     &["cli"],
 ];
@@ -85,4 +86,43 @@ fn the_import_scanner_sees_paths_in_code_and_in_groups() {
     assert_eq!(names, ["data", "models", "run"].iter().map(|s| s.to_string()).collect());
     assert!(layer_of("transformer") < layer_of("models"));
     assert!(layer_of("tasks") < layer_of("run"));
+}
+
+/// The files under `src/` (relative paths) whose code contains `needle`: comments and unit tests left out.
+fn files_naming(needle: &str) -> Vec<String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    for file in common::rust_files(&src) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code = code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+        if code.contains(needle) {
+            out.push(file.strip_prefix(&src).unwrap().display().to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A results directory is read in one place: `judge/reading.rs` is the only file that makes a CSV reader
+/// (`runs.csv`, `curves.csv` and the side tables are parsed there, and the writer, the shard merge and the
+/// benchmarks read through its `table`), and the recipe's metric declarations are derived once per reading
+/// (`Results::open`), besides the checks made before any run exists (the `compare:` check, the tuner's
+/// choice of direction) — not again by each of summary, verdicts, TensorBoard, plots and reproduction.
+#[test]
+fn results_files_are_parsed_in_one_place() {
+    for reader in ["csv::Reader", "csv::ReaderBuilder"] {
+        assert_eq!(files_naming(reader), ["judge/reading.rs"], "`{reader}` outside the one reading of results");
+    }
+    let deriving: Vec<String> = ["recipe_metrics(", "Declarations::of("]
+        .iter()
+        .flat_map(|n| files_naming(n))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        deriving,
+        ["judge/reading.rs", "judge/summary.rs", "run/tune.rs", "tasks/mod.rs"],
+        "metric declarations derived outside `Results::open` and the pre-run checks"
+    );
 }

@@ -139,16 +139,19 @@ fn an_override_that_pins_the_compared_key_runs_without_the_comparison() {
     std::fs::write(&path, text).unwrap();
     let pinned = ablate::recipe::Overrides::parse(&["transformer.heads=4".to_string()], &[], None).unwrap();
     let recipe = ablate::recipe::load_with(&path, false, &pinned).unwrap();
-    ablate::run::summary::check_compare(&recipe).unwrap();
+    ablate::judge::summary::check_compare(&recipe).unwrap();
     // After a run of the pinned arm the summary (and the end of the sweep) make no comparison, no error.
     let rows = "run_id,label,seed,config_hash,status,transformer.heads,test_loss,test_accuracy\nseed=0,base,0,x,ok,4,2.0,0.5\n";
     std::fs::write(dir.join("runs.csv"), rows).unwrap();
-    assert!(ablate::run::summary::judgements(&dir, &recipe, None).unwrap().is_none());
-    ablate::run::summary::summary_table(&dir, &recipe, None).unwrap();
+    assert!(ablate::judge::summary::judgements(&ablate::judge::reading::Results::open(&dir, &recipe, None).unwrap())
+        .unwrap()
+        .is_none());
+    ablate::judge::summary::summary_table(&ablate::judge::reading::Results::open(&dir, &recipe, None).unwrap())
+        .unwrap();
     let written = ablate::recipe::load(&path, false).unwrap();
-    ablate::run::summary::check_compare(&written).unwrap();
+    ablate::judge::summary::check_compare(&written).unwrap();
     std::fs::write(&path, text.replace("baseline: heads=1", "baseline: heads=7")).unwrap();
     let bad = ablate::recipe::load(&path, false).unwrap();
-    assert!(ablate::run::summary::check_compare(&bad).unwrap_err().to_string().contains("compare.baseline"));
+    assert!(ablate::judge::summary::check_compare(&bad).unwrap_err().to_string().contains("compare.baseline"));
     let _ = std::fs::remove_dir_all(&dir);
 }

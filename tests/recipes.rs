@@ -1,7 +1,6 @@
 //! Recipe loading, sweep expansion, error reporting and the result files of a (tiny) real run.
+use ablate::judge::summary::Pairing;
 use ablate::recipe::{parse, parse_with, Overrides, Recipe, RecipeError};
-use ablate::run::results::read_runs;
-use ablate::run::summary::Pairing;
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use std::path::PathBuf;
 use tch::Device;
@@ -187,7 +186,7 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     let out = dir.join("out");
     let opts = SweepOptions { out: &out, device: Device::Cpu, force: false, quiet: true, shard: None };
     run_recipe(&recipe, &opts).unwrap();
-    let runs = read_runs(&out.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&out).unwrap();
     assert_eq!(runs.len(), 4);
     for r in &runs {
         // Every resolved config value is a column, next to the parameter count and the final metrics.
@@ -208,7 +207,7 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
         let ppl: f64 = r["test_perplexity"].parse().unwrap();
         assert!((loss.exp() - ppl).abs() < 1e-3 * ppl);
     }
-    let curves = ablate::run::results::read_curves(&out.join("curves.csv")).unwrap();
+    let curves = ablate::judge::reading::curves_of(&out).unwrap();
     let first = &curves["transformer.heads=1 seed=0"];
     assert_eq!(first["val/loss"].iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3, 6]);
     assert!(first.contains_key("val/attn_entropy") && first.contains_key("train/grad_norm"));
@@ -219,24 +218,26 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     assert!(out.join("recipe.resolved.yaml").exists());
 
     // Same seed, same config: identical metrics (CPU determinism), and a re-run trains nothing.
-    assert_eq!(runs[0]["test_loss"], read_runs(&out.join("runs.csv")).unwrap()[0]["test_loss"]);
+    assert_eq!(runs[0]["test_loss"], ablate::judge::reading::reported_runs(&out).unwrap()[0]["test_loss"]);
     let before = std::fs::read_to_string(out.join("curves.csv")).unwrap();
     run_recipe(&recipe, &opts).unwrap();
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap(), before);
-    assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);
+    assert_eq!(ablate::judge::reading::reported_runs(&out).unwrap().len(), 4);
 
     // A run killed before its row was written leaves orphan curve rows: they are dropped, the run redone.
     let runs_text = std::fs::read_to_string(out.join("runs.csv")).unwrap();
     let kept: Vec<&str> = runs_text.lines().take(4).collect(); // header + 3 runs
     std::fs::write(out.join("runs.csv"), kept.join("\n") + "\n").unwrap();
     run_recipe(&recipe, &opts).unwrap();
-    let rerun = read_runs(&out.join("runs.csv")).unwrap();
+    let rerun = ablate::judge::reading::reported_runs(&out).unwrap();
     assert_eq!(rerun.len(), 4);
     assert_eq!(rerun[3]["test_loss"], runs[3]["test_loss"], "a re-run of the same seed reproduces its metrics");
     assert_eq!(std::fs::read_to_string(out.join("curves.csv")).unwrap().lines().count(), before.lines().count());
 
     // The summary: one row per variant, the mean of its seeds' final test loss.
-    let table = ablate::run::summary::summary_table(&out, &recipe, None).unwrap();
+    let table =
+        ablate::judge::summary::summary_table(&ablate::judge::reading::Results::open(&out, &recipe, None).unwrap())
+            .unwrap();
     let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| heads=")).collect();
     assert_eq!(rows.len(), 2, "{table}");
     let heads1: Vec<f64> = runs[..2].iter().map(|r| r["test_loss"].parse().unwrap()).collect();
@@ -245,17 +246,26 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     // With a baseline: the other variant paired with it on both seeds.
     let heads2: Vec<f64> = runs[2..].iter().map(|r| r["test_loss"].parse().unwrap()).collect();
     let difference = (heads2[0] - heads1[0] + heads2[1] - heads1[1]) / 2.0;
-    let table = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap();
+    let table = ablate::judge::summary::summary_table(
+        &ablate::judge::reading::Results::open(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap(),
+    )
+    .unwrap();
     assert!(table.contains("Paired against `heads=1`"), "{table}");
     let paired_row = table.lines().find(|l| l.starts_with("| heads=2 | test loss")).expect("paired row");
     assert!(paired_row.contains(&format!("| 2 | {difference:+.4} [")), "{table}");
     for bad in ["heads=3", "nonsense=1", "heads"] {
-        let e =
-            ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline(bad))).unwrap_err().to_string();
+        let e = ablate::judge::summary::summary_table(
+            &ablate::judge::reading::Results::open(&out, &recipe, Some(Pairing::Baseline(bad))).unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with(&format!("--baseline {bad}:")) && !e.contains('\n'), "{e}");
     }
     // As a ladder of two rungs: the one step is the same comparison.
-    let ladder = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Ladder)).unwrap();
+    let ladder = ablate::judge::summary::summary_table(
+        &ablate::judge::reading::Results::open(&out, &recipe, Some(Pairing::Ladder)).unwrap(),
+    )
+    .unwrap();
     let step = ladder.lines().find(|l| l.starts_with("| heads=2 vs heads=1 | test loss")).expect("ladder row");
     assert!(step.contains(&format!("| 2 | {difference:+.4} [")), "{ladder}");
 
@@ -263,7 +273,10 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     // override are not compared with it (their configuration differs).
     let again = dir.join("again");
     run_recipe(&recipe, &SweepOptions { out: &again, ..opts }).unwrap();
-    let verdicts = ablate::run::reproduce::compare(&recipe, &again, &out).unwrap().unwrap();
+    let verdicts =
+        ablate::judge::reproduce::compare(&ablate::judge::reading::Results::open(&again, &recipe, None).unwrap(), &out)
+            .unwrap()
+            .unwrap();
     assert_eq!(verdicts.len(), 4, "2 variants × held-out loss and perplexity");
     assert!(verdicts.iter().all(|v| v.verdict == "reproduces"), "{verdicts:?}");
     // A reference made before a key existed: without its column it still reproduces while the key is unset
@@ -284,7 +297,9 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
             writer.write_record(keep.iter().map(|&i| &row[i])).unwrap();
         }
         writer.flush().unwrap();
-        ablate::run::reproduce::compare(&recipe, &again, &old).unwrap().unwrap()
+        ablate::judge::reproduce::compare(&ablate::judge::reading::Results::open(&again, &recipe, None).unwrap(), &old)
+            .unwrap()
+            .unwrap()
     };
     assert_eq!(runs[0]["transformer.attention.pattern.window"], "", "an unset key's column is empty");
     let unset = without("transformer.attention.pattern.window");
@@ -300,7 +315,12 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
     run_recipe(&longer, &SweepOptions { out: &elsewhere, ..opts }).unwrap();
     let resolved = std::fs::read_to_string(elsewhere.join("recipe.resolved.yaml")).unwrap();
     assert!(resolved.contains("overrides:\n- train.steps=7\n- --seeds 0\n"), "{resolved}");
-    let verdicts = ablate::run::reproduce::compare(&longer, &elsewhere, &out).unwrap().unwrap();
+    let verdicts = ablate::judge::reproduce::compare(
+        &ablate::judge::reading::Results::open(&elsewhere, &longer, None).unwrap(),
+        &out,
+    )
+    .unwrap()
+    .unwrap();
     assert!(
         verdicts.iter().all(|v| v.verdict == "stale"
             && v.rule.contains("train.steps 7 now, 6 in the reference")
@@ -311,7 +331,7 @@ fn a_run_writes_tidy_csvs_and_plots_and_a_rerun_skips_finished_runs() {
 
     // --force starts over.
     run_recipe(&recipe, &SweepOptions { force: true, ..opts }).unwrap();
-    assert_eq!(read_runs(&out.join("runs.csv")).unwrap().len(), 4);
+    assert_eq!(ablate::judge::reading::reported_runs(&out).unwrap().len(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

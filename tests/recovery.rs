@@ -3,7 +3,6 @@
 mod common;
 
 use ablate::recipe::Precision;
-use ablate::run::results::read_curves;
 use ablate::train::optim::AdamW;
 use common::{runs_without_timings, scratch};
 use std::path::{Path, PathBuf};
@@ -70,7 +69,10 @@ fn a_killed_run_resumes_from_its_checkpoint_and_finishes_as_if_uninterrupted() {
     assert!(log.contains("resumed from step"), "{log}");
     // Bit-identical metrics and curves: weights, optimiser moments, schedule and randomness all restored.
     assert_eq!(runs_without_timings(&out), runs_without_timings(&reference));
-    assert_eq!(read_curves(&out.join("curves.csv")).unwrap(), read_curves(&reference.join("curves.csv")).unwrap());
+    assert_eq!(
+        ablate::judge::reading::curves_of(&out).unwrap(),
+        ablate::judge::reading::curves_of(&reference).unwrap()
+    );
     // The final state stays (for continuing or inspecting the run); a re-run trains nothing.
     assert!(state.exists());
     let again = ablate(&recipe, &out).output().unwrap();
@@ -115,7 +117,7 @@ fn a_bert_run_that_trains_its_wordpiece_vocabulary_gives_identical_metrics_in_tw
     }
     let (a, b) = (dir.join("first"), dir.join("second"));
     assert_eq!(runs_without_timings(&a), runs_without_timings(&b));
-    assert_eq!(read_curves(&a.join("curves.csv")).unwrap(), read_curves(&b.join("curves.csv")).unwrap());
+    assert_eq!(ablate::judge::reading::curves_of(&a).unwrap(), ablate::judge::reading::curves_of(&b).unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -246,7 +248,7 @@ fn a_runs_csv_from_before_a_column_was_added_is_widened_when_a_run_is_appended_a
     let out = dir.join("out");
     assert!(ablate(&recipe, &out).arg("--quiet").status().unwrap().success());
     let runs = out.join("runs.csv");
-    let finished = ablate::run::results::read_all_runs(&runs).unwrap();
+    let finished = ablate::judge::reading::all_runs(&out).unwrap();
     // An older ablate's file: no params_non_embedding column, and only the first run finished.
     common::runs_csv_before_column(&runs, "params_non_embedding", 1);
 
@@ -255,7 +257,7 @@ fn a_runs_csv_from_before_a_column_was_added_is_widened_when_a_run_is_appended_a
     assert!(resumed.status.success(), "{log}");
     assert!(log.contains("1 already finished, 1 to train"), "{log}");
     assert!(log.contains("predates the column(s) params_non_embedding"), "{log}");
-    let rows = ablate::run::results::read_all_runs(&runs).unwrap();
+    let rows = ablate::judge::reading::all_runs(&out).unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["params_non_embedding"], "", "the old row gets the new column empty");
     assert_eq!(rows[1]["params_non_embedding"], finished[1]["params_non_embedding"], "the new row fills it");

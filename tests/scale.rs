@@ -273,7 +273,7 @@ fn a_merge_over_a_directory_from_before_a_column_was_added_keeps_its_rows_under_
         run_recipe(&recipe, &opts(&out, Some(Shard { index, count: 3 }))).unwrap();
     }
     assert_eq!(merge(&recipe, &out, true).unwrap(), (6, 0));
-    let merged = ablate::run::results::read_runs(&runs).unwrap();
+    let merged = ablate::judge::reading::reported_runs(&out).unwrap();
     let filled: Vec<bool> = merged.iter().map(|r| !r["params_non_embedding"].is_empty()).collect();
     assert_eq!(
         filled.iter().filter(|&&f| f).count(),

@@ -4,8 +4,9 @@
 //! before anything is allocated or trained, with one line.
 mod common;
 
+use ablate::judge::reading::Results;
+
 use ablate::recipe::parse;
-use ablate::run::results::read_runs;
 use common::scratch;
 use std::path::Path;
 use std::process::Command;
@@ -41,7 +42,7 @@ fn the_seeds_added_read_the_spread_and_delta_never_the_difference() {
     let (near, far) = (dir.join("near"), dir.join("far"));
     write_pilot(&near, base, [-0.009, 0.001, 0.011]);
     write_pilot(&far, base, [-0.006, 0.004, 0.014]);
-    let targets = |d: &Path| ablate::run::settle::targets(d, &recipe, 50).unwrap();
+    let targets = |d: &Path| ablate::run::settle::targets(&Results::open(d, &recipe, None).unwrap(), 50).unwrap();
     let (a, b) = (targets(&near), targets(&far));
     assert_eq!(a, b, "the observed difference moved the plan");
     let n = a["heads=1"];
@@ -57,7 +58,7 @@ fn the_seeds_added_read_the_spread_and_delta_never_the_difference() {
     let wide = dir.join("wide");
     write_pilot(&wide, base, [-0.018, 0.002, 0.022]);
     assert!(targets(&wide)["heads=1"] > n);
-    assert_eq!(ablate::run::settle::targets(&wide, &recipe, 5).unwrap()["heads=1"], 5);
+    assert_eq!(ablate::run::settle::targets(&Results::open(&wide, &recipe, None).unwrap(), 5).unwrap()["heads=1"], 5);
     let tight = dir.join("tight");
     write_pilot(&tight, base, [0.0001, 0.0002, 0.0003]);
     assert_eq!(targets(&tight)["heads=1"], 5);
@@ -79,7 +80,7 @@ fn until_settled_adds_seeds_to_both_arms_up_to_the_cap_and_a_second_call_trains_
     let (p, o) = (path.to_str().unwrap(), out.to_str().unwrap());
     let (ok, err) = ablate(&[p, "--out", o, "--device", "cpu", "--quiet", "--until-settled", "--max-seeds", "5"]);
     assert!(ok, "{err}");
-    let rows = read_runs(&out.join("runs.csv")).unwrap();
+    let rows = ablate::judge::reading::reported_runs(&out).unwrap();
     for label in ["heads=1", "heads=2"] {
         let mut seeds: Vec<u64> =
             rows.iter().filter(|r| r["label"] == label).map(|r| r["seed"].parse().unwrap()).collect();
@@ -90,7 +91,7 @@ fn until_settled_adds_seeds_to_both_arms_up_to_the_cap_and_a_second_call_trains_
     let recipe = ablate::recipe::load(&path, false).unwrap();
     let mut planned = recipe.clone();
     planned.compare.as_mut().unwrap().max_seeds = Some(5);
-    let block = ablate::run::verdicts::block(&out, &planned, None, "test").unwrap();
+    let block = ablate::judge::verdicts::block(&Results::open(&out, &planned, None).unwrap(), "test").unwrap();
     assert!(block.contains("at most 5 seeds per arm") && block.contains("fixed before the pilot"), "{block}");
     assert!(block.contains("inverse-normal combination"), "{block}");
     let before = std::fs::read_to_string(out.join("runs.csv")).unwrap();
@@ -182,12 +183,12 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
         parse(&text, "predict.yaml", "predict", false).unwrap()
     };
     let recipe = with("better");
-    ablate::run::summary::check_compare(&recipe).unwrap();
+    ablate::judge::summary::check_compare(&recipe).unwrap();
     let out = dir.join("out");
     // heads=2 clearly lower in loss (better), the accuracies equal (equivalent within 0.5).
     write_pilot(&out, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
     ablate::run::results::write_resolved(&recipe, &out.join("recipe.resolved.yaml")).unwrap();
-    let block = ablate::run::verdicts::block(&out, &recipe, None, "test").unwrap();
+    let block = ablate::judge::verdicts::block(&Results::open(&out, &recipe, None).unwrap(), "test").unwrap();
     let row = |metric: &str| {
         block
             .lines()
@@ -198,7 +199,7 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     assert!(row("test_loss").ends_with("| reproduced |"), "{block}");
     assert!(row("test_accuracy").ends_with("| consistent |"), "{block}");
     assert!(!block.contains("post hoc"), "{block}");
-    assert!(block.trim_end().ends_with(ablate::run::verdicts::END), "{block}");
+    assert!(block.trim_end().ends_with(ablate::judge::verdicts::END), "{block}");
     // These rows predate the recorded plan: the block says the plan was set after the pilot. A plan recorded
     // when a fresh directory's pilot started, then changed in the recipe, is named as the pilot's.
     assert!(block.contains("**set after the pilot** (its runs predate recorded plans)"), "{block}");
@@ -206,16 +207,16 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     std::fs::create_dir_all(&fresh).unwrap();
     ablate::run::results::write_resolved(&recipe, &fresh.join("recipe.resolved.yaml")).unwrap();
     write_pilot(&fresh, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
-    let same = ablate::run::verdicts::block(&fresh, &recipe, None, "test").unwrap();
+    let same = ablate::judge::verdicts::block(&Results::open(&fresh, &recipe, None).unwrap(), "test").unwrap();
     assert!(same.contains("fixed before the pilot"), "{same}");
     let mut replanned = recipe.clone();
     replanned.compare.as_mut().unwrap().max_seeds = Some(7);
-    let after = ablate::run::verdicts::block(&fresh, &replanned, None, "test").unwrap();
+    let after = ablate::judge::verdicts::block(&Results::open(&fresh, &replanned, None).unwrap(), "test").unwrap();
     assert!(after.contains("**set after the pilot**, which started under: at most 3 seeds per arm"), "{after}");
     assert!(after.contains("incomplete"), "a planned second stage that has not run decides nothing: {after}");
     // The same results judged against a prediction changed afterwards: its outcome is marked post hoc.
     let edited = with("worse");
-    let block = ablate::run::verdicts::block(&out, &edited, None, "test").unwrap();
+    let block = ablate::judge::verdicts::block(&Results::open(&out, &edited, None).unwrap(), "test").unwrap();
     let loss = block.lines().find(|l| l.starts_with("| heads=2 | test | test_loss | worse")).unwrap();
     assert!(loss.contains("not reproduced (the opposite direction) (post hoc"), "{loss}");
     assert!(block.contains("1 of 2 prediction(s) differ from those recorded"), "{block}");
@@ -227,7 +228,7 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     std::fs::create_dir_all(&fresh_roles).unwrap();
     ablate::run::results::write_resolved(&recorded_as_test, &fresh_roles.join("recipe.resolved.yaml")).unwrap();
     write_pilot(&fresh_roles, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
-    let block = ablate::run::verdicts::block(&fresh_roles, &recipe, None, "test").unwrap();
+    let block = ablate::judge::verdicts::block(&Results::open(&fresh_roles, &recipe, None).unwrap(), "test").unwrap();
     let accuracy = block.lines().find(|l| l.starts_with("| heads=2 | control | test_accuracy")).unwrap();
     assert!(accuracy.ends_with("| consistent (its role given after the run) |"), "{accuracy}");
     assert!(!block.contains("post hoc"), "{block}");
@@ -256,7 +257,7 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
         );
         let err = match parse(&t, "p.yaml", "p", false) {
             Err(e) => e.to_string(),
-            Ok(r) => ablate::run::summary::check_compare(&r).unwrap_err().to_string(),
+            Ok(r) => ablate::judge::summary::check_compare(&r).unwrap_err().to_string(),
         };
         assert!(err.contains(expected) && err.lines().count() == 1, "{bad}: {err}");
     }
@@ -355,11 +356,15 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
     let csvs = dir.join("csvs");
     write_pilot(&csvs, [2.0, 2.1, 1.9], [-0.018, 0.002, 0.022]);
     write_pilot(&csvs.join("scale_check"), [2.0, 2.1, 1.9], [-0.009, 0.001, 0.011]);
-    let main = ablate::run::settle::targets(&csvs, &recipe, 50).unwrap();
-    let second = ablate::run::settle::second_scale_targets(&csvs, &recipe, 50).unwrap();
+    let results = Results::open(&csvs, &recipe, None).unwrap();
+    let main = ablate::run::settle::targets(&results, 50).unwrap();
+    let second = ablate::run::settle::second_scale_targets(&results, 50).unwrap();
     assert_eq!(second["heads=1"], ablate::design::Planner::new(3, 50, 0.05).target(0.01, 0.01));
     assert!(main["heads=1"] > second["heads=1"], "{main:?} {second:?}");
-    assert!(ablate::run::settle::second_scale_targets(&dir.join("nothing"), &recipe, 50).unwrap().is_empty());
+    let main_only = dir.join("main-only");
+    write_pilot(&main_only, [2.0, 2.1, 1.9], [-0.018, 0.002, 0.022]);
+    let before_its_pilot = Results::open(&main_only, &recipe, None).unwrap();
+    assert!(ablate::run::settle::second_scale_targets(&before_its_pilot, 50).unwrap().is_empty());
 
     // A δ so wide that three seeds settle every comparison: each scale still gets the two added seeds its
     // second stage is tested on, and no more.
@@ -382,7 +387,11 @@ fn the_second_scale_settles_on_its_own_pilot_and_its_pilot_pass_trains_only_the_
     let (ok, err) = ablate(&args(&out).iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "{err}");
     let seeds = |csv: &Path| -> Vec<u64> {
-        let mut s: Vec<u64> = read_runs(csv).unwrap().iter().map(|r| r["seed"].parse().unwrap()).collect();
+        let mut s: Vec<u64> = ablate::judge::reading::reported_runs(csv.parent().unwrap())
+            .unwrap()
+            .iter()
+            .map(|r| r["seed"].parse().unwrap())
+            .collect();
         s.sort();
         s.dedup();
         s
@@ -422,7 +431,7 @@ fn a_detail_metric_named_by_compare_is_judged() {
     let base = "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\ntrain: {eval_lengths: [2, 8]}\nsweep:\n  transformer.pe: [alibi, rope]\nseeds: [0, 1]\ncompare:\n  baseline: pe=alibi\n";
     let judged = |text: &str| -> Vec<String> {
         let recipe = parse(text, "le.yaml", "le", false).unwrap();
-        ablate::run::summary::check_compare(&recipe).unwrap();
+        ablate::judge::summary::check_compare(&recipe).unwrap();
         ablate::tasks::recipe_metrics(&recipe)
             .iter()
             .filter(|m| m.headline)
@@ -462,7 +471,7 @@ fn an_interaction_is_judged_on_the_contrast_of_two_comparisons() {
         )
     };
     let recipe = parse(&text("heads=2 layers=1"), "i.yaml", "i", false).unwrap();
-    ablate::run::summary::check_compare(&recipe).unwrap();
+    ablate::judge::summary::check_compare(&recipe).unwrap();
     let mut csv = String::from(
         "run_id,label,seed,config_hash,status,transformer.heads,transformer.layers,test_loss,test_accuracy\n",
     );
@@ -480,7 +489,7 @@ fn an_interaction_is_judged_on_the_contrast_of_two_comparisons() {
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("runs.csv"), csv).unwrap();
-    let block = ablate::run::verdicts::block(&out, &recipe, None, "test").unwrap();
+    let block = ablate::judge::verdicts::block(&Results::open(&out, &recipe, None).unwrap(), "test").unwrap();
     let row = block
         .lines()
         .find(|l| l.starts_with("| (heads=2 layers=2 − heads=1 layers=2) − (heads=2 layers=1 − heads=1 layers=1) |"))
@@ -493,7 +502,7 @@ fn an_interaction_is_judged_on_the_contrast_of_two_comparisons() {
         "{predicted}"
     );
     let bad = parse(&text("heads=3 layers=1"), "i.yaml", "i", false).unwrap();
-    let err = ablate::run::summary::check_compare(&bad).unwrap_err().to_string();
+    let err = ablate::judge::summary::check_compare(&bad).unwrap_err().to_string();
     assert!(
         err.contains("compare.predict.0.versus: no variant `heads=3 layers=1`") && err.lines().count() == 1,
         "{err}"
@@ -521,11 +530,11 @@ fn a_sensitivity_names_a_swept_numeric_key() {
         ),
     ] {
         let recipe = parse(&text(sweep, key), "s.yaml", "s", false).unwrap();
-        let err = ablate::run::summary::check_compare(&recipe).unwrap_err().to_string();
+        let err = ablate::judge::summary::check_compare(&recipe).unwrap_err().to_string();
         assert!(err.contains(expected) && err.lines().count() == 1, "{err}");
     }
     for key in ["train.lr", "lr"] {
-        ablate::run::summary::check_compare(&parse(&text(grid, key), "s.yaml", "s", false).unwrap()).unwrap();
+        ablate::judge::summary::check_compare(&parse(&text(grid, key), "s.yaml", "s", false).unwrap()).unwrap();
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -567,7 +576,9 @@ fn the_sensitivity_section_reads_every_run_and_caps_at_the_initial_loss() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("runs.csv"), runs).unwrap();
     std::fs::write(out.join("curves.csv"), curves).unwrap();
-    let section = ablate::run::sensitivity::section(&out, &recipe, "test_loss").unwrap().unwrap();
+    let section = ablate::judge::sensitivity::section(&Results::open(&out, &recipe, None).unwrap(), "test_loss")
+        .unwrap()
+        .unwrap();
     assert!(section.contains("| heads=1 | 3 (9) | lr=0.01 | 1.9000 | 0.7000 [0.4694, 0.9306] |"), "{section}");
     assert!(section.contains("| heads=2 | 3 (9) | lr=0.001 | 2.0000 | 0.0000 [0.0000, 0.0000] |"), "{section}");
     assert!(section.contains("| heads=2 | -0.7000 [-0.9306, -0.4694] |"), "{section}");

@@ -3,7 +3,6 @@
 //! metric's description with its verdicts; in the TEXT tab, the summary's verdict block.
 //! Needs PyPI's `tensorboard` (bin/test installs it into the cache and sets ABLATE_TENSORBOARD_PYTHONPATH).
 use ablate::recipe::parse;
-use ablate::run::results::{read_curves, read_runs};
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use ablate::tasks::checkpoint::file_stem;
 use serde_json::Value;
@@ -38,8 +37,8 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
     let seen: Value = serde_json::from_slice(&reply.stdout).unwrap();
 
     // Scalars: every curve point of every run, and the final metrics.
-    let runs = read_runs(&out.join("runs.csv")).unwrap();
-    let curves = read_curves(&out.join("curves.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&out).unwrap();
+    let curves = ablate::judge::reading::curves_of(&out).unwrap();
     assert_eq!(seen["scalars"].as_object().unwrap().len(), runs.len());
     for row in &runs {
         let id = &row["run_id"];
@@ -77,7 +76,10 @@ fn tensorboard_reads_the_same_numbers_as_the_csv() {
     assert!(metric_tags.contains(&"final/test_loss"), "{metric_tags:?}");
     // The verdicts (heads=2 against heads=1 within each pre_ln): each metric's in its HParams description,
     // and the summary's verdict block in the TEXT tab, as the text plugin renders it.
-    let judged = ablate::run::summary::judgements(&out, &recipe, None).unwrap().expect("the recipe compares");
+    let judged =
+        ablate::judge::summary::judgements(&ablate::judge::reading::Results::open(&out, &recipe, None).unwrap())
+            .unwrap()
+            .expect("the recipe compares");
     let loss_info = seen["experiment"]["metricInfos"]
         .as_array()
         .unwrap()

@@ -93,7 +93,7 @@ fn committed_charts_are_indexed_pngs() {
         // IHDR's colour type byte; 3 is indexed.
         if bytes[25] != 3 {
             if bless {
-                ablate::run::plot::canvas::recompress_png(&path).unwrap();
+                ablate::judge::plot::canvas::recompress_png(&path).unwrap();
             } else {
                 wide.push(chart.display().to_string());
             }

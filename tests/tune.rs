@@ -3,10 +3,9 @@
 //! short in either phase resumes to the same results. Shards tune whole arms.
 mod common;
 
+use ablate::judge::summary::Pairing;
 use ablate::recipe::parse;
-use ablate::run::results::{read_all_runs, read_runs};
 use ablate::run::scale::{merge, Shard};
-use ablate::run::summary::Pairing;
 use ablate::run::sweep::{run_recipe, SweepOptions};
 use common::{all_runs_without_timings, scratch};
 use std::path::Path;
@@ -44,7 +43,7 @@ fn each_arm_tunes_on_validation_then_trains_its_final_seeds_with_the_choice() {
     assert_eq!(recipe.planned_runs(), 2 * 3 + 2 * 2, "3 tuning runs and 2 final seeds per arm");
     let out = dir.join("out");
     run_recipe(&recipe, &opts(&out, None)).unwrap();
-    let all = read_all_runs(&out.join("runs.csv")).unwrap();
+    let all = ablate::judge::reading::all_runs(&out).unwrap();
     let tune: Vec<_> = all.iter().filter(|r| r["phase"] == "tune").collect();
     let finals: Vec<_> = all.iter().filter(|r| r["phase"] == "final").collect();
     assert_eq!((tune.len(), finals.len()), (6, 4));
@@ -55,7 +54,7 @@ fn each_arm_tunes_on_validation_then_trains_its_final_seeds_with_the_choice() {
     // Tuning never reads the test split; every final run does.
     assert!(tune.iter().all(|r| r["test_loss"].is_empty()) && finals.iter().all(|r| !r["test_loss"].is_empty()));
     // The reported rows are the final ones only.
-    let reported = read_runs(&out.join("runs.csv")).unwrap();
+    let reported = ablate::judge::reading::reported_runs(&out).unwrap();
     assert_eq!(reported.len(), 4);
     assert!(reported.iter().all(|r| r["phase"] == "final"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -144,10 +143,13 @@ fn a_scale_check_reruns_the_tuned_comparison_at_a_second_width_and_the_summary_s
     assert!(check.tuning.is_some(), "each arm is tuned again at the second scale");
     let out = dir.join("out");
     run_recipe(&recipe, &opts(&out, None)).unwrap();
-    let second = read_runs(&out.join("scale_check/runs.csv")).unwrap();
+    let second = ablate::judge::reading::reported_runs(&out.join("scale_check")).unwrap();
     assert_eq!(second.len(), 6);
     assert!(second.iter().all(|r| r["transformer.d_model"] == "32" && r["phase"] == "final"));
-    let table = ablate::run::summary::summary_table(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap();
+    let table = ablate::judge::summary::summary_table(
+        &ablate::judge::reading::Results::open(&out, &recipe, Some(Pairing::Baseline("heads=1"))).unwrap(),
+    )
+    .unwrap();
     assert!(table.contains("At the second scale (transformer.d_model=32)"), "{table}");
     assert!(table.contains("Verdicts at both scales"), "{table}");
     let row = table
@@ -197,7 +199,7 @@ fn tuning_runs_of_every_kind_read_no_test_split() {
         let recipe = parse(&text, "tuned.yaml", "tuned", true).unwrap_or_else(|e| panic!("{kind}: {e}"));
         let out = dir.join(kind.to_string());
         run_recipe(&recipe, &opts(&out, None)).unwrap_or_else(|e| panic!("{kind}: {e:#}"));
-        let all = read_all_runs(&out.join("runs.csv")).unwrap();
+        let all = ablate::judge::reading::all_runs(&out).unwrap();
         let test_columns: Vec<&String> = all[0].keys().filter(|c| c.starts_with("test_")).collect();
         assert!(!test_columns.is_empty(), "{kind}");
         for row in &all {

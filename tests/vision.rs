@@ -287,7 +287,7 @@ fn a_vision_recipe_trains_a_classifier_well_above_chance_and_writes_its_results(
     let opts =
         ablate::run::sweep::SweepOptions { out: &dir, device: Device::Cpu, force: false, quiet: true, shard: None };
     ablate::run::sweep::run_recipe(&recipe, &opts).unwrap();
-    let runs = ablate::run::results::read_runs(&dir.join("runs.csv")).unwrap();
+    let runs = ablate::judge::reading::reported_runs(&dir).unwrap();
     assert_eq!(runs.len(), 2);
     for r in &runs {
         // Ten balanced classes: chance is 0.1. Two hundred steps on 6,000 images reach well beyond it.

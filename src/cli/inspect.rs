@@ -182,7 +182,7 @@ pub fn attention(args: &AttentionArgs) -> anyhow::Result<()> {
     let maps: Vec<tch::Tensor> = weights.iter().map(|w| w.get(0)).collect();
     let shown: String =
         if text.chars().count() > 40 { text.chars().take(40).chain("…".chars()).collect() } else { text.to_string() };
-    ablate::run::plot::attention_heatmaps(&args.out, &maps, &format!("{what}, on {shown:?}"))?;
+    ablate::judge::plot::attention_heatmaps(&args.out, &maps, &format!("{what}, on {shown:?}"))?;
     println!("wrote {}", args.out.display());
     Ok(())
 }

@@ -2,7 +2,8 @@
 use anyhow::Context;
 use std::path::PathBuf;
 
-use ablate::run::reproduce;
+use ablate::judge::reading::Results;
+use ablate::judge::reproduce;
 
 use super::target::{Sweep, Target};
 use super::{OverrideArgs, TargetArgs};
@@ -52,7 +53,7 @@ pub struct PlanArgs {
     /// An effect to plan for, as a difference in a headline metric's column, e.g. `--effect test_loss=0.01`
     /// (repeatable): the seeds needed to detect it.
     #[arg(long, value_name = "METRIC=SIZE")]
-    effect: Vec<ablate::run::summary::Effect>,
+    effect: Vec<ablate::judge::summary::Effect>,
 }
 
 #[derive(clap::Args)]
@@ -111,7 +112,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
     };
     let (path, recipe) = (&sweep.path, &sweep.recipe);
     ablate::tasks::memory::check_runs_fit(&path.display().to_string(), &recipe.runs, tch::Device::Cpu)?;
-    ablate::run::summary::check_compare(recipe)?;
+    ablate::judge::summary::check_compare(recipe)?;
     if args.columns {
         return print_columns(recipe);
     }
@@ -139,7 +140,7 @@ pub fn check(args: &CheckArgs) -> anyhow::Result<()> {
 
 /// The runs as the rows `runs.csv` will have, metric columns empty.
 fn print_columns(recipe: &ablate::recipe::Recipe) -> anyhow::Result<()> {
-    let header = ablate::run::results::recipe_header(&recipe.runs);
+    let header = ablate::judge::reading::recipe_header(&recipe.runs);
     let mut w = csv::Writer::from_writer(std::io::stdout());
     w.write_record(&header)?;
     let untrained = ablate::train::RunOutcome {
@@ -150,7 +151,7 @@ fn print_columns(recipe: &ablate::recipe::Recipe) -> anyhow::Result<()> {
         sample: String::new(),
     };
     for r in &recipe.runs {
-        w.write_record(ablate::run::results::row_under(&header, r, &untrained))?;
+        w.write_record(ablate::judge::reading::row_under(&header, r, &untrained))?;
     }
     w.flush()?;
     Ok(())
@@ -159,12 +160,13 @@ fn print_columns(recipe: &ablate::recipe::Recipe) -> anyhow::Result<()> {
 /// `ablate summary`: the results table, optionally paired against a baseline.
 pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
     let sweep = args.target.load()?;
-    use ablate::run::summary::Pairing;
+    use ablate::judge::reading::Pairing;
     let pairing = match (&args.baseline, args.ladder) {
         (Some(b), _) => Some(Pairing::Baseline(b)),
         (None, true) => Some(Pairing::Ladder),
         (None, false) => None,
     };
+    let results = Results::open(&sweep.out, &sweep.recipe, pairing)?;
     if args.readme {
         let mut command = format!("ablate summary {} --out {}", args.target.recipe().display(), sweep.out.display());
         match (&args.baseline, args.ladder) {
@@ -174,21 +176,20 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
             (None, false) => {}
         }
         command.push_str(" --readme");
-        let block = ablate::run::verdicts::block(&sweep.out, &sweep.recipe, pairing, &command)?;
-        ablate::run::verdicts::write_block(&sweep.out, &block)?;
+        let block = ablate::judge::verdicts::block(&results, &command)?;
+        ablate::judge::verdicts::write_block(&sweep.out, &block)?;
         eprintln!("ablate: wrote the verdicts into {}", sweep.out.join("README.md").display());
         return Ok(());
     }
-    print!("{}", ablate::run::summary::summary_table(&sweep.out, &sweep.recipe, pairing)?);
+    print!("{}", ablate::judge::summary::summary_table(&results)?);
     if let Some(compare) = sweep.recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
-        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &sweep.recipe, pairing)? {
-            let as_run = ablate::run::verdicts::predictions_as_run(&sweep.out);
-            print!("{}", ablate::run::verdicts::predictions_table(&j.rows, &compare.predict, &as_run));
+        if let Some(j) = ablate::judge::summary::judgements(&results)? {
+            let as_run = &results.recorded.predictions;
+            print!("{}", ablate::judge::verdicts::predictions_table(&j.rows, &compare.predict, as_run));
         }
     }
-    let metrics = ablate::tasks::recipe_metrics(&sweep.recipe);
-    if let Some(column) = ablate::run::summary::primary_column(&sweep.recipe, &metrics) {
-        if let Some(sensitivity) = ablate::run::sensitivity::section(&sweep.out, &sweep.recipe, &column)? {
+    if let Some(column) = ablate::judge::summary::primary_column(&sweep.recipe, &results.metrics) {
+        if let Some(sensitivity) = ablate::judge::sensitivity::section(&results, &column)? {
             print!("{sensitivity}");
         }
     }
@@ -199,7 +200,8 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
 pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
     let sweep = Sweep::load(&args.recipe, false, &args.overrides.parse()?, None)?;
     let from = args.from.clone().unwrap_or_else(|| sweep.reference());
-    let table = ablate::run::summary::plan_table(&from, &sweep.recipe, args.baseline.as_deref(), &args.effect)?;
+    let results = Results::open(&from, &sweep.recipe, None).context("no results to plan from")?;
+    let table = ablate::judge::summary::plan_table(&results, args.baseline.as_deref(), &args.effect)?;
     print!("{}", table.markdown());
     Ok(())
 }
@@ -208,11 +210,12 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
 pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
     let sweep = args.target.load()?;
     let reference = args.reference.clone().unwrap_or_else(|| sweep.reference());
-    let Some(verdicts) = reproduce::compare(&sweep.recipe, &sweep.out, &reference)? else {
+    let results = Results::open(&sweep.out, &sweep.recipe, None)?;
+    let Some(verdicts) = reproduce::compare(&results, &reference)? else {
         anyhow::bail!("{} has no runs.csv to compare with", reference.display());
     };
     reproduce::write(&verdicts, &sweep.out.join("reproduction.csv"))?;
-    ablate::run::report::write_report(&sweep.out, &sweep.recipe)?;
+    ablate::judge::report::write_report(&results)?;
     for line in reproduce::lines(&verdicts, &reference) {
         println!("{line}");
     }
@@ -249,7 +252,8 @@ pub fn stale() -> anyhow::Result<()> {
                 state
             }
             None => {
-                let Some(stale) = reproduce::staleness(&recipe, &reference)? else { continue };
+                let Some(results) = Results::open_if_any(&reference, &recipe, None)? else { continue };
+                let stale = reproduce::staleness(&results);
                 match stale.as_slice() {
                     [] => "current".to_string(),
                     [first, rest @ ..] => {
@@ -259,7 +263,7 @@ pub fn stale() -> anyhow::Result<()> {
                             true => String::new(),
                             false => format!(" (and {} more variant(s))", rest.len()),
                         };
-                        format!("**stale**: {first}{more}; {}", reproduce::refresh_cost(&reference))
+                        format!("**stale**: {first}{more}; {}", reproduce::refresh_cost(&results))
                     }
                 }
             }
@@ -320,8 +324,8 @@ fn retirement(name: &str, retired: &ablate::recipe::Retired) -> anyhow::Result<(
             continue;
         }
         let recipe = ablate::recipe::load(&recipe_path, false)?;
-        let current = recipe.retired.is_none()
-            && reproduce::staleness(&recipe, &PathBuf::from("results").join(successor))?.is_some_and(|s| s.is_empty());
+        let reference = Results::open_if_any(&PathBuf::from("results").join(successor), &recipe, None)?;
+        let current = recipe.retired.is_none() && reference.is_some_and(|r| reproduce::staleness(&r).is_empty());
         if !current {
             wrong.push(format!("its successor {successor} has no current reference"));
         }
@@ -355,7 +359,7 @@ fn training_recipes() -> anyhow::Result<Vec<PathBuf>> {
 /// ablations written down before their run) against the verdict of its committed results, or "not yet run".
 /// docs/reproductions.md is this output.
 pub fn reproductions() -> anyhow::Result<()> {
-    use ablate::run::verdicts::{expect_word, prediction_measured, prediction_result, predictions_as_run};
+    use ablate::judge::verdicts::{expect_word, prediction_measured, prediction_result};
     println!(
         "# Reproductions\n\n\
          Generated by `ablate reproductions` from the shipped recipes' predictions (`compare.predict`, written \
@@ -383,12 +387,14 @@ pub fn reproductions() -> anyhow::Result<()> {
             continue;
         }
         let dir = PathBuf::from("results").join(&recipe.name);
-        let judged = match dir.join("runs.csv").is_file() {
-            true => ablate::run::summary::judgements(&dir, &recipe, None)?,
-            false => None,
+        let results = Results::open_if_any(&dir, &recipe, None)?;
+        let judged = match &results {
+            Some(results) => ablate::judge::summary::judgements(results)?,
+            None => None,
         };
-        let as_run = predictions_as_run(&dir);
-        let minutes = training_minutes(&dir).map_or("–".to_string(), |m| format!("{m:.0}"));
+        let no_predictions = Vec::new();
+        let as_run = results.as_ref().map_or(&no_predictions, |r| &r.recorded.predictions);
+        let minutes = results.as_ref().map_or("–".to_string(), |r| format!("{:.0}", training_minutes(r)));
         let primary = judged
             .as_ref()
             .and_then(|j| j.rows.iter().find(|r| r.primary))
@@ -401,7 +407,7 @@ pub fn reproductions() -> anyhow::Result<()> {
             };
             let measured = judged.as_ref().map_or("–".to_string(), |j| prediction_measured(&j.rows, p));
             let (verdict, outcome) = match &judged {
-                Some(j) => prediction_result(&j.rows, p, &as_run),
+                Some(j) => prediction_result(&j.rows, p, as_run),
                 None => {
                     ("–".to_string(), format!("not yet run (`bin/ablate {} --out {}`)", path.display(), dir.display()))
                 }
@@ -414,7 +420,7 @@ pub fn reproductions() -> anyhow::Result<()> {
             tallies.entry(purpose).or_default().push(outcome.clone());
             rows.push(format!(
                 "| {name} | {purpose} | {} | {} ({role}) | {} | {} | {measured} | {verdict} | {outcome} | {minutes} |",
-                ablate::run::verdicts::predicted_claim(p),
+                ablate::judge::verdicts::predicted_claim(p),
                 p.metric,
                 expect_word(p.expect),
                 p.source.replace('|', "\\|")
@@ -471,17 +477,16 @@ fn tally(outcomes: &[String]) -> String {
 }
 
 /// The recorded training time of a results directory in minutes: every row's `wall_s` (tuning runs too),
-/// its second scale's included; `None` without results.
-fn training_minutes(dir: &std::path::Path) -> Option<f64> {
-    let main = reproduce::recorded_minutes(&dir.join("runs.csv"))?;
-    Some(main + reproduce::recorded_minutes(&dir.join("scale_check").join("runs.csv")).unwrap_or(0.0))
+/// its second scale's included.
+fn training_minutes(results: &Results) -> f64 {
+    results.recorded_minutes() + results.second.as_ref().map_or(0.0, |(check, _)| check.recorded_minutes())
 }
 
 /// `ablate findings`: per shipped recipe with results, its question (the recipe's description), the decided
 /// verdicts of its primary metric's comparisons and the count left inconclusive, and whether its reference
 /// is comparable today. The README's table is this output.
 pub fn findings() -> anyhow::Result<()> {
-    use ablate::run::verdicts::counts;
+    use ablate::judge::verdicts::counts;
     println!("| recipe | question | decided verdicts of the primary metric (generated from the results' verdict blocks) | reference |");
     println!("|---|---|---|---|");
     for path in training_recipes()? {
@@ -493,10 +498,8 @@ pub fn findings() -> anyhow::Result<()> {
             continue;
         }
         let dir = PathBuf::from("results").join(&recipe.name);
-        if !dir.join("runs.csv").is_file() {
-            continue;
-        }
-        let Some(j) = ablate::run::summary::judgements(&dir, &recipe, None)? else { continue };
+        let Some(results) = Results::open_if_any(&dir, &recipe, None)? else { continue };
+        let Some(j) = ablate::judge::summary::judgements(&results)? else { continue };
         let decided: Vec<String> = j
             .rows
             .iter()
@@ -542,10 +545,9 @@ pub fn findings() -> anyhow::Result<()> {
                 false => format!("; holds at both: {}", both.join(", ")),
             });
         }
-        let state = match ablate::run::reproduce::staleness(&recipe, &dir)? {
-            Some(s) if s.is_empty() => "current",
-            Some(_) => "stale",
-            None => "–",
+        let state = match reproduce::staleness(&results).is_empty() {
+            true => "current",
+            false => "stale",
         };
         println!("| [{}](results/{}/README.md) | {question} | {cell} | {state} |", recipe.name, recipe.name);
     }
@@ -563,7 +565,7 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
 
 /// `ablate fit`: a power law over a results directory's runs, printed, drawn and written as CSV.
 pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
-    let runs = ablate::run::results::read_runs(&args.dir.join("runs.csv"))
+    let runs = ablate::judge::reading::reported_runs(&args.dir)
         .with_context(|| format!("{}: no runs.csv to fit", args.dir.display()))?;
     let number = |row: &std::collections::BTreeMap<String, String>, column: &str| -> anyhow::Result<f64> {
         let text = row
@@ -627,21 +629,21 @@ pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
         .map(|i| x0 * (x1 / x0).powf(i as f64 / 20.0))
         .map(|x| (x, fit.coefficient * x.powf(-fit.exponent), 0.0))
         .collect();
-    let runs_series = ablate::run::plot::Series {
+    let runs_series = ablate::judge::plot::Series {
         label: "runs".into(),
         points: Vec::new(),
         runs: points.clone(),
         seed_curves: Vec::new(),
     };
-    let fitted = ablate::run::plot::Series {
+    let fitted = ablate::judge::plot::Series {
         label: format!("fit: α = {:.3}", fit.exponent),
         points: line,
         runs: Vec::new(),
         seed_curves: Vec::new(),
     };
     let title = format!("{} against {x_name} (power-law fit)", args.y);
-    let axes = ablate::run::plot::Axes { title: &title, x_label: &x_name, y_label: &args.y, x_categories: None };
-    ablate::run::plot::loglog_chart(&args.dir.join(format!("{stem}.png")), &[runs_series], &[fitted], &axes)?;
+    let axes = ablate::judge::plot::Axes { title: &title, x_label: &x_name, y_label: &args.y, x_categories: None };
+    ablate::judge::plot::loglog_chart(&args.dir.join(format!("{stem}.png")), &[runs_series], &[fitted], &axes)?;
     eprintln!("ablate: wrote {}/{stem}.png and .csv", args.dir.display());
     Ok(())
 }

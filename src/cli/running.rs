@@ -119,10 +119,13 @@ impl Settling {
     fn targets(&self, base: &Recipe, phase: SettlePhase, out: &std::path::Path) -> anyhow::Result<Targets> {
         Ok(match phase {
             SettlePhase::Pilot => Targets::default(),
-            SettlePhase::Added => Targets {
-                main: ablate::run::settle::targets(out, base, self.cap)?,
-                second: ablate::run::settle::second_scale_targets(out, base, self.cap)?,
-            },
+            SettlePhase::Added => {
+                let results = ablate::judge::reading::Results::open(out, base, None)?;
+                Targets {
+                    main: ablate::run::settle::targets(&results, self.cap)?,
+                    second: ablate::run::settle::second_scale_targets(&results, self.cap)?,
+                }
+            }
         })
     }
 
@@ -133,7 +136,7 @@ impl Settling {
         let pilot = base.seeds.len();
         let filter = |recipe: &Recipe, arms: &ArmTargets, dir: Option<std::path::PathBuf>| {
             let finished: std::collections::HashSet<String> = dir
-                .and_then(|d| ablate::run::results::read_runs(&d.join("runs.csv")).ok())
+                .and_then(|d| ablate::judge::reading::reported_runs(&d).ok())
                 .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
                 .unwrap_or_default();
             let keeps = |r: &&ablate::recipe::RunSpec| {
@@ -290,11 +293,12 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         parsed.set.iter().map(|(k, _, _)| k.clone()).chain(parsed.sweep.iter().map(|(k, _, _)| k.clone())).collect();
     if !overridden.is_empty() {
         let plain = Sweep::load(&sweep.path, false, &Default::default(), None)?;
-        if ablate::run::reproduce::staleness(&plain.recipe, &sweep.reference())?.is_none_or(|stale| !stale.is_empty()) {
+        let reference = ablate::judge::reading::Results::open_if_any(&sweep.reference(), &plain.recipe, None)?;
+        if reference.is_none_or(|r| !ablate::judge::reproduce::staleness(&r).is_empty()) {
             overridden.clear();
         }
     }
-    ablate::run::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet, &overridden)
+    ablate::judge::reproduce::report(&sweep.recipe, &sweep.out, &sweep.reference(), args.quiet, &overridden)
 }
 
 /// `--until-settled`: the recipe's seeds (the pilot), then the seeds its inconclusive comparisons need
@@ -345,9 +349,11 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
         }
     }
     if !args.quiet {
-        if let Some(j) = ablate::run::summary::judgements(&sweep.out, &settling.planned(base), None)? {
+        let planned = settling.planned(base);
+        let results = ablate::judge::reading::Results::open(&sweep.out, &planned, None)?;
+        if let Some(j) = ablate::judge::summary::judgements(&results)? {
             let [better, worse, equivalent, inconclusive, untested, incomplete] =
-                ablate::run::verdicts::counts(&j.rows);
+                ablate::judge::verdicts::counts(&j.rows);
             eprintln!(
                 "ablate: verdicts of the primary metric over both stages: {better} better, {worse} worse, {equivalent} equivalent, {inconclusive} inconclusive, {incomplete} incomplete, {untested} untested"
             );
@@ -496,7 +502,7 @@ pub fn merge(args: &MergeArgs) -> anyhow::Result<()> {
 /// The `--until-settled --max-seeds N` a results directory's runs were trained with, as its
 /// `recipe.resolved.yaml` records them among the overrides.
 fn settled_with(out: &std::path::Path) -> Option<String> {
-    ablate::run::results::recorded(out).overrides.into_iter().find(|o| o.starts_with("--until-settled"))
+    ablate::judge::reading::recorded(out).overrides.into_iter().find(|o| o.starts_with("--until-settled"))
 }
 
 /// `ablate slurm`: an array job of shards and its merge job, or one data-parallel job.

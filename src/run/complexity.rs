@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tch::{nn, Device, Kind as DType, Tensor};
 
-use super::plot::{loglog_chart, Axes, Series};
+use crate::judge::plot::{loglog_chart, Axes, Series};
 use crate::recipe::presets::{preset, PRESETS};
 use crate::recipe::{Config, Implementation, Kind, PatternConfig};
 use crate::tasks::task;
@@ -564,18 +564,16 @@ pub fn replot(recipe: &ComplexityRecipe, out: &Path) -> Result<()> {
     let spec = &recipe.complexity;
     let name = recipe.name.clone().unwrap_or_else(|| "complexity".into());
     let path = out.join("points.csv");
-    let mut reader =
-        csv::Reader::from_path(&path).with_context(|| format!("no benchmark results in {}", out.display()))?;
+    let (header, records) =
+        crate::judge::reading::table(&path).with_context(|| format!("no benchmark results in {}", out.display()))?;
     let mut measured: HashMap<(String, String, i64), csv::StringRecord> = HashMap::new();
-    let header = reader.headers()?.clone();
     let column = |name: &str| {
         header.iter().position(|h| h == name).ok_or_else(|| anyhow!("{}: no column {name}", path.display()))
     };
     let (variant_at, pass_at, n_at, status_at) = (column("variant")?, column("pass")?, column("n")?, column("status")?);
     let (median_at, min_at, peak_at, working_at) =
         (column("median_ms")?, column("min_ms")?, column("peak_mb")?, column("working_mb")?);
-    for record in reader.records() {
-        let record = record?;
+    for record in records {
         let n: i64 = record[n_at].parse().with_context(|| format!("{}: bad length", path.display()))?;
         measured.insert((record[variant_at].to_string(), record[pass_at].to_string(), n), record);
     }

@@ -10,9 +10,9 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::data::text::Dataset;
 use crate::data::HeldOut;
+use crate::judge::plot::charts::{loglog_chart, Axes, Series};
 use crate::models::gpt::Gpt;
 use crate::recipe::{Config, Kind as RunKind, Parametrisation};
-use crate::run::plot::charts::{loglog_chart, Axes, Series};
 use crate::transformer::layers::{record_activations, take_activations};
 
 /// One measurement: a site's mean |x| at a width after `step` steps.

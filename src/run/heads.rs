@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
-use super::plot::{importance_heatmap, line_chart, Axes, Series};
 use crate::data::{Dataset, HeldOut};
+use crate::judge::plot::{importance_heatmap, line_chart, Axes, Series};
 use crate::models::gpt::Gpt;
 use crate::recipe::Kind as RunKind;
 use crate::tasks::checkpoint::{file_stem, Loaded};

@@ -14,6 +14,7 @@ use std::str::FromStr;
 use super::bench::BenchModel;
 use super::results::{covers, widened, write_resolved, ResultsDir};
 use crate::files::write_atomically;
+use crate::judge::reading::table;
 use crate::recipe::Recipe;
 
 /// Shard `index` of `count` (0-based, as Slurm's `SLURM_ARRAY_TASK_ID`).
@@ -159,20 +160,16 @@ fn read_dir_runs(dir: &Path, ids: &HashMap<String, usize>) -> Result<DirRuns> {
     if !runs_csv.exists() {
         return Ok((None, Vec::new()));
     }
-    let damaged = |p: &Path| format!("{} is damaged; re-run that shard with --force", p.display());
-    let mut reader = csv::Reader::from_path(&runs_csv).with_context(|| damaged(&runs_csv))?;
-    let header = reader.headers()?.clone();
+    let shard = "re-run that shard with --force";
+    let (header, rows) = table(&runs_csv).context(shard)?;
     let mut runs: Vec<(String, StoredRun)> = Vec::new();
-    for row in reader.records() {
-        let row = row.with_context(|| damaged(&runs_csv))?;
+    for row in rows {
         runs.push((row[0].to_string(), StoredRun { hash: row[3].to_string(), row, curves: Vec::new(), sample: None }));
     }
     let index: HashMap<String, usize> = runs.iter().enumerate().map(|(i, (id, _))| (id.clone(), i)).collect();
     let curves_csv = dir.join("curves.csv");
     if curves_csv.exists() {
-        let mut reader = csv::Reader::from_path(&curves_csv).with_context(|| damaged(&curves_csv))?;
-        for row in reader.records() {
-            let row = row.with_context(|| damaged(&curves_csv))?;
+        for row in table(&curves_csv).context(shard)?.1 {
             if let Some(&i) = index.get(&row[0]) {
                 runs[i].1.curves.push(row);
             }

@@ -10,11 +10,10 @@
 //! every arm that needs them, so paired arms share their seeds and data orders).
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use super::results::{read_runs, variants_of};
-use super::summary::paired_spreads;
 use crate::design::{family_level, is_second_stage, Planner, MOST_PLANNED_SEEDS, SECOND_STAGE_MIN};
+use crate::judge::reading::{variants_of, Results};
+use crate::judge::summary::paired_spreads;
 use crate::recipe::{Recipe, RunSpec};
 
 /// The seeds an arm may end with: the recipe's, then max + 1, max + 2, … up to `max_seeds` in all. Call
@@ -74,30 +73,23 @@ pub fn check(recipe: &Recipe, cli_cap: Option<usize>) -> Result<usize> {
 
 /// Per arm (variant label), the seeds it should end with: every arm of a comparison of the primary metric
 /// gets the plan's count for that comparison ([`Planner::target`]), the largest over its comparisons.
-pub fn targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
-    arm_targets(dir, recipe, &recipe.seeds, max_seeds)
+pub fn targets(results: &Results, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
+    arm_targets(results, &results.recipe.seeds, max_seeds)
 }
 
 /// [`targets`] at the recipe's second scale (`scale_check:`), from the pilot rows in `<dir>/scale_check`:
 /// that scale's comparisons are judged over their own family and settle on their own spread. Empty without
 /// a second scale or before its pilot has rows.
-pub fn second_scale_targets(dir: &Path, recipe: &Recipe, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
-    let check_dir = dir.join("scale_check");
-    match &recipe.scale_check {
-        Some((check, _)) if check_dir.join("runs.csv").is_file() => {
-            arm_targets(&check_dir, check, &recipe.seeds, max_seeds)
-        }
-        _ => Ok(BTreeMap::new()),
+pub fn second_scale_targets(results: &Results, max_seeds: usize) -> Result<BTreeMap<String, usize>> {
+    match &results.second {
+        Some((check, _)) => arm_targets(check, &results.recipe.seeds, max_seeds),
+        None => Ok(BTreeMap::new()),
     }
 }
 
-fn arm_targets(dir: &Path, recipe: &Recipe, pilot_seeds: &[u64], max_seeds: usize) -> Result<BTreeMap<String, usize>> {
-    let runs: Vec<BTreeMap<String, String>> = read_runs(&dir.join("runs.csv"))?
-        .into_iter()
-        .filter(|r| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s)))
-        .collect();
+fn arm_targets(results: &Results, pilot_seeds: &[u64], max_seeds: usize) -> Result<BTreeMap<String, usize>> {
     let mut out: BTreeMap<String, usize> = BTreeMap::new();
-    let Some(spreads) = paired_spreads(recipe, &runs)? else { return Ok(out) };
+    let Some(spreads) = paired_spreads(results, pilot_seeds)? else { return Ok(out) };
     let planner = Planner::new(pilot_seeds.len(), max_seeds, family_level(spreads.len()));
     for (arms, sd, delta) in &spreads {
         let needed = planner.target(*sd, *delta);
@@ -107,7 +99,11 @@ fn arm_targets(dir: &Path, recipe: &Recipe, pilot_seeds: &[u64], max_seeds: usiz
         }
     }
     // Arms in no comparison (none in a baseline or ladder design) keep their pilot.
-    for (label, _) in variants_of(&runs) {
+    let pilot = |r: &&BTreeMap<String, String>| {
+        r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s))
+    };
+    let pilot_rows: Vec<_> = results.runs.iter().filter(pilot).cloned().collect();
+    for (label, _) in variants_of(&pilot_rows) {
         out.entry(label).or_insert(pilot_seeds.len());
     }
     Ok(out)

@@ -295,7 +295,7 @@ fn train_and_record(
         checkpoint::save(&dir.join("checkpoints"), &run.id, config, vocab, trained.tokenizer.as_ref(), &trained.vs)?;
     }
     plan.results.append(header, run, &trained.outcome)?;
-    super::tensorboard::export(dir, recipe)?;
+    crate::judge::tensorboard::export(&crate::judge::reading::Results::open(dir, recipe, None)?)?;
     if !opts.quiet {
         say(bar, run_line(&run.id, &trained.outcome, &kind.metrics(&run.config)));
     }
@@ -368,7 +368,7 @@ fn quiet_out_of_memory_panics() {
 /// Other ranks of a data-parallel launch follow rank 0.
 pub fn run_recipe(recipe: &Recipe, opts: &SweepOptions) -> Result<()> {
     // A margin on a metric the recipe does not measure is refused before anything trains.
-    super::summary::check_compare(recipe)?;
+    crate::judge::summary::check_compare(recipe)?;
     if let Some(group) = crate::train::distributed::current().filter(|g| g.rank != 0) {
         follow_rank0(recipe, opts, group)?;
         return run_second_scale(recipe, opts);
@@ -482,7 +482,7 @@ fn train_pass(recipe: &Recipe, opts: &SweepOptions, mine: Vec<&RunSpec>, what: &
         );
     }
     // Every shard and pass writes the whole recipe's columns, so shards merge and passes share one file.
-    let header = super::results::recipe_header(&recipe.runs);
+    let header = crate::judge::reading::recipe_header(&recipe.runs);
     let bar = progress_bar(&plan.todo, &plan.configs, opts.quiet);
     // The runs about to train are tried afresh: an earlier out-of-memory record of theirs goes.
     plan.results.forget_failures(&plan.todo.iter().map(|r| r.id.as_str()).collect())?;

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::results::{read_all_runs, read_curves};
+use crate::judge::reading::Results;
 use crate::recipe::{Recipe, RunSpec, Tuning};
 use crate::tasks::recipe_metrics;
 
@@ -34,8 +34,8 @@ fn rung_scores(
     rung: usize,
     higher: bool,
 ) -> Result<BTreeMap<(usize, usize), f64>> {
-    let rows = read_all_runs(&dir.join("runs.csv"))?;
-    let curves = read_curves(&dir.join("curves.csv"))?;
+    let results = Results::open(dir, recipe, None)?;
+    let (rows, curves) = (&results.all_runs, results.curves()?);
     let status: BTreeMap<&str, &str> = rows.iter().map(|r| (r["run_id"].as_str(), r["status"].as_str())).collect();
     let mut sums: BTreeMap<(usize, usize), (f64, usize)> = BTreeMap::new();
     for run in recipe.runs.iter().filter(|r| r.tune.is_some_and(|t| t.rung == Some(rung))) {

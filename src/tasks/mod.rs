@@ -32,62 +32,91 @@ pub mod pretrained;
 pub mod seq_classify;
 pub mod translate;
 
-/// Every metric the recipe's runs record, once each (the first run's declaration of a name wins). A detail
-/// column that the recipe's `compare` section names (its primary metric, a prediction's metric or a δ) is
-/// judged like a headline one: the recipe asked for it (`test_loss_x8` in a length-extrapolation control).
-pub fn recipe_metrics(recipe: &crate::recipe::Recipe) -> Vec<Metric> {
-    let named = |column: &str| {
-        recipe.compare.as_ref().is_some_and(|c| {
-            c.primary.as_deref() == Some(column)
-                || c.delta.contains_key(column)
-                || c.predict.iter().any(|p| p.metric == column)
-        })
-    };
-    let mut out: Vec<Metric> = Vec::new();
-    for run in &recipe.runs {
-        for mut m in task(run.config.kind).metrics(&run.config) {
-            if !out.iter().any(|o| o.column == m.column && o.curve == m.curve) {
+/// The metric declarations of a recipe's runs, derived once (each run's task declares its metrics from its
+/// config): what a results directory's readers (`judge::reading::Results`) name, head and judge columns by.
+#[derive(Clone, Debug)]
+pub struct Declarations {
+    /// (run id, variant label, the metrics that run records) in run order.
+    per_run: Vec<(String, String, Vec<Metric>)>,
+    /// Every metric once ([`Declarations::metrics`]).
+    metrics: Vec<Metric>,
+}
+
+impl Declarations {
+    /// Every run's declarations. A detail column that the recipe's `compare` section names (its primary
+    /// metric, a prediction's metric or a δ) is judged like a headline one: the recipe asked for it
+    /// (`test_loss_x8` in a length-extrapolation control).
+    pub fn of(recipe: &crate::recipe::Recipe) -> Self {
+        let named = |column: &str| {
+            recipe.compare.as_ref().is_some_and(|c| {
+                c.primary.as_deref() == Some(column)
+                    || c.delta.contains_key(column)
+                    || c.predict.iter().any(|p| p.metric == column)
+            })
+        };
+        let per_run: Vec<(String, String, Vec<Metric>)> = recipe
+            .runs
+            .iter()
+            .map(|run| (run.id.clone(), run.label.clone(), task(run.config.kind).metrics(&run.config)))
+            .collect();
+        let mut metrics: Vec<Metric> = Vec::new();
+        for m in per_run.iter().flat_map(|(_, _, ms)| ms) {
+            if !metrics.iter().any(|o| o.column == m.column && o.curve == m.curve) {
+                let mut m = m.clone();
                 m.headline |= m.column_name().is_some_and(named);
-                out.push(m);
+                metrics.push(m);
             }
         }
+        Declarations { per_run, metrics }
     }
-    out
-}
 
-/// The declarations of `m`'s column (and curve) by every run of the recipe, in run order.
-fn declarations<'a>(recipe: &'a crate::recipe::Recipe, m: &'a Metric) -> impl Iterator<Item = (&'a str, Metric)> + 'a {
-    recipe.runs.iter().flat_map(move |run| {
-        task(run.config.kind)
-            .metrics(&run.config)
-            .into_iter()
-            .filter(move |o| o.column == m.column && o.curve == m.curve)
-            .map(move |o| (run.label.as_str(), o))
-    })
-}
+    /// Every metric the recipe's runs record, once each (the first run's declaration of a name wins).
+    pub fn metrics(&self) -> &[Metric] {
+        &self.metrics
+    }
 
-/// `m` as the runs labelled `variant` declare it. A sweep over tasks (`bert.task: [spam, punctuation]`)
-/// gives one column a meaning per task, and [`recipe_metrics`] keeps the first run's, so a row about one
-/// variant takes its name from that variant's own task; `m` itself when no run of `variant` declares it.
-pub fn metric_of_variant(recipe: &crate::recipe::Recipe, variant: &str, m: &Metric) -> Metric {
-    declarations(recipe, m).find(|(label, _)| *label == variant).map_or_else(|| m.clone(), |(_, o)| o)
-}
+    /// (run id, variant label, its metrics) of every run, in run order.
+    pub fn runs(&self) -> impl Iterator<Item = (&str, &str, &[Metric])> {
+        self.per_run.iter().map(|(id, label, ms)| (id.as_str(), label.as_str(), ms.as_slice()))
+    }
 
-/// `m`'s axis title over the whole recipe: its one title, or every distinct title its runs give the column,
-/// joined by " / " (a column shared by tasks that mean different things by it).
-pub fn metric_heading(recipe: &crate::recipe::Recipe, m: &Metric) -> String {
-    let mut titles: Vec<String> = Vec::new();
-    for (_, o) in declarations(recipe, m) {
-        let title = o.axis();
-        if !titles.contains(&title) {
-            titles.push(title);
+    /// The declarations of `m`'s column (and curve) by every run, in run order, with the run's label.
+    fn of_column<'a>(&'a self, m: &'a Metric) -> impl Iterator<Item = (&'a str, &'a Metric)> + 'a {
+        self.per_run.iter().flat_map(move |(_, label, ms)| {
+            ms.iter().filter(move |o| o.column == m.column && o.curve == m.curve).map(move |o| (label.as_str(), o))
+        })
+    }
+
+    /// `m` as the runs labelled `variant` declare it. A sweep over tasks (`bert.task: [spam, punctuation]`)
+    /// gives one column a meaning per task, and [`Declarations::metrics`] keeps the first run's, so a row
+    /// about one variant takes its name from that variant's own task; `m` itself when no run of `variant`
+    /// declares it.
+    pub fn of_variant(&self, variant: &str, m: &Metric) -> Metric {
+        self.of_column(m).find(|(label, _)| *label == variant).map_or_else(|| m.clone(), |(_, o)| o.clone())
+    }
+
+    /// `m`'s axis title over the whole recipe: its one title, or every distinct title its runs give the
+    /// column, joined by " / " (a column shared by tasks that mean different things by it).
+    pub fn heading(&self, m: &Metric) -> String {
+        let mut titles: Vec<String> = Vec::new();
+        for (_, o) in self.of_column(m) {
+            let title = o.axis();
+            if !titles.contains(&title) {
+                titles.push(title);
+            }
+        }
+        if titles.is_empty() {
+            m.axis()
+        } else {
+            titles.join(" / ")
         }
     }
-    if titles.is_empty() {
-        m.axis()
-    } else {
-        titles.join(" / ")
-    }
+}
+
+/// [`Declarations::metrics`] of a recipe, for the checks made before any run (a results directory's readers
+/// take them from `judge::reading::Results`, derived once).
+pub fn recipe_metrics(recipe: &crate::recipe::Recipe) -> Vec<Metric> {
+    Declarations::of(recipe).metrics
 }
 
 /// The task of a kind of run.

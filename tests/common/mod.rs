@@ -31,12 +31,12 @@ pub fn scratch(name: &str) -> PathBuf {
 /// Every reported `runs.csv` row of `out` (tuning runs aside) without its timing columns: what two runs of
 /// the same config must agree on.
 pub fn runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
-    without_timings(ablate::run::results::read_runs(&out.join("runs.csv")).unwrap())
+    without_timings(ablate::judge::reading::reported_runs(out).unwrap())
 }
 
 /// Every `runs.csv` row of `out`, tuning runs included, without its timing columns.
 pub fn all_runs_without_timings(out: &Path) -> Vec<Vec<(String, String)>> {
-    without_timings(ablate::run::results::read_all_runs(&out.join("runs.csv")).unwrap())
+    without_timings(ablate::judge::reading::all_runs(out).unwrap())
 }
 
 fn without_timings(rows: Vec<std::collections::BTreeMap<String, String>>) -> Vec<Vec<(String, String)>> {

@@ -17,13 +17,12 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use super::results::{read_curves, read_runs};
+use super::reading::Results;
 use super::summary::{judgements, JudgedRow};
 use super::verdicts;
 use crate::files::write_atomically;
 use crate::recipe::Recipe;
 use crate::tasks::checkpoint::file_stem;
-use crate::tasks::{metric_heading, recipe_metrics};
 
 #[derive(Clone, PartialEq, Message)]
 struct Event {
@@ -315,20 +314,15 @@ fn hparams_of(recipe: &Recipe, row: &BTreeMap<String, String>) -> Vec<(String, S
 
 /// Writes `<dir>/tensorboard/` from `runs.csv` and `curves.csv`: the event file of every finished run that
 /// has none yet (times spread over its recorded wall time, ending now), and the experiment, rewritten.
-pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
-    let runs_csv = dir.join("runs.csv");
-    if !runs_csv.exists() {
-        return Ok(());
-    }
-    let rows = read_runs(&runs_csv)?;
-    let curves = read_curves(&dir.join("curves.csv"))?;
+pub fn export(results: &Results) -> Result<()> {
+    let (dir, recipe, rows) = (&results.dir, results.recipe, &results.runs);
+    let curves = results.curves()?;
     let root = dir.join("tensorboard");
     std::fs::create_dir_all(&root)?;
     let now =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-    let metrics = recipe_metrics(recipe);
-    let final_metrics: Vec<_> = metrics.iter().filter(|m| m.headline && m.column_name().is_some()).collect();
-    for row in &rows {
+    let final_metrics: Vec<_> = results.metrics.iter().filter(|m| m.headline && m.column_name().is_some()).collect();
+    for row in rows {
         let run_dir = root.join(file_stem(&row["run_id"]));
         let path = events_path(&run_dir);
         if path.exists() {
@@ -369,7 +363,7 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
     // The experiment: every hyper-parameter with the values the runs took, every final metric.
     let mut names: Vec<String> = Vec::new();
     let mut domains: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for row in &rows {
+    for row in rows {
         for (k, v) in hparams_of(recipe, row) {
             if !names.contains(&k) {
                 names.push(k.clone());
@@ -394,7 +388,7 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
         .collect();
     // The verdicts, where the recipe compares: each metric's in its HParams description, the whole block in
     // the TEXT tab.
-    let (verdict_text, judged) = verdicts_of(dir, recipe);
+    let (verdict_text, judged) = verdicts_of(results);
     let metric_infos = final_metrics
         .iter()
         .filter(|m| rows.iter().any(|r| r.get(m.column_name().unwrap_or_default()).is_some_and(|v| !v.is_empty())))
@@ -402,7 +396,7 @@ pub fn export(dir: &Path, recipe: &Recipe) -> Result<()> {
             let column = m.column_name().expect("filtered to columns");
             MetricInfo {
                 name: Some(MetricName { group: String::new(), tag: format!("final/{column}") }),
-                display_name: metric_heading(recipe, m),
+                display_name: results.declarations.heading(m),
                 description: metric_description(column, &judged),
                 dataset_type: if column.starts_with("train") { DATASET_TRAINING } else { DATASET_VALIDATION },
             }
@@ -427,15 +421,16 @@ pub const VERDICTS_TAG: &str = "verdicts";
 /// The verdict block of `dir` as `ablate summary --readme` writes it (without its HTML markers, which the
 /// TEXT tab would print), and its judged rows, where the recipe compares. A sweep whose baseline has not
 /// finished yet has none, and the text says why instead.
-fn verdicts_of(dir: &Path, recipe: &Recipe) -> (Option<String>, Vec<JudgedRow>) {
+fn verdicts_of(results: &Results) -> (Option<String>, Vec<JudgedRow>) {
+    let (dir, recipe) = (&results.dir, results.recipe);
     let not_yet = |e: anyhow::Error| Some(format!("No verdicts yet: {e:#}"));
-    let rows = match judgements(dir, recipe, None) {
+    let rows = match judgements(results) {
         Ok(None) => return (None, Vec::new()),
         Ok(Some(j)) => j.rows,
         Err(e) => return (not_yet(e), Vec::new()),
     };
     let command = format!("ablate summary {} --out {}", recipe.file, dir.display());
-    let text = match verdicts::block(dir, recipe, None, &command) {
+    let text = match verdicts::block(results, &command) {
         Ok(block) => Some(block.lines().filter(|l| !l.starts_with("<!--")).collect::<Vec<_>>().join("\n")),
         Err(e) => not_yet(e),
     };

@@ -6,11 +6,11 @@
 use anyhow::{bail, Result};
 use std::path::Path;
 
-use super::summary::{judgements, JudgedRow, Judgements, Pairing};
+use super::reading::Results;
+use super::summary::{judgements, JudgedRow, Judgements};
 use crate::files::write_atomically;
 use crate::metrics::is_cost;
 use crate::recipe::compare::{seeds, Expect, Prediction};
-use crate::recipe::Recipe;
 use crate::stats::{across_scales, Verdict, ALPHA};
 
 /// The opening marker's start; the command that wrote the block follows it.
@@ -87,23 +87,24 @@ fn verdict(row: &JudgedRow) -> String {
     row.judged.verdict.describe(&row.judged.delta_text)
 }
 
-/// The block's text (markers included) for `dir`, written by `command`.
-pub fn block(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>, command: &str) -> Result<String> {
-    let Some(j) = judgements(dir, recipe, pairing)? else {
+/// The block's text (markers included) for a results directory, written by `command`.
+pub fn block(results: &Results, command: &str) -> Result<String> {
+    let recipe = results.recipe;
+    let Some(j) = judgements(results)? else {
         bail!(
             "{}: no comparison to judge: give --baseline or --ladder, or a `compare:` section in the recipe",
             recipe.file
         );
     };
     let primary = j.rows.iter().find(|r| r.primary).and_then(|r| r.metric.column_name().map(String::from));
-    let mut text = render(&j, command, &plan_line(dir, recipe, primary.as_deref()));
+    let mut text = render(&j, command, &plan_line(results, primary.as_deref()));
     if let Some(compare) = recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
-        let predictions = predictions_table(&j.rows, &compare.predict, &predictions_as_run(dir));
+        let predictions = predictions_table(&j.rows, &compare.predict, &results.recorded.predictions);
         // Inside the block: the closing marker stays last.
         text = text.replace(END, &format!("{predictions}{END}"));
     }
     if let Some(column) = &primary {
-        if let Some(sensitivity) = super::sensitivity::section(dir, recipe, column)? {
+        if let Some(sensitivity) = super::sensitivity::section(results, column)? {
             text = text.replace(END, &format!("{sensitivity}{END}"));
         }
     }
@@ -137,11 +138,6 @@ pub fn prediction_outcome(expect: Expect, verdict: Verdict) -> &'static str {
             "reproduced in direction only (the whole difference is within ±δ)"
         }
     }
-}
-
-/// The predictions `dir`'s results ran against (its `recipe.resolved.yaml`); empty when it recorded none.
-pub fn predictions_as_run(dir: &Path) -> Vec<Prediction> {
-    super::results::recorded(dir).predictions
 }
 
 /// One prediction's verdict text and outcome in `rows` (the judged comparisons of its results), the outcome
@@ -252,8 +248,9 @@ fn ordered(rows: &[JudgedRow]) -> Vec<&JudgedRow> {
 
 /// The block's sentence on the settling plan: as the recipe states it, and whether it is the one recorded
 /// when the results' pilot started.
-pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
-    let Some(compare) = &recipe.compare else { return String::new() };
+pub fn plan_line(results: &Results, primary: Option<&str>) -> String {
+    let Some(compare) = &results.recipe.compare else { return String::new() };
+    let recipe = results.recipe;
     let plan = compare.plan(recipe.seeds.len());
     let mut shown = plan.clone();
     if let (None, Some(p)) = (&compare.primary, primary) {
@@ -273,8 +270,8 @@ pub fn plan_line(dir: &Path, recipe: &Recipe, primary: Option<&str>) -> String {
     } else {
         format!("a fixed design of the recipe's {} per arm, judged by the paired t-test", seeds(pilot))
     };
-    let when = match super::results::recorded(dir).pilot_plan {
-        Some(p) if p == plan => {
+    let when = match &results.recorded.pilot_plan {
+        Some(p) if *p == plan => {
             "fixed before the pilot (recorded in `recipe.resolved.yaml` when it started)".to_string()
         }
         Some(p) => format!("**set after the pilot**, which started under: {}", p.describe()),

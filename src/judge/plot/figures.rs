@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::charts::*;
+use crate::judge::reading::{Curves, Results};
 use crate::metrics::Metric;
 use crate::recipe::Recipe;
-use crate::run::results::{read_curves, read_runs, variants_of, Curves};
 use crate::stats::CONFIDENCE;
-use crate::tasks::{recipe_metrics, task};
+use crate::tasks::Declarations;
 
 /// Averages a metric's curve over the runs of each variant, step by step (steps every seed recorded).
 pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metric: &str) -> Vec<Series> {
@@ -55,13 +55,13 @@ pub fn variant_curves(curves: &Curves, variants: &[(String, Vec<String>)], metri
 /// curve under different labels (F1 over punctuation marks, F1 of spans), each label is its own chart, of
 /// the runs that mean it, its file named with a suffix from the label. Returns (metric, its runs' ids,
 /// file suffix, empty where the name is unambiguous).
-pub(super) fn meanings(recipe: &Recipe) -> Vec<(Metric, Vec<String>, String)> {
+pub(super) fn meanings(declarations: &Declarations) -> Vec<(Metric, Vec<String>, String)> {
     let mut out: Vec<(Metric, Vec<String>)> = Vec::new();
-    for run in &recipe.runs {
-        for m in task(run.config.kind).metrics(&run.config) {
+    for (id, _, metrics) in declarations.runs() {
+        for m in metrics {
             match out.iter_mut().find(|(o, _)| o.column == m.column && o.curve == m.curve && o.label == m.label) {
-                Some((_, ids)) => ids.push(run.id.clone()),
-                None => out.push((m, vec![run.id.clone()])),
+                Some((_, ids)) => ids.push(id.to_string()),
+                None => out.push((m.clone(), vec![id.to_string()])),
             }
         }
     }
@@ -108,14 +108,14 @@ pub fn chart_file(curve: &str) -> String {
 }
 
 /// Draws every plot of a results directory from its CSV files, labelled by the recipe's metrics.
-pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
-    let runs = read_runs(&dir.join("runs.csv"))?;
-    let curves = read_curves(&dir.join("curves.csv"))?;
-    let mut variants = variants_of(&runs);
+pub fn plot_results(results: &Results) -> Result<()> {
+    let (dir, recipe, runs) = (&results.dir, results.recipe, &results.runs);
+    let curves = results.curves()?;
+    let mut variants = results.variants.clone();
     if let Some(tuning) = &recipe.tuning {
         // Each arm's legend says what it was tuned to.
         for (label, ids) in variants.iter_mut() {
-            *label = format!("{label} ({})", crate::run::results::chosen_values(&runs, ids, &tuning.keys));
+            *label = format!("{label} ({})", crate::judge::reading::chosen_values(runs, ids, &tuning.keys));
         }
     }
     let seeds = runs.iter().map(|r| r["seed"].clone()).collect::<std::collections::BTreeSet<_>>().len();
@@ -132,11 +132,11 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         String::new()
     };
     let name = &recipe.name;
-    let metrics = recipe_metrics(recipe);
-    let meanings = recorded_meanings(recipe, &runs);
+    let metrics = &results.metrics;
+    let meanings = recorded_meanings(recipe, &results.declarations, runs);
     for (m, ids, suffix) in meanings.iter().filter(|(m, _, _)| m.chart).cloned() {
         let Some(curve) = m.curve else { continue };
-        let series = variant_curves(&curves, &only(&variants, &ids), curve);
+        let series = variant_curves(curves, &only(&variants, &ids), curve);
         if series.is_empty() {
             continue;
         }
@@ -151,13 +151,13 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
     }
     // Data efficiency of pre-training objectives: validation loss against the tokens read and against the
     // tokens that carried loss (the x values differ between variants, so steps cannot stand in).
-    let losses = variant_curves(&curves, &variants, "val/loss");
+    let losses = variant_curves(curves, &variants, "val/loss");
     for (axis, file) in [
         ("val/tokens_seen", "val_loss_by_tokens_seen.png"),
         ("val/tokens_predicted", "val_loss_by_tokens_predicted.png"),
     ] {
         let Some(x_metric) = metrics.iter().find(|m| m.curve == Some(axis)) else { continue };
-        let xs = variant_curves(&curves, &variants, axis);
+        let xs = variant_curves(curves, &variants, axis);
         let series: Vec<Series> = losses
             .iter()
             .filter_map(|y| {
@@ -178,7 +178,7 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
             &Axes { title: &title, x_label: x_metric.label, y_label, x_categories: None },
         )?;
     }
-    length_generalisation_chart(dir, name, &runs, &variants, &band)?;
+    length_generalisation_chart(dir, name, runs, &variants, &band)?;
     if super::interaction::has_patterns(recipe) {
         super::interaction::draw(dir, recipe)?;
     }
@@ -188,12 +188,12 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
         if runs.first().is_none_or(|r| !r.contains_key(column)) {
             continue;
         }
-        let series = final_metric_series(&runs, &ids, x_key, &recipe.sweep_keys[1..], column, m.label);
+        let series = final_metric_series(runs, &ids, x_key, &recipe.sweep_keys[1..], column, m.label);
         if series.is_empty() {
             // No run has this metric (e.g. no BERT run of the recipe was pre-trained by masked-LM).
             continue;
         }
-        let categories = x_categories(&runs, x_key);
+        let categories = x_categories(runs, x_key);
         let y_label = format!("final {}", m.axis());
         let title = format!("{name}: final {} against {x_key}{band}", m.label);
         line_chart(
@@ -208,8 +208,12 @@ pub fn plot_results(dir: &Path, recipe: &Recipe) -> Result<()> {
 /// [`meanings`] with each metric's runs read from `runs.csv`: every recorded run of a variant whose recipe
 /// runs declare the metric, so that seeds a second stage added (`--until-settled`, past the recipe's
 /// `seeds`) are drawn too, as the verdicts count them.
-fn recorded_meanings(recipe: &Recipe, runs: &[BTreeMap<String, String>]) -> Vec<(Metric, Vec<String>, String)> {
-    meanings(recipe)
+fn recorded_meanings(
+    recipe: &Recipe,
+    declarations: &Declarations,
+    runs: &[BTreeMap<String, String>],
+) -> Vec<(Metric, Vec<String>, String)> {
+    meanings(declarations)
         .into_iter()
         .map(|(m, ids, suffix)| {
             let labels: std::collections::BTreeSet<&str> =
@@ -422,14 +426,15 @@ mod tests {
             row(first, &first.id.replace("seed=0", "seed=2")),
         ];
         assert_ne!(runs[2]["run_id"], first.id);
-        let (_, ids, _) = recorded_meanings(&recipe, &runs)
+        let declarations = Declarations::of(&recipe);
+        let (_, ids, _) = recorded_meanings(&recipe, &declarations, &runs)
             .into_iter()
             .find(|(m, _, _)| m.column.as_deref() == Some("test_loss"))
             .unwrap();
         assert_eq!(ids.len(), 4, "{ids:?}");
         // Without the runs.csv reading, only the recipe's own seed of each variant.
         let (_, own, _) =
-            meanings(&recipe).into_iter().find(|(m, _, _)| m.column.as_deref() == Some("test_loss")).unwrap();
+            meanings(&declarations).into_iter().find(|(m, _, _)| m.column.as_deref() == Some("test_loss")).unwrap();
         assert_eq!(own.len(), 2);
     }
 }

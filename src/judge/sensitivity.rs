@@ -5,9 +5,8 @@
 //! how it is computed and `tests/sequential.rs` simulates its interval's coverage.
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use super::results::{read_curves, read_runs};
+use super::reading::Results;
 use crate::recipe::Recipe;
 use crate::stats::Sensitivity;
 
@@ -59,12 +58,12 @@ pub fn check(recipe: &Recipe) -> Result<()> {
 
 /// The block's sensitivity section for `dir` (markdown) of the primary metric `column`, or `None` when the
 /// recipe asks for none.
-pub fn section(dir: &Path, recipe: &Recipe, column: &str) -> Result<Option<String>> {
+pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
+    let recipe = results.recipe;
     let Some(spec) = recipe.compare.as_ref().and_then(|c| c.sensitivity.as_deref()) else { return Ok(None) };
     let Some(key) = swept_key(recipe, spec) else { return Ok(None) };
     let short = key.rsplit('.').next().unwrap_or(&key).to_string();
-    let runs = read_runs(&dir.join("runs.csv"))?;
-    let curves = read_curves(&dir.join("curves.csv")).unwrap_or_default();
+    let (runs, curves) = (&results.runs, results.curves()?);
     let value = |id: &str| -> Option<f64> {
         let row = runs.iter().find(|r| r.get("run_id").map(String::as_str) == Some(id))?;
         Some(row.get(column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN))
@@ -78,7 +77,7 @@ pub fn section(dir: &Path, recipe: &Recipe, column: &str) -> Result<Option<Strin
     let mut uncapped = 0;
     // Every reported run of the directory, the seeds a second stage added included (the recipe lists only
     // its own).
-    for row in &runs {
+    for row in runs {
         let (Some(id), Some(level), Some(label)) = (row.get("run_id"), row.get(&key), row.get("label")) else {
             continue;
         };

@@ -1,11 +1,11 @@
 //! `ablate summary`: markdown tables of a results directory. One row per variant with the headline metrics
 //! of the recipe's kinds (n, mean ± sample standard deviation, Student-t 95% confidence interval of the
 //! mean); with a baseline, a paired comparison of every other variant against it over shared seeds.
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use super::results::{read_runs, variants_of};
+pub use super::reading::Pairing;
+use super::reading::{variants_of, Results};
 use crate::design::{judge_family, Analysis, Evidence, Stages};
 use crate::metrics::{is_cost, Metric};
 use crate::recipe::compare::{default_delta, Comparison, Delta};
@@ -14,7 +14,7 @@ use crate::stats::{
     across_scales, format_p, minimum_detectable_effect, paired, seeds_needed, seeds_to_settle, Estimate, Paired,
     Verdict, ALPHA, CONFIDENCE, POWER,
 };
-use crate::tasks::{metric_heading, metric_of_variant, recipe_metrics};
+use crate::tasks::Declarations;
 
 type Row = BTreeMap<String, String>;
 
@@ -26,14 +26,6 @@ pub fn format_estimate(e: &Estimate, digits: usize) -> String {
             format!("{:.digits$} ± {:.digits$} [{:.digits$}, {:.digits$}]", e.mean, e.std, e.mean - h, e.mean + h)
         }
     }
-}
-
-/// The headline metrics of the recipe that `runs` has columns for.
-fn headline_metrics(recipe: &Recipe, runs: &[Row]) -> Vec<Metric> {
-    recipe_metrics(recipe)
-        .into_iter()
-        .filter(|m| m.headline && m.column_name().is_some_and(|c| runs.first().is_some_and(|r| r.contains_key(c))))
-        .collect()
 }
 
 /// `(seed, value)` of `column` for each run of `ids` that recorded a number.
@@ -63,15 +55,6 @@ impl Table {
     }
 }
 
-/// What the paired table compares, seed by seed: every variant with one baseline (`heads=1`,
-/// `transformer.heads=1` or a variant's label), or each variant with the one listed before it (a ladder,
-/// each rung adding one thing to the rung below).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Pairing<'a> {
-    Baseline(&'a str),
-    Ladder,
-}
-
 /// A [`Pairing`] resolved to the variants of a runs.csv.
 #[derive(Debug, Clone, PartialEq)]
 enum Reference {
@@ -97,21 +80,19 @@ impl Reference {
     }
 }
 
-/// The summary of `dir` as markdown: the per-variant table, then, with a `pairing`, the paired comparisons.
-pub fn summary_table(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<String> {
-    let tables = summary_tables(dir, recipe, pairing)?;
+/// The summary of a results directory as markdown: the per-variant table, then, with a pairing (the
+/// command's, else the recipe's `compare:`), the paired comparisons.
+pub fn summary_table(results: &Results) -> Result<String> {
+    let tables = summary_tables(results)?;
     Ok(tables.iter().map(Table::markdown).collect::<Vec<_>>().join("\n"))
 }
 
 /// [`summary_table`]'s tables.
-pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<Vec<Table>> {
-    let path = dir.join("runs.csv");
-    let runs = read_runs(&path).with_context(|| format!("no results to summarise in {}", dir.display()))?;
-    let metrics = headline_metrics(recipe, &runs);
-    let variants = variants_of(&runs);
+pub fn summary_tables(results: &Results) -> Result<Vec<Table>> {
+    let (recipe, runs, metrics, variants) = (results.recipe, &results.runs, &results.headline, &results.variants);
     // Resolve the comparison (the command line's, else the recipe's `compare:`) before anything else, so a
     // bad baseline is one line and no table.
-    let reference = resolve_pairing(&runs, recipe, pairing)?;
+    let reference = resolve_pairing(runs, recipe, results.pairing)?;
     let confidence = 100.0 * CONFIDENCE;
     let note = format!(
         "Per variant: n runs (seeds), then each metric as mean ± sample std [{confidence:.0}% confidence interval \
@@ -121,17 +102,17 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     if recipe.tuning.is_some() {
         header.push("chosen on validation".to_string());
     }
-    header.extend(metrics.iter().map(|m| metric_heading(recipe, m)));
+    header.extend(metrics.iter().map(|m| results.declarations.heading(m)));
     let mut rows = Vec::new();
-    for (label, ids) in &variants {
+    for (label, ids) in variants {
         let n = runs.iter().filter(|r| ids.contains(&r["run_id"])).count();
         let mut cells = vec![label.clone(), n.to_string()];
         if let Some(tuning) = &recipe.tuning {
-            cells.push(super::results::chosen_values(&runs, ids, &tuning.keys));
+            cells.push(super::reading::chosen_values(runs, ids, &tuning.keys));
         }
-        for m in &metrics {
+        for m in metrics {
             let column = m.column_name().expect("filtered to columns");
-            let values: Vec<f64> = seed_values(&runs, ids, column).into_iter().map(|(_, v)| v).collect();
+            let values: Vec<f64> = seed_values(runs, ids, column).into_iter().map(|(_, v)| v).collect();
             cells.push(if values.is_empty() {
                 "–".to_string()
             } else {
@@ -142,27 +123,23 @@ pub fn summary_tables(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> 
     }
     let mut tables = vec![Table { note, header, rows }];
     if let Some(tuning) = &recipe.tuning {
-        tables.push(tuning_cost(&path, tuning)?);
+        tables.push(tuning_cost(&results.all_runs, tuning));
     }
     if let Some(reference) = &reference {
         let deltas: Vec<Delta> = metrics.iter().map(|m| delta_of(recipe, m)).collect();
-        let own_metric = |v: usize, m: &Metric| metric_of_variant(recipe, &variants[v].0, m);
-        tables.push(paired_table(&runs, &variants, reference, &metrics, &deltas, &StagePlan::of(recipe), own_metric));
+        let own_metric = |v: usize, m: &Metric| results.declarations.of_variant(&variants[v].0, m);
+        tables.push(paired_table(runs, variants, reference, metrics, &deltas, &StagePlan::of(recipe), own_metric));
     }
-    if let Some((check, settings)) = &recipe.scale_check {
-        let check_dir = dir.join("scale_check");
-        if check_dir.join("runs.csv").is_file() {
-            let mut at_check = summary_tables(&check_dir, check, pairing)?;
-            if let Some(first) = at_check.first_mut() {
-                first.note = format!("At the second scale ({}): {}", settings.join(" "), first.note);
-            }
-            tables.extend(at_check);
-            if let Some(reference) = reference {
-                let check_runs = read_runs(&check_dir.join("runs.csv"))?;
-                let check_reference = second_scale_reference(&reference, &variants, &check_runs, check, pairing)?;
-                let scales = [(&runs, reference), (&check_runs, check_reference)];
-                tables.push(effects_at_both_scales(scales, &metrics, recipe, &settings.join(" ")));
-            }
+    if let Some((check, settings)) = &results.second {
+        let mut at_check = summary_tables(check)?;
+        if let Some(first) = at_check.first_mut() {
+            first.note = format!("At the second scale ({settings}): {}", first.note);
+        }
+        tables.extend(at_check);
+        if let Some(reference) = reference {
+            let check_reference = second_scale_reference(&reference, variants, check)?;
+            let scales = [(runs, reference), (&check.runs, check_reference)];
+            tables.push(effects_at_both_scales(scales, metrics, recipe, &results.declarations, settings));
         }
     }
     Ok(tables)
@@ -204,46 +181,46 @@ pub struct Judgements {
     pub second: Option<(String, Vec<JudgedRow>)>,
 }
 
-/// The [`Judgements`] of `dir` (see [`summary_tables`] for how `pairing` and the recipe's `compare:`
-/// choose the comparison).
-pub fn judgements(dir: &Path, recipe: &Recipe, pairing: Option<Pairing>) -> Result<Option<Judgements>> {
-    let runs = read_runs(&dir.join("runs.csv")).with_context(|| format!("no results to judge in {}", dir.display()))?;
-    let metrics = headline_metrics(recipe, &runs);
-    let Some(reference) = resolve_pairing(&runs, recipe, pairing)? else { return Ok(None) };
-    let judge_all = |runs: &[Row], reference: &Reference| judge_rows(runs, reference, &metrics, recipe);
-    let variants = variants_of(&runs);
-    let rows = judge_all(&runs, &reference);
+/// The [`Judgements`] of a results directory (see [`summary_tables`] for how the pairing and the recipe's
+/// `compare:` choose the comparison).
+pub fn judgements(results: &Results) -> Result<Option<Judgements>> {
+    let (recipe, runs, metrics, variants) = (results.recipe, &results.runs, &results.headline, &results.variants);
+    let Some(reference) = resolve_pairing(runs, recipe, results.pairing)? else { return Ok(None) };
+    let rows = judge_rows(runs, &reference, metrics, recipe, &results.declarations);
     let mut second = None;
-    if let Some((check, settings)) = &recipe.scale_check {
-        let check_csv = dir.join("scale_check").join("runs.csv");
-        if check_csv.is_file() {
-            let check_runs = read_runs(&check_csv)?;
-            let check_reference = second_scale_reference(&reference, &variants, &check_runs, check, pairing)?;
-            second = Some((settings.join(" "), judge_all(&check_runs, &check_reference)));
-        }
+    if let Some((check, settings)) = &results.second {
+        let check_reference = second_scale_reference(&reference, variants, check)?;
+        let at_check = judge_rows(&check.runs, &check_reference, &check.headline, check.recipe, &check.declarations);
+        second = Some((settings.clone(), at_check));
     }
-    Ok(Some(Judgements { pairing: describe_reference(&reference, &variants), rows, second }))
+    Ok(Some(Judgements { pairing: describe_reference(&reference, variants), rows, second }))
 }
 
 /// The second scale's comparison: the same baseline variant (by label), the ladder, or the same grouping.
 fn second_scale_reference(
     reference: &Reference,
     variants: &[(String, Vec<String>)],
-    check_runs: &[Row],
-    check: &Recipe,
-    pairing: Option<Pairing>,
+    check: &Results,
 ) -> Result<Reference> {
     Ok(match reference {
         Reference::Baseline(base) => {
-            Reference::Baseline(find_baseline(check_runs, &variants_of(check_runs), &variants[*base].0)?)
+            Reference::Baseline(find_baseline(&check.runs, &check.variants, &variants[*base].0)?)
         }
         Reference::Ladder => Reference::Ladder,
-        Reference::Within { .. } => resolve_pairing(check_runs, check, pairing)?.expect("the same comparison"),
+        Reference::Within { .. } => {
+            resolve_pairing(&check.runs, check.recipe, check.pairing)?.expect("the same comparison")
+        }
     })
 }
 
 /// Every comparison of `runs` under `reference`, each headline metric judged as one family.
-fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &Recipe) -> Vec<JudgedRow> {
+fn judge_rows(
+    runs: &[Row],
+    reference: &Reference,
+    metrics: &[Metric],
+    recipe: &Recipe,
+    declarations: &Declarations,
+) -> Vec<JudgedRow> {
     let variants = variants_of(runs);
     let pairs = reference.pairs(variants.len());
     let primary = primary_column(recipe, metrics);
@@ -257,7 +234,7 @@ fn judge_rows(runs: &[Row], reference: &Reference, metrics: &[Metric], recipe: &
                 comparison: comparison_label(reference, &variants, v, against),
                 arms: (variants[v].0.clone(), variants[against].0.clone()),
                 versus: None,
-                metric: metric_of_variant(recipe, &variants[v].0, m),
+                metric: declarations.of_variant(&variants[v].0, m),
                 judged: families[j][k].clone(),
                 primary: m.column_name().is_some() && m.column_name() == primary.as_deref(),
             });
@@ -336,12 +313,15 @@ fn margin(runs: &[Row], ids: &[String], column: &str, delta: Delta) -> f64 {
     delta.resolve(if reference.is_empty() { f64::NAN } else { Estimate::of(&reference).mean })
 }
 
-/// The paired spread of every comparison of the primary metric in `runs` (a pilot's rows): each
-/// comparison's arms, the sample standard deviation of its paired differences (NaN below two pairs) and its
-/// δ in the metric's unit; `None` when the recipe names no comparison or no primary metric has a column.
-pub fn paired_spreads(recipe: &Recipe, runs: &[Row]) -> Result<Option<Vec<Spread>>> {
-    let metrics = headline_metrics(recipe, runs);
-    let Some(primary) = primary_column(recipe, &metrics) else { return Ok(None) };
+/// The paired spread of every comparison of the primary metric in the pilot's rows (those of
+/// `pilot_seeds`): each comparison's arms, the sample standard deviation of its paired differences (NaN
+/// below two pairs) and its δ in the metric's unit; `None` when the recipe names no comparison or no
+/// primary metric has a column.
+pub fn paired_spreads(results: &Results, pilot_seeds: &[u64]) -> Result<Option<Vec<Spread>>> {
+    let (recipe, metrics) = (results.recipe, &results.headline);
+    let pilot = |r: &&Row| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s));
+    let runs: &[Row] = &results.runs.iter().filter(pilot).cloned().collect::<Vec<_>>();
+    let Some(primary) = primary_column(recipe, metrics) else { return Ok(None) };
     let Some(metric) = metrics.iter().find(|m| m.column_name() == Some(primary.as_str())) else { return Ok(None) };
     let Some(reference) = resolve_pairing(runs, recipe, None)? else { return Ok(None) };
     let variants = variants_of(runs);
@@ -394,6 +374,7 @@ fn effects_at_both_scales(
     scales: [(&Vec<Row>, Reference); 2],
     metrics: &[Metric],
     recipe: &Recipe,
+    declarations: &Declarations,
     settings: &str,
 ) -> Table {
     let note = format!(
@@ -429,7 +410,7 @@ fn effects_at_both_scales(
             let (Some(here), Some(there)) = (judged[0].get(&key), judged[1].get(&key)) else { continue };
             rows.push(vec![
                 label.clone(),
-                metric_of_variant(recipe, &variants[v].0, m).axis(),
+                declarations.of_variant(&variants[v].0, m).axis(),
                 here.cell(m),
                 there.cell(m),
                 across_scales(here.verdict, there.verdict).into(),
@@ -620,8 +601,8 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
         .iter()
         .filter(|r| r.tune.is_none_or(|t| t.rung.is_none()))
         .map(|r| {
-            let header = super::results::run_header(r);
-            header.into_iter().zip(super::results::run_row(r, &untrained)).collect()
+            let header = super::reading::run_header(r);
+            header.into_iter().zip(super::reading::run_row(r, &untrained)).collect()
         })
         .collect();
     // Command-line overrides may pin the swept key the comparison reads (`transformer.heads=4` for a quick
@@ -647,11 +628,9 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
             }
         }
     }
-    let metrics: Vec<String> = crate::tasks::recipe_metrics(recipe)
-        .iter()
-        .filter(|m| m.headline)
-        .filter_map(|m| m.column_name().map(String::from))
-        .collect();
+    let declared = crate::tasks::recipe_metrics(recipe);
+    let metrics: Vec<String> =
+        declared.iter().filter(|m| m.headline).filter_map(|m| m.column_name().map(String::from)).collect();
     for (i, p) in compare.predict.iter().enumerate() {
         if !metrics.contains(&p.metric) {
             bail!(
@@ -663,7 +642,7 @@ pub fn check_compare(recipe: &Recipe) -> Result<()> {
         }
     }
     if let Some(primary) = &compare.primary {
-        let quality: Vec<&str> = crate::tasks::recipe_metrics(recipe)
+        let quality: Vec<&str> = declared
             .iter()
             .filter(|m| m.headline && !m.diagnostic && !is_cost(m))
             .filter_map(|m| m.column_name().map(|c| metrics.iter().find(|x| *x == c).map(String::as_str)))
@@ -863,10 +842,9 @@ fn format_difference(e: &Estimate, digits: usize) -> String {
     }
 }
 
-/// What tuning cost, from every row of `runs.csv`: optimisation steps and wall time of the tuning runs
-/// against the final runs.
-fn tuning_cost(runs_csv: &Path, tuning: &crate::recipe::Tuning) -> Result<Table> {
-    let all = super::results::read_all_runs(runs_csv)?;
+/// What tuning cost, from every row of `runs.csv` (`all`): optimisation steps and wall time of the tuning
+/// runs against the final runs.
+fn tuning_cost(all: &[Row], tuning: &crate::recipe::Tuning) -> Table {
     let total = |phase: &str, column: &str| -> f64 {
         all.iter()
             .filter(|r| r.get("phase").is_some_and(|p| p == phase))
@@ -897,7 +875,7 @@ fn tuning_cost(runs_csv: &Path, tuning: &crate::recipe::Tuning) -> Result<Table>
             ]
         })
         .collect();
-    Ok(Table { note, header, rows })
+    Table { note, header, rows }
 }
 
 /// Paired differences (variant − its reference) over the seeds both ran, per headline metric: the paired
@@ -1055,13 +1033,11 @@ impl std::str::FromStr for Effect {
 /// (pooled over the other variants: the root of their mean variance, with its range), the smallest
 /// difference the recipe's number of seeds detects (two-sided paired t-test at `ALPHA`, power `POWER`), and
 /// for each of `effects` the seeds needed to detect it.
-pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: &[Effect]) -> Result<Table> {
-    let path = dir.join("runs.csv");
-    let runs = read_runs(&path).with_context(|| format!("no results to plan from in {}", dir.display()))?;
-    let metrics = headline_metrics(recipe, &runs);
-    let variants = variants_of(&runs);
+pub fn plan_table(results: &Results, baseline: Option<&str>, effects: &[Effect]) -> Result<Table> {
+    let (dir, recipe, runs, metrics, variants) =
+        (&results.dir, results.recipe, &results.runs, &results.headline, &results.variants);
     let base = match baseline {
-        Some(b) => find_baseline(&runs, &variants, b)?,
+        Some(b) => find_baseline(runs, variants, b)?,
         None => 0,
     };
     for e in effects {
@@ -1099,15 +1075,15 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
     .map(|s| s.to_string())
     .collect();
     let mut rows = Vec::new();
-    for m in &metrics {
+    for m in metrics {
         let column = m.column_name().expect("filtered to columns");
-        let sds: Vec<f64> = against_baseline(&runs, &variants, base, column)
+        let sds: Vec<f64> = against_baseline(runs, variants, base, column)
             .into_iter()
             .filter_map(|(_, p)| Some(p?.difference.std))
             .collect();
         let digits = m.digits + 1;
         if sds.is_empty() {
-            let heading = metric_heading(recipe, m);
+            let heading = results.declarations.heading(m);
             rows.push(vec![heading, "0".into(), "–".into(), seeds.to_string(), "–".into(), "–".into(), "–".into()]);
             continue;
         }
@@ -1124,7 +1100,7 @@ pub fn plan_table(dir: &Path, recipe: &Recipe, baseline: Option<&str>, effects: 
             None => "more than 10,000".into(),
         };
         rows.push(vec![
-            metric_heading(recipe, m),
+            results.declarations.heading(m),
             sds.len().to_string(),
             format!("{pooled:.digits$} [{lo:.digits$}, {hi:.digits$}]"),
             seeds.to_string(),

@@ -5,9 +5,9 @@ use anyhow::Result;
 use base64::Engine;
 use std::path::Path;
 
+use super::reading::Results;
 use super::summary::{summary_tables, Table};
 use crate::files::write_atomically;
-use crate::recipe::Recipe;
 
 /// Text made safe inside HTML elements and attributes.
 pub fn escape(text: &str) -> String {
@@ -49,10 +49,9 @@ fn reproduction_table(dir: &Path) -> Result<Option<Table>> {
     if !path.exists() {
         return Ok(None);
     }
-    let mut reader = csv::Reader::from_path(&path)?;
-    let header: Vec<String> = reader.headers()?.iter().map(String::from).collect();
-    let rows =
-        reader.records().map(|r| Ok(r?.iter().map(String::from).collect())).collect::<Result<Vec<Vec<String>>>>()?;
+    let (header, records) = super::reading::table(&path)?;
+    let header: Vec<String> = header.iter().map(String::from).collect();
+    let rows = records.iter().map(|r| r.iter().map(String::from).collect()).collect();
     let note = "Against the committed reference results: per variant and metric, whether this run reproduces them, \
                 and the test that decided (README: reproducing a reference)."
         .to_string();
@@ -68,7 +67,8 @@ img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}\
 pre{background:#f6f8fa;padding:1em;overflow-x:auto;font-size:13px}";
 
 /// Writes `<dir>/index.html` from the files of a results directory.
-pub fn write_report(dir: &Path, recipe: &Recipe) -> Result<()> {
+pub fn write_report(results: &Results) -> Result<()> {
+    let (dir, recipe) = (&results.dir, results.recipe);
     let mut body = format!("<h1>{}</h1>\n", escape(&recipe.name));
     if let Some(d) = &recipe.description {
         body.push_str(&format!("<p>{}</p>\n", escape(d)));
@@ -80,7 +80,7 @@ pub fn write_report(dir: &Path, recipe: &Recipe) -> Result<()> {
         ));
     }
     body.push_str("<h2>Summary</h2>\n");
-    for table in summary_tables(dir, recipe, None)? {
+    for table in summary_tables(results)? {
         body.push_str(&html_table(&table));
     }
     if let Some(table) = reproduction_table(dir)? {

@@ -9,12 +9,11 @@ use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::results::read_runs;
+use super::reading::Results;
 use crate::files::write_atomically;
 use crate::metrics::{is_cost, Metric};
 use crate::recipe::{columns, Recipe};
 use crate::stats::{agreement, Estimate};
-use crate::tasks::recipe_metrics;
 
 type Row = BTreeMap<String, String>;
 
@@ -34,8 +33,8 @@ pub struct Verdict {
 
 /// The quality metrics worth comparing: headline, and not a measure of the machine or the launch (throughput,
 /// time, communication; a world of 2 lists the data-parallel columns too).
-fn quality_metrics(recipe: &Recipe) -> Vec<Metric> {
-    recipe_metrics(recipe).into_iter().filter(|m| m.headline && m.column_name().is_some() && !is_cost(m)).collect()
+fn quality_metrics(metrics: &[Metric]) -> Vec<Metric> {
+    metrics.iter().filter(|m| m.headline && m.column_name().is_some() && !is_cost(m)).cloned().collect()
 }
 
 fn finite(rows: &[&Row], column: &str) -> Vec<f64> {
@@ -97,10 +96,10 @@ fn match_reference<'a>(recipe: &Recipe, label: &str, theirs: &[&'a Row]) -> Matc
     Match::Stale(format!("configuration changed since the reference was made{by}: {changed}"))
 }
 
-/// What refreshing the reference in `reference` costs: the wall time its rows record (tuning runs
-/// included), as a phrase.
-pub fn refresh_cost(reference: &Path) -> String {
-    let minutes = recorded_minutes(&reference.join("runs.csv")).unwrap_or(f64::NAN);
+/// What refreshing the committed reference costs: the wall time its rows record (tuning runs included), as
+/// a phrase.
+pub fn refresh_cost(reference: &Results) -> String {
+    let minutes = reference.recorded_minutes();
     if minutes.is_finite() {
         format!("refreshing it took {minutes:.0} min of training when it was made")
     } else {
@@ -108,21 +107,10 @@ pub fn refresh_cost(reference: &Path) -> String {
     }
 }
 
-/// The training time a `runs.csv` records, in minutes: every row's `wall_s`, tuning runs included; `None`
-/// when the file cannot be read.
-pub fn recorded_minutes(runs_csv: &Path) -> Option<f64> {
-    let rows = super::results::read_all_runs(runs_csv).ok()?;
-    Some(rows.iter().filter_map(|r| r.get("wall_s")?.parse::<f64>().ok()).sum::<f64>() / 60.0)
-}
-
-/// Why `recipe`'s committed reference in `reference` cannot be compared with a rerun today, one line per
-/// stale variant (empty when every variant matches); `None` without a reference `runs.csv`.
-pub fn staleness(recipe: &Recipe, reference: &Path) -> Result<Option<Vec<String>>> {
-    let reference_csv = reference.join("runs.csv");
-    if !reference_csv.exists() {
-        return Ok(None);
-    }
-    let rows = read_runs(&reference_csv)?;
+/// Why a recipe's committed reference (`reference`, read with the recipe as it is today) cannot be compared
+/// with a rerun today, one line per stale variant (empty when every variant matches).
+pub fn staleness(reference: &Results) -> Vec<String> {
+    let (recipe, rows) = (reference.recipe, &reference.runs);
     let mut labels: Vec<&str> = Vec::new();
     for r in recipe.runs.iter().filter(|r| r.tune.is_none_or(|t| t.rung.is_none())) {
         if !labels.contains(&r.label.as_str()) {
@@ -136,21 +124,17 @@ pub fn staleness(recipe: &Recipe, reference: &Path) -> Result<Option<Vec<String>
             out.push(format!("{label}: {why}"));
         }
     }
-    Ok(Some(out))
+    out
 }
 
-/// Compares the runs in `dir` with the reference results in `reference` (`None` when there is no
+/// Compares the runs of `results` with the reference results in `reference` (`None` when there is no
 /// reference `runs.csv`).
-pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<Vec<Verdict>>> {
-    let reference_csv = reference.join("runs.csv");
-    if !reference_csv.exists() {
-        return Ok(None);
-    }
-    let reference_rows = read_runs(&reference_csv)?;
-    let rows = read_runs(&dir.join("runs.csv"))?;
-    let metrics = quality_metrics(recipe);
+pub fn compare(results: &Results, reference: &Path) -> Result<Option<Vec<Verdict>>> {
+    let Some(reference) = results.other(reference)? else { return Ok(None) };
+    let (recipe, rows, reference_rows) = (results.recipe, &results.runs, &reference.runs);
+    let metrics = quality_metrics(&results.metrics);
     let mut labels: Vec<&str> = Vec::new();
-    for r in &rows {
+    for r in rows {
         if !labels.contains(&r["label"].as_str()) {
             labels.push(&r["label"]);
         }
@@ -163,7 +147,7 @@ pub fn compare(recipe: &Recipe, dir: &Path, reference: &Path) -> Result<Option<V
         let matching = match match_reference(recipe, label, &theirs) {
             Match::Rows(rows) => rows,
             Match::Stale(why) => {
-                let rule = format!("{why}; {}", refresh_cost(reference));
+                let rule = format!("{why}; {}", refresh_cost(&reference));
                 verdicts.extend(metrics.iter().map(|m| Verdict {
                     variant: label.to_string(),
                     metric: m.label.to_string(),
@@ -292,7 +276,8 @@ pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool, overri
         return Ok(());
     }
     // A reference that cannot be read (from an older ablate, damaged) costs the comparison, not the run.
-    let verdicts = match compare(recipe, dir, reference) {
+    let Some(results) = Results::open_if_any(dir, recipe, None)? else { return Ok(()) };
+    let verdicts = match compare(&results, reference) {
         Ok(Some(verdicts)) => verdicts,
         Ok(None) => return Ok(()),
         Err(e) => {
@@ -302,7 +287,7 @@ pub fn report(recipe: &Recipe, dir: &Path, reference: &Path, quiet: bool, overri
     };
     let verdicts = overridden_lines(&verdicts, overridden);
     write(&verdicts, &dir.join("reproduction.csv"))?;
-    super::report::write_report(dir, recipe)?;
+    super::report::write_report(&results)?;
     if !quiet {
         for line in lines(&verdicts, reference) {
             eprintln!("{line}");
