@@ -1,7 +1,9 @@
 //! Properties of the attention core and the Transformer layer (UDL §12.2–12.4), not snapshots.
 mod common;
 use ablate::models::gpt::Gpt;
-use ablate::transformer::attention::{explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention, ScoreMap};
+use ablate::transformer::attention::{
+    explicit_attention, fused_attention, Grid, Mask, MultiHeadAttention, ScoreMap, ScorePath,
+};
 use ablate::transformer::layers::{LayerInit, Placement, TransformerLayer};
 use ablate::transformer::spec::{
     Activation, AttentionSpec, Implementation, OutputGate, PositionEncoding, PositionSpec, Scale, TransformerSpec,
@@ -113,8 +115,8 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
         ];
         for (name, q, mask) in cases {
             let bias = mask.additive_bias(q.size()[2], n_k, Device::Cpu, Kind::Float);
-            let (explicit, _) = explicit_attention(q, &k, &v, bias.as_ref(), ScoreMap::scaled(scale), 0.0, false);
-            let fused = fused_attention(q, &k, &v, bias.as_ref(), false, scale, 0.0);
+            let (explicit, _) = explicit_attention(q, &k, &v, bias.as_ref(), &ScorePath::eval(ScoreMap::scaled(scale)));
+            let fused = fused_attention(q, &k, &v, bias.as_ref(), false, &ScorePath::eval(ScoreMap::scaled(scale)));
             let diff = max_abs_diff(&explicit, &fused);
             assert!(diff < 1e-5, "{name}, scale {scale}: max difference {diff}");
         }
@@ -168,11 +170,11 @@ fn scaling_by_sqrt_dq_matches_the_closed_form() {
     let v = Tensor::from_slice(&[10.0f32, 0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0]).view([1, 1, 2, 4]);
     let expected_w0 = 1.0 / (1.0 + (-2.0f64).exp()); // softmax([2, 0])[0]
     for (scale, w0) in [(0.5, expected_w0), (1.0, 1.0 / (1.0 + (-4.0f64).exp()))] {
-        let (out, w) = explicit_attention(&q, &k, &v, None, ScoreMap::scaled(scale), 0.0, false);
+        let (out, w) = explicit_attention(&q, &k, &v, None, &ScorePath::eval(ScoreMap::scaled(scale)));
         assert!((w.double_value(&[0, 0, 0, 0]) - w0).abs() < 1e-6);
         assert!((out.double_value(&[0, 0, 0, 0]) - 10.0 * w0).abs() < 1e-5);
         assert!((out.double_value(&[0, 0, 0, 1]) - 10.0 * (1.0 - w0)).abs() < 1e-5);
-        let fused = fused_attention(&q, &k, &v, None, false, scale, 0.0);
+        let fused = fused_attention(&q, &k, &v, None, false, &ScorePath::eval(ScoreMap::scaled(scale)));
         assert!(max_abs_diff(&out, &fused) < 1e-5);
     }
     // The module's `sqrt_dk` knob is exactly 1/sqrt(head size).

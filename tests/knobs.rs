@@ -647,6 +647,8 @@ fn every_knob_agrees_across_attention_implementations_or_is_refused() {
     let _serial = common::serial();
     let mut matrix = String::new();
     let mut failures = Vec::new();
+    // (knob, kernel) where the kernel asked for did not run, the call taking the explicit route instead.
+    let mut routed = std::collections::BTreeSet::new();
     for kind in [Kind::Lm, Kind::Vit] {
         let defaults = parse(&recipe(kind, &[]), "base.yaml", "base", false).unwrap().runs[0].config.clone();
         for &(key, value, extra) in KNOBS.iter().filter(|(k, ..)| !k.ends_with("implementation")) {
@@ -685,7 +687,13 @@ fn every_knob_agrees_across_attention_implementations_or_is_refused() {
                 };
                 let (vs_a, model_a) = build(&a, None, false);
                 let (vs_b, model_b) = build(&b, Some(&vs_a), false);
+                let kernel = if pair.0 == "fused" { 0 } else { 2 };
+                let before = ablate::transformer::attention::path_counts()[kernel];
                 let (out_a, grads_a) = forward_and_gradients(&vs_a, model_a.as_ref());
+                let ran = ablate::transformer::attention::path_counts()[kernel] > before;
+                if !ran {
+                    routed.insert((key.to_string(), pair.0));
+                }
                 let (out_b, grads_b) = forward_and_gradients(&vs_b, model_b.as_ref());
                 let mut worst = relative_gap(&out_a, &out_b);
                 for ((name, ga), (_, gb)) in grads_a.iter().zip(&grads_b) {
@@ -698,7 +706,8 @@ fn every_knob_agrees_across_attention_implementations_or_is_refused() {
                 if relative_gap(&out_a, &out_b) > TOLERANCE {
                     failures.push(format!("{label}: the output differs by {:.2e}", relative_gap(&out_a, &out_b)));
                 }
-                matrix.push_str(&format!("{label}: agree (largest relative gap {worst:.1e})\n"));
+                let route = if ran { "" } else { ", through the explicit route" };
+                matrix.push_str(&format!("{label}: agree (largest relative gap {worst:.1e}){route}\n"));
             }
             if kind == Kind::Lm {
                 let cfg = parse(&recipe(kind, &row), "r.yaml", "r", false).unwrap().runs[0].config.clone();
@@ -729,4 +738,9 @@ fn every_knob_agrees_across_attention_implementations_or_is_refused() {
     }
     println!("{matrix}");
     assert!(failures.is_empty(), "{}\n\nmatrix:\n{matrix}", failures.join("\n"));
+    // A kernel asked for by name either runs or the recipe is refused (additive scores for either kernel, a
+    // soft cap for the fused one: `ScorePath::fused_cannot`): never a silent explicit route, which would make
+    // its row of this matrix compare the explicit path with itself.
+    let routed: Vec<(String, &str)> = routed.into_iter().collect();
+    assert!(routed.is_empty(), "kernels that fell back to the explicit route: {routed:?}\n\nmatrix:\n{matrix}");
 }

@@ -3,7 +3,7 @@
 //! skips), each checked against its closed form or a property that fails without it.
 mod common;
 use ablate::models::gpt::Gpt;
-use ablate::transformer::attention::{explicit_attention, ExtraValues, Mask, MultiHeadAttention, ScoreMap};
+use ablate::transformer::attention::{explicit_attention, ExtraValues, Mask, MultiHeadAttention, ScoreMap, ScorePath};
 use ablate::transformer::layers::{softcap, FeedForward, LayerInit, Placement, StackCache, TransformerLayer};
 use ablate::transformer::spec::{
     Activation, AttentionSpec, Implementation, OutputInit, PositionEncoding, PositionSpec, QkNorm, TransformerSpec,
@@ -127,7 +127,7 @@ fn soft_capped_scores_follow_the_closed_form_and_stay_within_the_cap() {
         Tensor::randn([2, 3, 7, 4], CPU),
     );
     let (scale, cap) = (0.5, 2.0);
-    let (out, w) = explicit_attention(&q, &k, &v, None, ScoreMap { scale, softcap: Some(cap) }, 0.0, false);
+    let (out, w) = explicit_attention(&q, &k, &v, None, &ScorePath::eval(ScoreMap { scale, softcap: Some(cap) }));
     let scores = (q.matmul(&k.transpose(-2, -1)) * scale / cap).tanh() * cap;
     let expected_w = scores.softmax(-1, Kind::Float);
     assert!(max_diff(&w, &expected_w) < 1e-6);

@@ -279,15 +279,12 @@ impl Config {
                 return Err(invalid(key, format!("a soft cap must be a positive number (or null for none), got {c}")));
             }
         }
-        if t.attention.softcap.is_some()
-            && matches!(t.attention.implementation, Implementation::Fused | Implementation::Sparse)
-        {
+        // The sparse kernel takes a soft cap through the one score path; the fused kernel cannot
+        // (`ScorePath::fused_cannot`).
+        if t.attention.softcap.is_some() && t.attention.implementation == Implementation::Fused {
             return Err(invalid(
                 "transformer.attention.softcap",
-                format!(
-                    "capped scores are written out (the fused and sparse kernels compute plain scaled scores); transformer.attention.implementation is {}: use auto or explicit",
-                    if t.attention.implementation == Implementation::Fused { "fused" } else { "sparse" }
-                ),
+                "capped scores are written out (a cap stands between the fused kernel's scale and its mask); transformer.attention.implementation is fused: use auto, explicit or sparse",
             ));
         }
         if t.parametrisation == Parametrisation::Mup {

@@ -562,7 +562,8 @@ impl MultiHeadAttention {
         let (q, k, v) = self.split_qkv(&parts[0], &parts[1], &parts[2]);
         let t = |x: &Tensor| x.transpose(-2, -1);
         count(1);
-        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, self.scores, self.dropout, train);
+        let path = ScorePath { map: self.scores, dropout: self.dropout, train };
+        let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, &path);
         // (B, H, C_g, N) -> (B, H, N, C_g): each head's output per token, as every other path gives it.
         let heads_out = t(&out);
         debug_assert_eq!(heads_out.size(), vec![b, self.heads, n, self.head_dim]);
@@ -599,33 +600,32 @@ impl MultiHeadAttention {
         if is_self {
             record_logits(q, k, self.scores.scale, mask.causal);
         }
-        let dropout = if train { self.dropout } else { 0.0 };
+        let path = ScorePath { map: self.scores, dropout: self.dropout, train };
+        // The sparse kernel's blocks take q·kᵀ products: additive scores and a model's own dense bias (Swin's
+        // window table) are not blockwise, and weights are asked for as the whole N × N matrix.
         let sparse_kernel = is_self
             && self.implementation == Implementation::Sparse
             && pattern.window.is_some()
             && !want_weights
             && mask.bias.is_none()
             && self.additive.is_none()
-            && self.scores.softcap.is_none()
             && n_q == n_k;
         let (heads_out, weights) = if sparse_kernel {
             count(2);
             let rules = pattern::ScoreRules {
                 causal: mask.causal,
-                scale: self.scores.scale,
+                path,
                 relative: &self.relative,
-                dropout,
-                train,
                 key_padding: mask.key_padding,
             };
             let out = pattern::sliding_window_attention(q, k, v, &pattern, &rules);
             (out, None)
         } else {
-            // The fused kernel computes plain scaled dot products: a soft cap is written out.
+            // What the fused kernel cannot compute takes the explicit route (`ScorePath::fused_cannot`).
             let explicit = want_weights
                 || self.implementation == Implementation::Explicit
                 || self.additive.is_some()
-                || self.scores.softcap.is_some();
+                || path.fused_cannot().is_some();
             let bias = self.score_bias(q, n_k, mask, is_self, &pattern);
             // A plain causal mask over square scores is the fused kernel's own fast path; a single query at
             // the last position (a decoding step) may see every key, so it needs no mask at all.
@@ -637,15 +637,15 @@ impl MultiHeadAttention {
             };
             if let Some(w) = &self.additive {
                 count(1);
-                let (o, w) = additive_attention(q, k, v, w, bias.as_ref(), self.scores, dropout, train);
+                let (o, w) = additive_attention(q, k, v, w, bias.as_ref(), &path);
                 (o, Some(w))
             } else if explicit {
                 count(1);
-                let (o, w) = explicit_attention(q, k, v, bias.as_ref(), self.scores, dropout, train);
+                let (o, w) = explicit_attention(q, k, v, bias.as_ref(), &path);
                 (o, Some(w))
             } else {
                 count(0);
-                (fused_attention(q, k, v, bias.as_ref(), kernel_causal, self.scores.scale, dropout), None)
+                (fused_attention(q, k, v, bias.as_ref(), kernel_causal, &path), None)
             }
         };
         debug_assert_eq!(heads_out.size()[..3], [b, self.heads, n_q]);
@@ -761,50 +761,102 @@ impl ScoreMap {
     }
 }
 
-/// softmax(map(q kᵀ) + bias) v, written out, `map` the scale and any soft cap. q: (B, H, N_q, d), k and v:
+/// The one path from scores to probabilities. Every implementation takes it — the explicit and additive
+/// paths, the sparse kernel's blocks, its global keys and its global rows, the one-query decoding step — and
+/// the fused kernel wherever it can express it: the raw scores through the [`ScoreMap`] (scale, soft cap),
+/// plus the additive bias (masks, relative positions, a model's own), the softmax over the keys, then
+/// attention dropout on the weights in training. A mechanism on the scores or on the softmax is written here
+/// once; [`ScorePath::fused_cannot`] says, in one place, which stages libtorch's fused kernel cannot compute,
+/// and those calls take the explicit route.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScorePath {
+    pub map: ScoreMap,
+    /// Attention dropout's rate, applied to the weights when `train`.
+    pub dropout: f64,
+    pub train: bool,
+}
+
+impl ScorePath {
+    /// Evaluation (no dropout) under `map`.
+    pub fn eval(map: ScoreMap) -> Self {
+        Self { map, dropout: 0.0, train: false }
+    }
+
+    /// The logits: the mapped raw scores plus `bias` (broadcast).
+    pub fn logits(&self, raw: Tensor, bias: Option<&Tensor>) -> Tensor {
+        let mapped = self.map.apply(raw);
+        match bias {
+            Some(bias) => mapped + bias,
+            None => mapped,
+        }
+    }
+
+    /// The attention weights: the softmax of `logits` over the keys (the last axis), before dropout.
+    pub fn probabilities(&self, logits: &Tensor) -> Tensor {
+        logits.softmax(-1, logits.kind())
+    }
+
+    /// The weights as they multiply the values: after dropout in training.
+    pub fn dropped(&self, weights: &Tensor) -> Tensor {
+        if self.train && self.dropout > 0.0 {
+            weights.dropout(self.dropout, true)
+        } else {
+            weights.shallow_clone()
+        }
+    }
+
+    /// The weighted sum of `v` under `logits`: the output and the weights (before dropout).
+    pub fn attend(&self, logits: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let weights = self.probabilities(logits);
+        (self.dropped(&weights).matmul(v), weights)
+    }
+
+    /// Why libtorch's `scaled_dot_product_attention` cannot compute this path, or `None` when it can: the
+    /// kernel scales q·kᵀ, adds one additive mask (with a gradient, so a learned bias or an extra logit is
+    /// expressible), takes the softmax and drops weights out — nothing may stand between the scale and the
+    /// bias.
+    pub fn fused_cannot(&self) -> Option<&'static str> {
+        self.map.softcap.map(|_| "a soft cap stands between the scale and the bias")
+    }
+
+    /// Attention dropout's rate in effect (0 outside training): what the fused kernel is given.
+    fn dropout_now(&self) -> f64 {
+        if self.train {
+            self.dropout
+        } else {
+            0.0
+        }
+    }
+}
+
+/// softmax(map(q kᵀ) + bias) v, written out along the [`ScorePath`]. q: (B, H, N_q, d), k and v:
 /// (B, H, N_k, d). Returns the output (B, H, N_q, d) and the weights (B, H, N_q, N_k) (before dropout).
 pub fn explicit_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
-    map: ScoreMap,
-    dropout: f64,
-    train: bool,
+    path: &ScorePath,
 ) -> (Tensor, Tensor) {
-    let mut scores = map.apply(q.matmul(&k.transpose(-2, -1)));
-    if let Some(bias) = bias {
-        scores += bias;
-    }
-    let weights = scores.softmax(-1, scores.kind());
-    let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };
-    (dropped.matmul(v), weights)
+    path.attend(&path.logits(q.matmul(&k.transpose(-2, -1)), bias), v)
 }
 
 /// Bahdanau's additive attention: softmax(wᵀ tanh(q_i + k_j) · scale + bias) v, one learned w (H, d) per head,
 /// written out (no kernel computes it). q: (B, H, N_q, d), k: (B, H, N_k, d), v: (B, H, N_k, d_v). Returns the
 /// output (B, H, N_q, d_v) and the weights (B, H, N_q, N_k) (before dropout). Its cost is N_q·N_k·d per head
 /// in memory as well as time, against the dot product's N_q·N_k.
-#[allow(clippy::too_many_arguments)]
 pub fn additive_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
-    map: ScoreMap,
-    dropout: f64,
-    train: bool,
+    path: &ScorePath,
 ) -> (Tensor, Tensor) {
     let (heads, d) = (w.size()[0], w.size()[1]);
     let hidden = (q.unsqueeze(3) + k.unsqueeze(2)).tanh(); // (B, H, N_q, N_k, d)
-    let mut scores = map.apply(hidden.matmul(&w.to_kind(q.kind()).view([1, heads, 1, d, 1])).squeeze_dim(-1));
-    if let Some(bias) = bias {
-        scores += bias;
-    }
-    let weights = scores.softmax(-1, scores.kind());
-    let dropped = if dropout > 0.0 { weights.dropout(dropout, train) } else { weights.shallow_clone() };
-    (dropped.matmul(v), weights)
+    let raw = hidden.matmul(&w.to_kind(q.kind()).view([1, heads, 1, d, 1])).squeeze_dim(-1);
+    path.attend(&path.logits(raw, bias), v)
 }
 
 /// (B, N, H·d) -> (B, H, N, d).
@@ -813,18 +865,19 @@ fn split_heads(t: &Tensor, heads: i64) -> Tensor {
     t.view([b, n, heads, width / heads]).transpose(1, 2)
 }
 
-/// The same maths through libtorch's fused kernel. `is_causal` asks the kernel for its own causal mask (square
-/// scores, no `bias`).
+/// The same maths through libtorch's fused kernel, for a [`ScorePath`] it can express
+/// ([`ScorePath::fused_cannot`]). `is_causal` asks the kernel for its own causal mask (square scores, no
+/// `bias`).
 pub fn fused_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     bias: Option<&Tensor>,
     is_causal: bool,
-    scale: f64,
-    dropout: f64,
+    path: &ScorePath,
 ) -> Tensor {
-    Tensor::scaled_dot_product_attention(q, k, v, bias, dropout, is_causal, Some(scale), false)
+    assert!(path.fused_cannot().is_none(), "the fused kernel cannot compute this path: {:?}", path.fused_cannot());
+    Tensor::scaled_dot_product_attention(q, k, v, bias, path.dropout_now(), is_causal, Some(path.map.scale), false)
 }
 
 /// Mean entropy (nats) of the attention rows and mean of each row's largest weight: how peaked the softmax is.

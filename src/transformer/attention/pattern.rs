@@ -17,6 +17,7 @@
 use tch::{Kind, Tensor};
 
 use super::relative::Relative;
+use super::ScorePath;
 use crate::transformer::spec::Pattern;
 
 /// Finite stand-in for −∞ in the sparse kernel's scores of `kind`: padded query rows have no valid key, and a
@@ -80,15 +81,13 @@ pub fn sliding_window_attention(q: &Tensor, k: &Tensor, v: &Tensor, pattern: &Pa
     windowed(q, k, v, pattern, rules, CHUNK_BYTES, true)
 }
 
-/// How a call scores and weighs keys beyond q·k: causality, the scale, the relative position scheme,
-/// attention dropout (applied when `train`) and the keys that are padding.
+/// How a call scores and weighs keys beyond q·k: causality, the one score-to-probability path (scale, soft
+/// cap, softmax, dropout: [`ScorePath`]), the relative position scheme and the keys that are padding.
 #[derive(Clone, Copy)]
 pub struct ScoreRules<'a> {
     pub causal: bool,
-    pub scale: f64,
+    pub path: ScorePath,
     pub relative: &'a Relative,
-    pub dropout: f64,
-    pub train: bool,
     /// (B, N) boolean, true where the key is a real token: no query sees a padding key other than itself
     /// (a padding query keeps its own position, so that no row of scores is empty; its output is discarded).
     pub key_padding: Option<&'a Tensor>,
@@ -126,12 +125,13 @@ fn windowed(
     chunk_bytes: i64,
     fused: bool,
 ) -> Tensor {
-    let ScoreRules { causal, scale, relative, dropout, train, key_padding } = *rules;
+    let ScoreRules { causal, path, relative, key_padding } = *rules;
     let (b, h, n, dh) = q.size4().unwrap();
     let globals = pattern.global_positions(n);
     let geometry = Blocks::new(pattern, n, causal);
-    if fused && globals.is_empty() && !relative.biases_scores() && !(train && dropout > 0.0) {
-        return windowed_fused(q, k, v, &geometry, scale, key_padding, chunk_bytes);
+    let dropping = path.train && path.dropout > 0.0;
+    if fused && globals.is_empty() && !relative.biases_scores() && !dropping && path.fused_cannot().is_none() {
+        return windowed_fused(q, k, v, &geometry, path.map.scale, key_padding, chunk_bytes);
     }
     let Blocks { w, d, m, blocks, m_pad, span, pad_right, .. } = geometry;
     let dv = v.size()[3];
@@ -178,17 +178,16 @@ fn windowed(
     let outs: Vec<Tensor> = (0..sizes.len())
         .map(|i| {
             let (qb, kb, vb) = (&q_chunks[i], &k_chunks[i], &v_chunks[i]);
-            let mut scores = qb.matmul(&kb.transpose(-1, -2)) * scale; // (B, H, d, cb, w, span·w)
-            if let Some(bias) = relative.score_bias(qb, &(&steps * d), causal, scale) {
-                scores += bias;
-            }
+            let bias = relative.score_bias(qb, &(&steps * d), causal, path.map.scale);
+            let scores = path.logits(qb.matmul(&kb.transpose(-1, -2)), bias.as_ref()); // (B, H, d, cb, w, span·w)
             let scores = scores.masked_fill(&invalid_chunks[i], masked(kind));
             match (&global_keys, &g_chunks) {
                 (Some((_, v_glob)), Some(g_chunks)) => {
-                    let joint = Tensor::cat(&[&scores, &g_chunks[i]], -1).softmax(-1, kind).dropout(dropout, train);
+                    // One softmax over the block's keys and the global keys together.
+                    let joint = path.dropped(&path.probabilities(&Tensor::cat(&[&scores, &g_chunks[i]], -1)));
                     joint.narrow(-1, 0, span * w).matmul(vb) + joint.narrow(-1, span * w, g).matmul(v_glob)
                 }
-                _ => scores.softmax(-1, kind).dropout(dropout, train).matmul(vb),
+                _ => path.attend(&scores, vb).0,
             }
         })
         .collect();
@@ -212,16 +211,14 @@ fn global_key_scores(
     geometry: &Blocks,
     rules: &ScoreRules,
 ) -> (Tensor, Tensor) {
-    let ScoreRules { causal, scale, relative, key_padding, .. } = *rules;
+    let ScoreRules { causal, path, relative, key_padding } = *rules;
     let (b, _, n, _) = q.size4().unwrap();
     let (w, d, g) = (geometry.w, geometry.d, g_idx.size()[0]);
     let (k_glob, v_glob) = (k.index_select(2, g_idx), v.index_select(2, g_idx)); // (B, H, g, dh)
-    let mut g_scores = q.matmul(&k_glob.transpose(-1, -2)) * scale; // (B, H, N, g)
     let i = Tensor::arange(n, (Kind::Int64, q.device())).view([n, 1]);
     let g_dist = &i - g_idx.view([1, g]); // (N, g)
-    if let Some(bias) = relative.score_bias(q, &g_dist, causal, scale) {
-        g_scores += bias;
-    }
+    let bias = relative.score_bias(q, &g_dist, causal, path.map.scale);
+    let g_scores = path.logits(q.matmul(&k_glob.transpose(-1, -2)), bias.as_ref()); // (B, H, N, g)
     let in_window = g_dist.abs().le(w * d).logical_and(&g_dist.remainder(d).eq(0));
     let mut g_ok = in_window.logical_not();
     if causal {
@@ -239,22 +236,20 @@ fn global_key_scores(
 /// The outputs (B, H, g, dv) of the global queries `g_idx`: each a dense row over every key (up to itself
 /// when causal, real keys only under padding).
 fn global_rows(q: &Tensor, k: &Tensor, v: &Tensor, g_idx: &Tensor, rules: &ScoreRules) -> Tensor {
-    let ScoreRules { causal, scale, relative, dropout, train, key_padding } = *rules;
+    let ScoreRules { causal, path, relative, key_padding } = *rules;
     let n = k.size()[2];
     let q_glob = q.index_select(2, g_idx);
-    let mut rows = q_glob.matmul(&k.transpose(-1, -2)) * scale; // (B, H, g, N)
     let j = Tensor::arange(n, (Kind::Int64, q.device())).view([1, n]);
     let row_dist = g_idx.view([-1, 1]) - j; // (g, N)
-    if let Some(bias) = relative.score_bias(&q_glob, &row_dist, causal, scale) {
-        rows += bias;
-    }
+    let bias = relative.score_bias(&q_glob, &row_dist, causal, path.map.scale);
+    let mut rows = path.logits(q_glob.matmul(&k.transpose(-1, -2)), bias.as_ref()); // (B, H, g, N)
     if causal {
         rows = rows.masked_fill(&row_dist.lt(0), masked(rows.kind()));
     }
     if let Some(real) = key_padding {
         rows = rows.masked_fill(&padding_of_rows(real, g_idx), masked(rows.kind()));
     }
-    rows.softmax(-1, q.kind()).dropout(dropout, train).matmul(v)
+    path.attend(&rows, v).0
 }
 
 /// How the kernel cuts a sequence of `n` positions. Positions are regrouped by residue mod the dilation
@@ -417,6 +412,7 @@ fn regroup_rows(t: &Tensor, n: i64, d: i64, m: i64, m_pad: i64) -> Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transformer::attention::ScoreMap;
     use crate::transformer::spec::{PositionEncoding, PositionSpec};
 
     #[test]
@@ -452,8 +448,12 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, n, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |fused| {
-                let rules =
-                    ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false, key_padding: None };
+                let rules = ScoreRules {
+                    causal,
+                    path: ScorePath::eval(ScoreMap::scaled(0.35)),
+                    relative: &rel,
+                    key_padding: None,
+                };
                 let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, fused);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
@@ -482,8 +482,12 @@ mod tests {
                 .map(|_| Tensor::randn([2, 2, 41, 8], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
                 .collect();
             let run = |chunk_bytes| {
-                let rules =
-                    ScoreRules { causal, scale: 0.35, relative: &rel, dropout: 0.0, train: false, key_padding: None };
+                let rules = ScoreRules {
+                    causal,
+                    path: ScorePath::eval(ScoreMap::scaled(0.35)),
+                    relative: &rel,
+                    key_padding: None,
+                };
                 let out = windowed(&inputs[0], &inputs[1], &inputs[2], &pattern, &rules, chunk_bytes, true);
                 let grads = Tensor::run_backward(&[(&out * &out).sum(Kind::Float)], &inputs, false, false);
                 (out, grads)
