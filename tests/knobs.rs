@@ -562,7 +562,7 @@ fn every_key_of_the_transformer_section_has_a_row_in_the_knob_matrix() {
 #[test]
 fn every_trainable_tensor_of_every_model_has_a_declared_role() {
     let _serial = common::serial();
-    // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` lists, by name; every other
+    // Muon and muP's per-layer rate act on the matrices `optim::HIDDEN_MATRICES` and the attention core's `ROLES` list, by name; every other
     // matrix must be listed in `optim::OTHER_MATRICES`, so that a weight added under a unit does not change
     // optimiser by where it happens to sit. Every kind, every row of the matrix.
     use ablate::train::optim::{declared_role, has_declared_role, is_hidden_matrix};

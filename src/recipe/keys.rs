@@ -202,32 +202,34 @@ pub fn refusals() -> Vec<Refusal> {
     out
 }
 
-/// The mechanisms researchers ablate after UDL's chapter, in the README's order: its mechanism table lists
-/// these keys with their values and the first sentence of their doc ([`mechanisms_markdown`]).
-pub const MECHANISMS_AFTER_UDL: &[&str] = &[
-    "transformer.attention.qk_norm",
-    "transformer.activation",
-    "transformer.attention.output_gate",
-    "transformer.attention.softcap",
-    "transformer.logit_softcap",
-    "transformer.output_init",
-    "transformer.parallel",
-    "transformer.value_residual",
-    "transformer.value_embeddings",
-    "transformer.unet_skips",
-    "transformer.attention.pattern.window_schedule",
-    "vision.registers",
-    "train.optimizer",
-    "transformer.parametrisation",
-];
+/// The mechanisms researchers ablate after UDL's chapter, in order: the schema's fields marked
+/// `#[schemars(extend("x-after-udl" = N))]` (N their place), so a new one is marked where it is declared.
+/// docs/knobs.md's mechanism table lists these keys with their values and the first sentence of their doc
+/// ([`mechanisms_markdown`]).
+pub fn mechanisms_after_udl() -> Vec<String> {
+    fn walk(prefix: &str, schema: &Value, out: &mut Vec<(i64, String)>) {
+        let Some(properties) = schema.get("properties").and_then(Value::as_object) else { return };
+        for (name, property) in properties {
+            let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+            if let Some(place) = property.get("x-after-udl").and_then(Value::as_i64) {
+                out.push((place, key.clone()));
+            }
+            walk(&key, without_null(property).0, out);
+        }
+    }
+    let mut marked = Vec::new();
+    walk("", &config_schema(), &mut marked);
+    marked.sort();
+    marked.into_iter().map(|(_, key)| key).collect()
+}
 
-/// docs/knobs.md's mechanism table: each key of [`MECHANISMS_AFTER_UDL`], its values and the first sentence
+/// docs/knobs.md's mechanism table: each key of [`mechanisms_after_udl`], its values and the first sentence
 /// of its doc comment (the key reference's text, so the two cannot differ).
 pub fn mechanisms_markdown() -> String {
     let all = reference();
     let mut out = String::from("| key | values | what it does |\n|---|---|---|\n");
-    for key in MECHANISMS_AFTER_UDL {
-        let doc = all.iter().find(|d| d.key == *key).unwrap_or_else(|| panic!("{key} is a key of the schema"));
+    for key in mechanisms_after_udl() {
+        let doc = all.iter().find(|d| d.key == key).unwrap_or_else(|| panic!("{key} is a key of the schema"));
         out.push_str(&format!("| `{key}` | {} | {} |\n", cell(&doc.kind_of_value), cell(first_sentence(&doc.doc))));
     }
     out

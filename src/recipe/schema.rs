@@ -291,6 +291,7 @@ pub struct TransformerConfig {
     /// The FFN's nonlinearity: `relu`, `gelu`, `relu2` (squared ReLU, Primer's), or a gated unit
     /// `W2 (act(W1 x) ⊙ W3 x)`: `swiglu` (SiLU, LLaMA's) or `geglu` (GELU). A gated FFN has a third matrix, so
     /// its default hidden size is round(8·D/3) instead of 4·D: the same parameter count (2/3 of 4·D, as LLaMA).
+    #[schemars(extend("x-after-udl" = 2))]
     pub activation: Activation,
     /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
     pub pre_ln: bool,
@@ -322,31 +323,38 @@ pub struct TransformerConfig {
     /// Cap the output logits smoothly at ±cap, `cap · tanh(z / cap)` (Gemma 2 uses 30; `null`: no cap).
     /// Every model's output layer: the vocabulary (lm, image_gpt, translate, BERT's MLM) and the heads of
     /// classifiers and BERT's fine-tuning tasks.
+    #[schemars(extend("x-after-udl" = 5))]
     pub logit_softcap: Option<f64>,
     /// How the projections that write into the residual stream (attention's output, the FFN's second layer)
     /// start: `model` (GPT-2's N(0, 0.02/√(2·layers)) in the decoders lm and image_gpt, N(0, 0.02)
     /// elsewhere), `normal` (N(0, 0.02)), `scaled` (GPT-2's everywhere), `zero` (modded-nanogpt's: every
     /// block starts as the identity).
+    #[schemars(extend("x-after-udl" = 6))]
     pub output_init: OutputInit,
     /// Parallel blocks (GPT-J, PaLM): `x + attn(norm x) + ffn(norm x)`, one norm and one residual addition
     /// per layer instead of two in sequence. Needs pre-LN.
+    #[schemars(extend("x-after-udl" = 7))]
     pub parallel: bool,
     /// Value residual learning (Zhou et al. 2024, "ResFormer"): the self-attention values of every layer after
     /// the first become `λ₁·v + λ₂·v₁`, v₁ the first layer's values, (λ₁, λ₂) learned per layer from (½, ½).
+    #[schemars(extend("x-after-udl" = 8))]
     pub value_residual: bool,
     /// Value embeddings (modded-nanogpt): N token-indexed tables of the values' width; table j is mixed into
     /// the self-attention values of layer j and of layer L−N+j (the first and the last N layers, the speedrun's
     /// U shape) as `μ₁·v + μ₂·e_j[token]`, (μ₁, μ₂) learned per layer from (½, ½). 0: none. Needs 2N ≤ layers
     /// in each stack and token ids: the models over text, ImageGPT's pixels and seq_classify's sequences.
+    #[schemars(extend("x-after-udl" = 9))]
     pub value_embeddings: i64,
     /// U-net skips (modded-nanogpt): the output of layer i < L/2 is added, times a learned scalar starting at
     /// 1, to the input of layer L−1−i (the middle layer of an odd stack gets none).
+    #[schemars(extend("x-after-udl" = 10))]
     pub unet_skips: bool,
     /// `standard`, or `mup` (Tensor Programs V, relative to `mup_base_width`, m = d_model / base): the
     /// blocks' matrices start at std 0.02/√m and learn at lr/m (AdamW and Muon alike: with its step matched
     /// to AdamW's RMS, Muon's update scales as Adam's), the LM head's logits are multiplied by 1/m, and the
     /// scores by √(d_head/m)/d_head (1/d_head scaling, equal to 1/√d_head at the base width). Embeddings,
     /// norms and biases keep their init and rate. At the base width the model is the standard one. Kind lm.
+    #[schemars(extend("x-after-udl" = 14))]
     pub parametrisation: Parametrisation,
     /// muP's base width: the d_model at which the muP model equals the standard one (where a learning rate
     /// is tuned before it is carried to other widths).
@@ -483,14 +491,17 @@ pub struct AttentionConfig {
     /// QK-norm: each head's queries and keys normalised over their qk_dim features before the scores
     /// (`rms_norm` or `layer_norm`, one learned gain (and bias) for queries and one for keys, shared by the
     /// heads; Dehghani et al. 2023, OLMo 2). It comes before RoPE's rotation, which preserves the norm.
+    #[schemars(extend("x-after-udl" = 1))]
     pub qk_norm: QkNorm,
     /// Cap the scores smoothly at ±cap, `cap · tanh(s / cap)`, after the scale and before masks and position
     /// biases (Gemma 2 uses 50; `null`: no cap). Written out: `implementation` must be `auto` or `explicit`.
+    #[schemars(extend("x-after-udl" = 4))]
     pub softcap: Option<f64>,
     /// Gated attention (Qiu et al. 2025): each head's output times σ(X W_g + b_g) before the heads are mixed,
     /// X the unit's query input (the block's input to attention; the decoder's stream in cross-attention):
     /// `headwise`, one gate per head and token (W_g: D × H), or `elementwise`, one per output feature and
     /// token (W_g: D × H·head_dim); `none`. W_g starts at N(0, 0.02) and b_g at 0, so every gate starts near ½.
+    #[schemars(extend("x-after-udl" = 3))]
     pub output_gate: OutputGate,
     /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
     /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
@@ -553,6 +564,7 @@ pub struct PatternConfig {
     /// for every evaluation after training, `window` above. E.g. `window: 32` with `[[200, 8], [400, 16]]`:
     /// 8 until step 200, 16 until 400, then 32. The window in force is recorded as the curve `train/window`.
     /// Steps are the run's own (a tuning rung's shorter runs keep them as written).
+    #[schemars(extend("x-after-udl" = 11))]
     pub window_schedule: Vec<[i64; 2]>,
 }
 
@@ -753,6 +765,7 @@ pub struct VisionConfig {
     /// beside the patches that attend to all and are attended by all, carry no position, and are dropped at
     /// the output (the same path as `transformer.attention.pattern.global_tokens`, added to them). Every
     /// ViT run records `test_token_norm_ratio`, the high-norm artefact they remove.
+    #[schemars(extend("x-after-udl" = 12))]
     pub registers: i64,
 }
 
@@ -1119,6 +1132,7 @@ pub struct TrainConfig {
     /// `adamw`, or `muon`: the attention and FFN matrices of every block take Muon's orthogonalised momentum
     /// (`torch.optim.Muon`'s update, its step scaled by 0.2·√max(rows, cols) to AdamW's RMS so that `lr`
     /// serves both; decoupled decay `weight_decay`), everything else AdamW. See docs/internals.md.
+    #[schemars(extend("x-after-udl" = 13))]
     pub optimizer: Optimizer,
     /// Muon's momentum μ (Nesterov); read with `optimizer: muon`.
     pub muon_momentum: f64,

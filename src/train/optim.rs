@@ -9,7 +9,7 @@
 //! against AdamW's update written out by hand.
 //!
 //! With `train.optimizer: muon` the hidden layers' matrices (the self- and cross-attention projections, the
-//! output gate and the FFN's matrices of every block, listed by name in [`HIDDEN_MATRICES`]) take Muon's update instead (Jordan et al. 2024, as `torch.optim.Muon` in
+//! output gate and the FFN's matrices of every block, listed by name in [`HIDDEN_MATRICES`] and the attention core's `ROLES`) take Muon's update instead (Jordan et al. 2024, as `torch.optim.Muon` in
 //! torch 2.11 computes it): Nesterov momentum orthogonalised by five Newton–Schulz iterations, the step scaled
 //! by 0.2·√max(rows, cols) so that its RMS matches AdamW's and one learning rate serves both (Moonshot's
 //! `match_rms_adamw`), decoupled weight decay lr·λ. Everything else (embeddings, position tables, output
@@ -44,13 +44,7 @@ impl Default for Muon {
 /// `tests/knobs.rs: every_trainable_tensor_of_every_model_has_a_declared_role` fails until its author has
 /// put it here or in [`OTHER_MATRICES`].
 pub const HIDDEN_MATRICES: &[&str] = &[
-    // Self- and cross-attention: the stacked Q/K/V projection, the output projection, the output gate's W_g.
-    "attn.qkv.weight",
-    "attn.out.weight",
-    "attn.output_gate.weight",
-    "cross.qkv.weight",
-    "cross.out.weight",
-    "cross.output_gate.weight",
+    // Self- and cross-attention's are declared by the attention core (`transformer::attention::ROLES`).
     // The FFN (`ffn` in the stacks, timm's `mlp` in Swin and DaViT blocks): W1, a gated unit's W3, W2.
     "ffn.up.weight",
     "ffn.gate.weight",
@@ -81,11 +75,6 @@ pub const OTHER_MATRICES: &[&str] = &[
     "pos_embed.table",
     "global_tokens",
     "downsample.reduction.weight",
-    "attn.score_vector",
-    "attn.shaw_keys",
-    "attn.t5_bias",
-    "attn.relative_position_bias_table",
-    "cross.score_vector",
 ];
 
 /// The trainable vectors (and scalars), by the end of their path: AdamW at the base rate, without weight
@@ -107,14 +96,10 @@ pub const VECTORS: &[&str] = &[
     "embedding_norm.weight",
     "encoder_norm.weight",
     "decoder_norm.weight",
-    "q_norm.weight",
-    "k_norm.weight",
     "stem_norm.weight",
     "patch_norm.weight",
     "downsample_norm.weight",
-    // Learned mixing weights: value residuals' λ, value embeddings' μ, U-net skips' weight.
-    "value_mix",
-    "embedding_mix",
+    // U-net skips' learned weight (the attention unit's own vectors are in `transformer::attention::ROLES`).
     "skip_weight",
 ];
 
@@ -137,12 +122,13 @@ pub enum Declared {
 
 /// The declared role of the tensor named `name` of shape `size`; `None` when no list declares it.
 pub fn declared_role(name: &str, size: &[i64]) -> Option<Declared> {
-    let listed = |list: &[&str]| list.iter().any(|p| path_ends_with(name, p));
+    let listed = |list: &[&str], core: &[&str]| list.iter().chain(core).any(|p| path_ends_with(name, p));
+    let core = &crate::transformer::attention::ROLES;
     match size.len() {
-        2 if listed(HIDDEN_MATRICES) => Some(Declared::Hidden),
-        2 if listed(OTHER_MATRICES) => Some(Declared::Decayed),
-        3 | 4 if listed(OTHER_DECAYED) => Some(Declared::Decayed),
-        0 | 1 if listed(VECTORS) => Some(Declared::Vector),
+        2 if listed(HIDDEN_MATRICES, core.hidden_matrices) => Some(Declared::Hidden),
+        2 if listed(OTHER_MATRICES, core.other_matrices) => Some(Declared::Decayed),
+        3 | 4 if listed(OTHER_DECAYED, &[]) => Some(Declared::Decayed),
+        0 | 1 if listed(VECTORS, core.vectors) => Some(Declared::Vector),
         _ => None,
     }
 }
@@ -157,12 +143,18 @@ fn path_ends_with(name: &str, pattern: &str) -> bool {
 /// Whether the parameter named `name` (a var-store path such as `layers.0.attn.qkv.weight`) of shape `size`
 /// is a hidden layer's matrix ([`HIDDEN_MATRICES`]), which Muon updates.
 pub fn is_hidden_matrix(name: &str, size: &[i64]) -> bool {
-    size.len() == 2 && HIDDEN_MATRICES.iter().any(|p| path_ends_with(name, p))
+    declared_role(name, size) == Some(Declared::Hidden)
 }
 
 /// Whether a matrix named `name` has a declared role: listed in [`HIDDEN_MATRICES`] or [`OTHER_MATRICES`].
 pub fn has_declared_role(name: &str) -> bool {
-    HIDDEN_MATRICES.iter().chain(OTHER_MATRICES).any(|p| path_ends_with(name, p))
+    let core = &crate::transformer::attention::ROLES;
+    HIDDEN_MATRICES
+        .iter()
+        .chain(OTHER_MATRICES)
+        .chain(core.hidden_matrices)
+        .chain(core.other_matrices)
+        .any(|p| path_ends_with(name, p))
 }
 
 /// Newton–Schulz orthogonalisation of `g` as `torch.optim.Muon` computes it: in bfloat16, on the wide

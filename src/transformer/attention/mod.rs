@@ -102,6 +102,40 @@ fn count(path: usize) {
     });
 }
 
+/// The optimiser roles of the trainable tensors a unit's path lists, by the end of their var-store path.
+/// `train::optim` reads them beside its own lists: what a tensor is for is declared where it is created.
+pub struct Roles {
+    /// Hidden matrices: Muon's update under `optimizer: muon`, muP's per-layer rate, weight decay.
+    pub hidden_matrices: &'static [&'static str],
+    /// Other matrices: AdamW at the base rate, weight decay.
+    pub other_matrices: &'static [&'static str],
+    /// Vectors and scalars: AdamW at the base rate, no weight decay.
+    pub vectors: &'static [&'static str],
+}
+
+/// The roles of every tensor the attention unit creates (self-attention under `attn`, cross-attention under
+/// `cross`): its projections, the output gate's W_g, the additive score vectors and relative position tables,
+/// QK-norm's gains and the learned mixing weights of value residuals and value embeddings (biases are every
+/// module's vectors, in `train::optim::VECTORS`).
+pub const ROLES: Roles = Roles {
+    hidden_matrices: &[
+        "attn.qkv.weight",
+        "attn.out.weight",
+        "attn.output_gate.weight",
+        "cross.qkv.weight",
+        "cross.out.weight",
+        "cross.output_gate.weight",
+    ],
+    other_matrices: &[
+        "attn.score_vector",
+        "attn.shaw_keys",
+        "attn.t5_bias",
+        "attn.relative_position_bias_table",
+        "cross.score_vector",
+    ],
+    vectors: &["q_norm.weight", "k_norm.weight", "value_mix", "embedding_mix"],
+};
+
 /// What restricts which keys a query may attend to, besides the layer's own pattern. Every part becomes an
 /// additive bias on the scores.
 #[derive(Default)]
