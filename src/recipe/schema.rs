@@ -494,7 +494,8 @@ pub struct AttentionConfig {
     #[schemars(extend("x-after-udl" = 1))]
     pub qk_norm: QkNorm,
     /// Cap the scores smoothly at ±cap, `cap · tanh(s / cap)`, after the scale and before masks and position
-    /// biases (Gemma 2 uses 50; `null`: no cap). Written out: `implementation` must be `auto` or `explicit`.
+    /// biases (Gemma 2 uses 50; `null`: no cap). The fused kernel cannot compute it: `implementation` must be
+    /// `auto`, `explicit` or `sparse` (whose blocks take it through the one score path).
     #[schemars(extend("x-after-udl" = 4))]
     pub softcap: Option<f64>,
     /// Gated attention (Qiu et al. 2025): each head's output times σ(X W_g + b_g) before the heads are mixed,
