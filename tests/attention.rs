@@ -367,3 +367,48 @@ fn the_output_gate_scales_each_heads_output_by_a_sigmoid_of_the_query_input() {
         assert!(max_abs_diff(&got, &expected) < 1e-4, "{gate:?}: gated output differs from σ(XW_g + b_g) ⊙ heads");
     }
 }
+
+#[test]
+fn differential_attention_is_the_difference_of_two_softmax_maps_written_out() {
+    let _serial = common::serial();
+    // Ye et al. 2024, eqs. (1)–(3): each head's queries and keys in halves (Q₁, Q₂), (K₁, K₂) of d = qk_dim/2;
+    // A = softmax(Q₁K₁ᵀ/√d) − λ·softmax(Q₂K₂ᵀ/√d), λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, λ_init =
+    // 0.8 − 0.6·exp(−0.3·depth); the head's output RMSNorm(A V)·(1 − λ_init); then the output projection.
+    // Written out here from the unit's own weights, causal, at depth 3; the weights it returns are A, whose
+    // rows sum to 1 − λ.
+    let (d, heads, n, batch) = (16, 2, 6, 2);
+    let spec = AttentionSpec {
+        differential: Some(3),
+        implementation: Implementation::Explicit,
+        ..AttentionSpec::standard(d, heads)
+    };
+    let (vs, unit) = mha_with(d, spec);
+    let x = Tensor::randn([batch, n, d], (Kind::Float, Device::Cpu));
+    let attended = unit.self_attend(&x, &Mask::causal(), None, false, true);
+    let vars = vs.variables();
+    let qkv = x.linear(&vars["qkv.weight"], Some(&vars["qkv.bias"]));
+    let per_head = |i: i64| qkv.narrow(-1, i * d, d).view([batch, n, heads, d / heads]).transpose(1, 2);
+    let (q, k, v) = (per_head(0), per_head(1), per_head(2));
+    let half = d / heads / 2;
+    let lambda_init = 0.8 - 0.6 * (-0.9f64).exp();
+    let l = vars["diff_lambda"].view([4, half]);
+    let dot = |a: i64, b: i64| (l.get(a) * l.get(b)).sum(Kind::Float).exp().double_value(&[]);
+    let lambda = dot(0, 1) - dot(2, 3) + lambda_init;
+    let hidden = Tensor::ones([n, n], (Kind::Bool, Device::Cpu)).triu(1);
+    let map = |i: i64| {
+        let scores = q.narrow(-1, i * half, half).matmul(&k.narrow(-1, i * half, half).transpose(-2, -1));
+        (scores / (half as f64).sqrt()).masked_fill(&hidden, f64::NEG_INFINITY).softmax(-1, Kind::Float)
+    };
+    let a = map(0) - map(1) * lambda;
+    let heads_out = a.matmul(&v);
+    let rms = (heads_out.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float) + 1e-5).sqrt();
+    let normed = &heads_out / rms * &vars["diff_norm.weight"] * (1.0 - lambda_init);
+    let by_hand = normed.transpose(1, 2).reshape([batch, n, d]).linear(&vars["out.weight"], Some(&vars["out.bias"]));
+    assert!(max_abs_diff(&attended.output, &by_hand) < 1e-5, "the unit is not the written-out differential attention");
+    let weights = attended.weights.expect("asked for");
+    assert!(max_abs_diff(&weights, &a) < 1e-6, "the weights are not A₁ − λ·A₂");
+    let rows = weights.sum_dim_intlist(-1, false, Kind::Float);
+    assert!(max_abs_diff(&rows, &rows.full_like(1.0 - lambda)) < 1e-5, "a row does not sum to 1 − λ");
+    // The two maps differ (λ is not zero and the halves are not equal), so the difference is no softmax.
+    assert!(lambda.abs() > 0.05 && max_abs_diff(&map(0), &map(1)) > 1e-3);
+}

@@ -98,6 +98,7 @@ const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.attention.pattern.window_schedule", Some("[[4, 1]]"), "transformer.attention.pattern.window: 2"),
     ("transformer.attention.output_gate", Some("headwise"), ""),
     ("transformer.attention.output_gate", Some("elementwise"), ""),
+    ("transformer.attention.differential", Some("true"), ""),
     // muP: with the same weights, the readout multiplier (base/width) and 1/d_head attention scores act.
     ("transformer.parametrisation", Some("mup"), ""),
     ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),
@@ -191,6 +192,8 @@ const REFUSED: &[(Kind, &str, &str)] = &[
     (Kind::Davit, "transformer.mup_base_width", ""),
     (Kind::ImageGpt, "transformer.mup_base_width", ""),
     (Kind::SeqClassify, "transformer.mup_base_width", ""),
+    // DaViT's channel blocks score over tokens: no halves of q and k to difference.
+    (Kind::Davit, "transformer.attention.differential", ""),
 ];
 
 fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {

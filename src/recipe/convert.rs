@@ -71,6 +71,7 @@ impl Config {
                 qk_norm: a.qk_norm,
                 softcap: a.softcap,
                 output_gate: a.output_gate,
+                differential: a.differential.then_some(0),
                 init_std: 0.02 / t.mup_width_mult().unwrap_or(1.0).sqrt(),
             },
             position: t.position.spec(t.pe),

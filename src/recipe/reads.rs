@@ -136,6 +136,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.attention.qk_norm" => t.attention.qk_norm == crate::recipe::QkNorm::None,
         "transformer.attention.softcap" => t.attention.softcap.is_none(),
         "transformer.attention.output_gate" => t.attention.output_gate == crate::recipe::OutputGate::None,
+        "transformer.attention.differential" => !t.attention.differential,
         "transformer.logit_softcap" => t.logit_softcap.is_none(),
         "transformer.output_init" => t.output_init == crate::recipe::OutputInit::Model,
         "transformer.parallel" => !t.parallel,
@@ -161,6 +162,13 @@ fn transformer_key(cfg: &Config, key: &str, pe: PositionEncoding) -> Option<Stri
         {
             Some("shapes spatial attention; DaViT's channel blocks swap the roles of q, k and v and keep the plain shape, and vision.attention_types has no spatial block".into())
         }
+        "attention.differential" if kind == Kind::Davit && cfg.vision().attention_types.contains(&BlockKind::Channel) => {
+            Some("DaViT's channel blocks swap the roles of q, k and v (their scores run over tokens, with no halves of q and k to difference), and vision.attention_types has a channel block".into())
+        }
+        "attention.differential" if t.qk_dim() % 2 != 0 => Some(format!(
+            "splits each head's queries and keys into two halves, and transformer.attention.qk_dim is {}, odd",
+            t.qk_dim()
+        )),
         "scale_embeddings" if kind.is_hierarchical() => Some(format!(
             "kind {kind} normalises its patch embedding (LayerNorm) before anything else, which cancels a scale"
         )),

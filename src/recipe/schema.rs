@@ -504,6 +504,17 @@ pub struct AttentionConfig {
     /// token (W_g: D × H·head_dim); `none`. W_g starts at N(0, 0.02) and b_g at 0, so every gate starts near ½.
     #[schemars(extend("x-after-udl" = 3))]
     pub output_gate: OutputGate,
+    /// Differential attention (Ye et al. 2024): each head's queries and keys are split into two halves that
+    /// make two softmax maps over the head's values, and the head attends with their difference,
+    /// `(softmax(Q₁K₁ᵀ·s) − λ·softmax(Q₂K₂ᵀ·s)) V` with s = 1/√(qk_dim/2); λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) +
+    /// λ_init is learned per layer (four vectors of qk_dim/2, from N(0, 0.1²)), λ_init = 0.8 − 0.6·exp(−0.3·l)
+    /// at depth l (from 0 in the stacks; Swin's blocks, built outside them, all take l = 0), and each head's
+    /// output is RMS-normalised (one learned gain) and scaled by 1 − λ_init. QK-norm, RoPE and relative
+    /// positions act on each half; the weighted sum of values runs once per map (counted in FLOPs). Heads
+    /// and widths stay the run's own (the paper halves the heads to match a baseline's parameters: set
+    /// `heads` for that). Needs an even qk_dim.
+    #[schemars(extend("x-after-udl" = 15))]
+    pub differential: bool,
     /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
     /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
     /// depth, `[{window: 4}, {window: 4, dilation: 5}]`. Global tokens stay the stack's (`pattern.global_tokens`).
@@ -543,6 +554,7 @@ impl Default for AttentionConfig {
             qk_norm: QkNorm::None,
             softcap: None,
             output_gate: OutputGate::None,
+            differential: false,
         }
     }
 }

@@ -368,6 +368,11 @@ pub struct AttentionSpec {
     pub softcap: Option<f64>,
     /// A sigmoid gate on the heads' outputs, computed from the unit's query input.
     pub output_gate: OutputGate,
+    /// Differential attention (Ye et al. 2024): each head's queries and keys split into two halves that make
+    /// two softmax maps over the same values, `(softmax₁ − λ·softmax₂) V`, λ learned, the difference
+    /// RMS-normalised per head and scaled by 1 − λ_init. `None`: off; `Some(depth)`: on, in the layer at
+    /// `depth` (0-based, set by [`TransformerSpec::for_layer`]), where λ_init = 0.8 − 0.6·exp(−0.3·depth).
+    pub differential: Option<i64>,
     /// The Q/K/V projection's initial std (0.02; smaller under muP at widths above the base).
     pub init_std: f64,
 }
@@ -389,6 +394,7 @@ impl AttentionSpec {
             qk_norm: QkNorm::None,
             softcap: None,
             output_gate: OutputGate::None,
+            differential: None,
             init_std: 0.02,
         }
     }
@@ -420,9 +426,30 @@ impl AttentionSpec {
     }
 
     /// Multiply-accumulates per query–key pair: the score (q·k, or the additive score's wᵀ tanh(q + k), over
-    /// `qk_dim` per head) and the pair's share of the weighted sum of values.
+    /// `qk_dim` per head: two maps of half the width under differential attention) and the pair's share of
+    /// the weighted sum of values (once per map).
     pub fn pair_macs(&self) -> i64 {
-        self.heads * self.qk_dim + self.inner()
+        self.heads * self.qk_dim + self.maps() * self.inner()
+    }
+
+    /// The softmax maps each head computes: two under differential attention, else one.
+    pub fn maps(&self) -> i64 {
+        if self.differential.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The width of each dot product (each map's queries and keys): `qk_dim`, split in two halves under
+    /// differential attention. The score scale, QK-norm and relative position schemes act at this width.
+    pub fn score_dim(&self) -> i64 {
+        self.qk_dim / self.maps()
+    }
+
+    /// Differential attention's λ_init at this layer's depth (Ye et al. 2024, §2.1); `None` when off.
+    pub fn lambda_init(&self) -> Option<f64> {
+        self.differential.map(|depth| 0.8 - 0.6 * (-0.3 * depth as f64).exp())
     }
 
     /// Ordinary multi-head attention: as many key/value heads as query heads, all of one width, dot scores.
@@ -515,11 +542,14 @@ impl TransformerSpec {
         }
     }
 
-    /// Layer i's settings: its own pattern where `layer_patterns` gives one.
+    /// Layer i's settings: its own pattern where `layer_patterns` gives one, its depth under differential attention.
     pub fn for_layer(&self, i: i64) -> TransformerSpec {
         let mut s = self.clone();
         if !self.layer_patterns.is_empty() {
             s.attention.pattern = self.layer_patterns[(i as usize) % self.layer_patterns.len()].clone();
+        }
+        if s.attention.differential.is_some() {
+            s.attention.differential = Some(i);
         }
         s
     }

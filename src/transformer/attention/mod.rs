@@ -133,7 +133,7 @@ pub const ROLES: Roles = Roles {
         "attn.relative_position_bias_table",
         "cross.score_vector",
     ],
-    vectors: &["q_norm.weight", "k_norm.weight", "value_mix", "embedding_mix"],
+    vectors: &["q_norm.weight", "k_norm.weight", "value_mix", "embedding_mix", "diff_lambda", "diff_norm.weight"],
 };
 
 /// What restricts which keys a query may attend to, besides the layer's own pattern. Every part becomes an
@@ -217,6 +217,66 @@ pub struct MultiHeadAttention {
     head_mask: std::sync::Mutex<Option<Tensor>>,
     /// Gated attention's W_g and b_g (D → H or H·head_dim), when the heads' outputs are gated.
     output_gate: Option<(OutputGate, nn::Linear)>,
+    /// Differential attention's λ and per-head norm, when each head computes two maps.
+    differential: Option<Differential>,
+}
+
+/// Differential attention (Ye et al. 2024): a head's queries and keys are two halves (sub-heads 2h and
+/// 2h + 1 of the split projections) that make two softmax maps over the head's values; the head's output is
+/// `RMSNorm((A₁ − λ A₂) V) · (1 − λ_init)`, with λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init learned per layer.
+/// Each map goes through the whole of `weigh` (every kernel, mask, bias and the one score path), so it acts
+/// on every implementation and on cached decoding alike.
+#[derive(Debug)]
+struct Differential {
+    /// λ_q1, λ_k1, λ_q2, λ_k2 end to end: 4·score_dim values, from N(0, 0.1²) as the paper's code starts
+    /// them. One vector (AdamW, no weight decay, as every vector's role).
+    lambda: Tensor,
+    lambda_init: f64,
+    /// The per-head normalisation of the difference (RMSNorm over head_dim, one learned gain shared by the
+    /// heads).
+    norm: NormLayer,
+}
+
+impl Differential {
+    fn new(vs: &nn::Path, spec: &AttentionSpec) -> Option<Self> {
+        let lambda_init = spec.lambda_init()?;
+        let lambda = vs.var("diff_lambda", &[4 * spec.score_dim()], nn::Init::Randn { mean: 0.0, stdev: 0.1 });
+        let norm = NormLayer::new(vs / "diff_norm", spec.head_dim, Norm::RmsNorm, 1e-5).expect("a norm");
+        Some(Self { lambda, lambda_init, norm })
+    }
+
+    /// How many learned values [`Differential::new`] creates.
+    fn parameters(spec: &AttentionSpec) -> i64 {
+        match spec.differential {
+            Some(_) => 4 * spec.score_dim() + NormLayer::parameters(spec.head_dim, Norm::RmsNorm),
+            None => 0,
+        }
+    }
+
+    /// λ as a scalar tensor of `kind`, computed in single precision.
+    fn lambda(&self, kind: Kind) -> Tensor {
+        let l = self.lambda.to_kind(Kind::Float).view([4, -1]);
+        let dot = |a: i64, b: i64| (l.get(a) * l.get(b)).sum(Kind::Float).exp();
+        (dot(0, 1) - dot(2, 3) + self.lambda_init).to_kind(kind)
+    }
+
+    /// Sub-heads `half` (0 or 1) of per-map tensors (B, 2·H, N, d): (B, H, N, d).
+    fn half(t: &Tensor, half: i64) -> Tensor {
+        let (b, sub, n, d) = t.size4().unwrap();
+        t.view([b, sub / 2, 2, n, d]).select(2, half)
+    }
+
+    /// The heads' outputs (B, H, N, head_dim) from the two maps' outputs, and the weights A₁ − λ A₂ when both
+    /// maps gave theirs.
+    fn combine(&self, first: (Tensor, Option<Tensor>), second: (Tensor, Option<Tensor>)) -> (Tensor, Option<Tensor>) {
+        let lambda = self.lambda(first.0.kind());
+        let out = self.norm.forward(&(first.0 - &lambda * second.0), false) * (1.0 - self.lambda_init);
+        let weights = match (first.1, second.1) {
+            (Some(a), Some(b)) => Some(a - &lambda * b),
+            _ => None,
+        };
+        (out, weights)
+    }
 }
 
 /// What a self-attention unit mixes into its own values, when it was built to: the first layer's values
@@ -342,17 +402,20 @@ impl MultiHeadAttention {
             bs_init: Some(nn::Init::Const(0.0)),
             bias: spec.bias,
         };
+        assert!(spec.qk_dim % spec.maps() == 0, "differential attention splits qk_dim into two halves");
+        // Scores, QK-norm, the additive vectors and relative positions act at each map's width.
+        let score_dim = spec.score_dim();
         let qk_norm = match spec.qk_norm {
             QkNorm::None => None,
             kind => {
                 let norm = if kind == QkNorm::RmsNorm { Norm::RmsNorm } else { Norm::LayerNorm };
-                let make = |name: &str| NormLayer::new(&vs / name, spec.qk_dim, norm, 1e-5).expect("a norm");
+                let make = |name: &str| NormLayer::new(&vs / name, score_dim, norm, 1e-5).expect("a norm");
                 Some((make("q_norm"), make("k_norm")))
             }
         };
         let additive = (spec.scoring == Scoring::Additive).then(|| {
-            let stdev = 1.0 / (spec.qk_dim as f64).sqrt();
-            vs.var("score_vector", &[spec.heads, spec.qk_dim], nn::Init::Randn { mean: 0.0, stdev })
+            let stdev = 1.0 / (score_dim as f64).sqrt();
+            vs.var("score_vector", &[spec.heads, score_dim], nn::Init::Randn { mean: 0.0, stdev })
         });
         Self {
             qkv: nn::linear(&vs / "qkv", d_model, spec.projection_widths().iter().sum(), lin(spec.init_std)),
@@ -364,11 +427,11 @@ impl MultiHeadAttention {
             head_dim: spec.head_dim,
             additive,
             qk_norm,
-            scores: ScoreMap { scale: spec.scale.factor(spec.qk_dim), softcap: spec.softcap },
+            scores: ScoreMap { scale: spec.scale.factor(score_dim), softcap: spec.softcap },
             implementation: spec.implementation,
             dropout: spec.dropout,
             pattern: spec.pattern.clone(),
-            relative: Relative::new(&vs, position, spec.heads, spec.qk_dim, grid),
+            relative: Relative::new(&vs, position, spec.heads, score_dim, grid),
             head_mask: std::sync::Mutex::new(None),
             value_mix: None,
             embedding_mix: None,
@@ -376,6 +439,7 @@ impl MultiHeadAttention {
                 let config = nn::LinearConfig { bias: true, ..lin(spec.init_std) };
                 (spec.output_gate, nn::linear(&vs / "output_gate", d_model, width, config))
             }),
+            differential: Differential::new(&vs, spec),
         }
     }
 
@@ -387,14 +451,16 @@ impl MultiHeadAttention {
         let bias = i64::from(spec.bias);
         let qkv: i64 = spec.projection_widths().iter().sum();
         let projections = (d_model + bias) * qkv + (spec.inner() + bias) * d_model;
+        let score_dim = spec.score_dim();
         let qk_norm = match spec.qk_norm {
             QkNorm::None => 0,
-            QkNorm::RmsNorm => 2 * NormLayer::parameters(spec.qk_dim, Norm::RmsNorm),
-            QkNorm::LayerNorm => 2 * NormLayer::parameters(spec.qk_dim, Norm::LayerNorm),
+            QkNorm::RmsNorm => 2 * NormLayer::parameters(score_dim, Norm::RmsNorm),
+            QkNorm::LayerNorm => 2 * NormLayer::parameters(score_dim, Norm::LayerNorm),
         };
-        let additive = if spec.scoring == Scoring::Additive { spec.heads * spec.qk_dim } else { 0 };
+        let additive = if spec.scoring == Scoring::Additive { spec.heads * score_dim } else { 0 };
         let gate = spec.output_gate_width().map_or(0, |w| (d_model + 1) * w);
-        projections + qk_norm + additive + gate + Relative::parameters(position, spec.heads, spec.qk_dim, grid)
+        let relative = Relative::parameters(position, spec.heads, score_dim, grid);
+        projections + qk_norm + additive + gate + relative + Differential::parameters(spec)
     }
 
     /// [`Self::parameters`] of [`Self::plain`].
@@ -537,18 +603,29 @@ impl MultiHeadAttention {
         (self.split_queries(q), self.split_keys(k), split_heads(v, self.kv_heads))
     }
 
-    /// Per-head queries (B, H, N, qk_dim), normalised under QK-norm.
+    /// The softmax maps per head: two under differential attention.
+    fn maps(&self) -> i64 {
+        if self.differential.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Per-head queries (B, H, N, qk_dim), normalised under QK-norm; under differential attention each head's
+    /// two halves are sub-heads 2h and 2h + 1, (B, 2·H, N, qk_dim / 2).
     fn split_queries(&self, q: &Tensor) -> Tensor {
-        let q = split_heads(q, self.heads);
+        let q = split_heads(q, self.heads * self.maps());
         match &self.qk_norm {
             Some((norm, _)) => norm.forward(&q, false),
             None => q,
         }
     }
 
-    /// Per-head keys (B, H_kv, N, qk_dim), normalised under QK-norm.
+    /// Per-head keys (B, H_kv, N, qk_dim), normalised under QK-norm; halves as sub-heads under differential
+    /// attention, as [`Self::split_queries`].
     fn split_keys(&self, k: &Tensor) -> Tensor {
-        let k = split_heads(k, self.kv_heads);
+        let k = split_heads(k, self.kv_heads * self.maps());
         match &self.qk_norm {
             Some((_, norm)) => norm.forward(&k, false),
             None => k,
@@ -588,7 +665,10 @@ impl MultiHeadAttention {
     /// transposed: queries kᵀ, keys vᵀ, values qᵀ. `weights`: (B, H, C_g, C_g).
     pub fn channel_attend(&self, x: &Tensor, train: bool, want_weights: bool) -> Attended {
         assert!(
-            self.kv_heads == self.heads && self.qk_dim == self.head_dim && self.additive.is_none(),
+            self.kv_heads == self.heads
+                && self.qk_dim == self.head_dim
+                && self.additive.is_none()
+                && self.differential.is_none(),
             "channel attention swaps the roles of q, k and v: it needs the plain shape"
         );
         let (b, n, _) = x.size3().unwrap();
@@ -616,10 +696,27 @@ impl MultiHeadAttention {
         self.attend_heads(&q, &k, &v, mask, call)
     }
 
-    /// Attention on per-head q (B, H, N_q, qk_dim), k and v (B, H_kv, N_k, ·), already rotated for RoPE; the
-    /// queries are the last N_q of the N_k positions. Returns the output projection of the merged heads.
+    /// Attention on per-head q (B, H, N_q, qk_dim), k and v (B, H_kv, N_k, ·), already rotated for RoPE (under
+    /// differential attention, q and k as sub-head halves); the queries are the last N_q of the N_k
+    /// positions. Returns the output projection of the merged heads.
     fn attend_heads(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> Attended {
-        let Call { is_self, train, want_weights, input } = call;
+        let (heads_out, weights) = match &self.differential {
+            None => self.weigh(q, k, v, mask, call),
+            Some(d) => {
+                let map =
+                    |half: i64| self.weigh(&Differential::half(q, half), &Differential::half(k, half), v, mask, call);
+                d.combine(map(0), map(1))
+            }
+        };
+        let output = self.finish(heads_out, call.input);
+        Attended { output, weights: if call.want_weights { weights } else { None } }
+    }
+
+    /// One softmax map's weighted values (B, H, N_q, head_dim) and, where a path gives them, its weights:
+    /// the implementation chosen here (fused, explicit, additive or the sparse kernel), every mask and bias,
+    /// and the one score path.
+    fn weigh(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Mask, call: Call) -> (Tensor, Option<Tensor>) {
+        let Call { is_self, train, want_weights, .. } = call;
         let pattern = self.pattern_now();
         let (b, _, n_q, _) = q.size4().unwrap();
         let n_k = k.size()[2];
@@ -683,7 +780,7 @@ impl MultiHeadAttention {
             }
         };
         debug_assert_eq!(heads_out.size()[..3], [b, self.heads, n_q]);
-        Attended { output: self.finish(heads_out, input), weights: if want_weights { weights } else { None } }
+        (heads_out, weights)
     }
 
     /// Every path's last part, in one place: the heads' outputs (B, H, N, head_dim) with any head mask and
