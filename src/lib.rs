@@ -13,9 +13,11 @@
 //! - `run` — the sweep and its result files, settling, tuning, scale-out and benchmarks;
 //! - `recipe` — the schema (the config structs), validation, which keys each kind reads, expansion; with
 //!   `metrics`, the names every layer above the core reads; below them `stats`, the intervals and tests of
-//!   the tables, and over it `design`, the two-stage design that adds seeds (`tests/layers.rs` has the
+//!   the tables, over it `design`, the two-stage design that adds seeds, and over both `ceg`, what a
+//!   mechanism is worth in compute (`tests/layers.rs` has the
 //!   exact order). These, and the two `spec` modules, need no libtorch: `cargo build --no-default-features`
 //!   builds just them.
+pub mod ceg;
 pub mod design;
 pub mod metrics;
 pub mod models;

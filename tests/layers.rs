@@ -12,6 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["models"],
     &["stats"],
     &["design"],
+    &["ceg"],
     &["recipe", "metrics", "files"],
     &["data"],
     &["train"],

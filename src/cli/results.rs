@@ -192,6 +192,9 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<()> {
         if let Some(sensitivity) = ablate::judge::sensitivity::section(&results, &column)? {
             print!("{sensitivity}");
         }
+        if let Some(compute) = ablate::judge::compute::section(&results, &column)? {
+            print!("{compute}");
+        }
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! Judging results: the one reading of a results directory ([`reading::Results`]), and what is made from
-//! it — the summary tables and verdicts, the verdict block of a results README, the sensitivity section,
+//! it — the summary tables and verdicts, the verdict block of a results README, the sensitivity and compute
+//! (what each arm is worth) sections,
 //! reproduction against a committed reference, TensorBoard event files, the HTML report and the plots.
 //! Nothing here trains; `run` (the sweep, scale-out, the settling loop) sits above and calls in.
+pub mod compute;
 pub mod plot;
 pub mod reading;
 pub mod report;

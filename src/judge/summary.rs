@@ -588,6 +588,7 @@ pub fn delta_of(recipe: &Recipe, m: &Metric) -> Delta {
 pub fn check_compare(recipe: &Recipe) -> Result<()> {
     let Some(compare) = &recipe.compare else { return Ok(()) };
     super::sensitivity::check(recipe)?;
+    super::compute::check(recipe)?;
     // The rows runs.csv will have (metrics empty), final runs only: resolved as the summary will.
     let untrained = crate::train::RunOutcome {
         metrics: Default::default(),

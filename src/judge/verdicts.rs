@@ -107,6 +107,9 @@ pub fn block(results: &Results, command: &str) -> Result<String> {
         if let Some(sensitivity) = super::sensitivity::section(results, column)? {
             text = text.replace(END, &format!("{sensitivity}{END}"));
         }
+        if let Some(compute) = super::compute::section(results, column)? {
+            text = text.replace(END, &format!("{compute}{END}"));
+        }
     }
     Ok(text)
 }

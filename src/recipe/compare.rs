@@ -42,6 +42,32 @@ pub(super) struct CompareFile {
     /// (Wortsman et al. 2023's learning-rate sensitivity, with its interval) and each arm's difference from
     /// the baseline's arm: a description of the curves beside the verdicts, not a verdict.
     sensitivity: Option<String>,
+    /// What each arm is worth in compute (docs/results.md, "Compute-equivalent gains"): `ladder`, the swept
+    /// key whose values are the compute rungs (`train.budget.flops`: at least four, each at least twice the
+    /// one before); `targets`, values of the primary metric at which each arm's gain over the baseline is
+    /// stated (inside the measured range, or printed as a forecast; absent: the baseline's mean at each inner
+    /// rung, a rule fixed before the data); `exponent_delta`, the change of the frontier's exponent α that
+    /// matters (default 0.05).
+    compute: Option<ComputeFile>,
+}
+
+/// `compare.compute` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComputeFile {
+    ladder: String,
+    #[serde(default)]
+    targets: Vec<f64>,
+    exponent_delta: Option<f64>,
+}
+
+/// What each arm is worth in compute: the swept key of the compute ladder, the target values of the primary
+/// metric (empty: the baseline's mean at each inner rung), and the exponent difference that matters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compute {
+    pub ladder: String,
+    pub targets: Vec<f64>,
+    pub exponent_delta: f64,
 }
 
 /// One prediction as written.
@@ -163,8 +189,10 @@ pub struct Compare {
     pub primary: Option<String>,
     /// The settling plan's cap on seeds per arm (`None`: a fixed design).
     pub max_seeds: Option<usize>,
-    /// The swept key over which each arm's sensitivity is reported (`run::sensitivity`).
+    /// The swept key over which each arm's sensitivity is reported (`judge::sensitivity`).
     pub sensitivity: Option<String>,
+    /// Compute-equivalent gains over a compute ladder (`judge::compute`).
+    pub compute: Option<Compute>,
 }
 
 /// What a results directory records of its plan when its pilot runs, and what a verdict block compares
@@ -303,6 +331,20 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
             return Err(src.at("compare.primary", "compare.primary: name a metric column (test_loss)".into()));
         }
     }
+    let compute = match &file.compute {
+        None => None,
+        Some(c) => {
+            let at = "compare.compute";
+            if c.targets.iter().any(|t| !t.is_finite()) {
+                return Err(src.at(at, format!("{at}.targets: give finite values of the primary metric")));
+            }
+            let exponent_delta = c.exponent_delta.unwrap_or(0.05);
+            if !(exponent_delta > 0.0 && exponent_delta.is_finite()) {
+                return Err(src.at(at, format!("{at}.exponent_delta: must be positive, got {exponent_delta}")));
+            }
+            Some(Compute { ladder: c.ladder.clone(), targets: c.targets.clone(), exponent_delta })
+        }
+    };
     Ok(Compare {
         comparison,
         delta,
@@ -310,6 +352,7 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
         primary: file.primary.clone(),
         max_seeds: file.max_seeds,
         sensitivity: file.sensitivity.clone(),
+        compute,
     })
 }
 

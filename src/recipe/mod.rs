@@ -1014,8 +1014,10 @@ const SMOKE_SEEDS: usize = 2;
 fn shrink_for_smoke(value: &mut Value, kind: Kind, sweep_keys: &[String], settings: &[&Setting]) {
     let kept = |k: &str| sweep_keys.iter().any(|s| s == k) || settings.iter().any(|s| s.key == k);
     let value_embeddings = get_path(value, "transformer.value_embeddings").and_then(Value::as_i64).unwrap_or(0);
-    // A budget in tokens or FLOPs can need many steps: a smoke run ends after one second of training instead.
-    if !kept("train.budget") && get_path(value, "train.budget").is_some_and(|b| !b.is_null()) {
+    // A budget in tokens or FLOPs can need many steps (more still on the smoke run's smaller model): a smoke
+    // run ends after one second of training instead, even where the budget is swept (a compute ladder keeps
+    // its rungs' labels, and its runs their ids, but not their compute).
+    if get_path(value, "train.budget").is_some_and(|b| !b.is_null()) {
         let mut one_second = Mapping::new();
         one_second.insert(Value::from("seconds"), Value::from(1.0));
         set_path(value, "train.budget", Value::Mapping(one_second));

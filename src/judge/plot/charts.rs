@@ -405,6 +405,42 @@ pub(super) fn draw_series<Y: Ranged<ValueType = f64>>(
     Ok(())
 }
 
+/// Labelled ticks for a log axis over [lo, hi]: 1, 2 and 5 times each power of ten in range, or, where fewer
+/// than three of those fall in it, round linear steps across it (at least three).
+pub(super) fn log_axis_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let decades: Vec<f64> = (lo.log10().floor() as i32..=hi.log10().ceil() as i32)
+        .flat_map(|d| [1.0, 2.0, 5.0].map(|k| k * 10f64.powi(d)))
+        .filter(|y| (lo..=hi).contains(y))
+        .collect();
+    if decades.len() >= 3 {
+        return decades;
+    }
+    let raw = (hi - lo) / 5.0;
+    let power = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|k| k * power).find(|s| *s >= raw).unwrap_or(10.0 * power);
+    let first = (lo / step - 1e-9).ceil() as i64;
+    let last = (hi / step + 1e-9).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
+/// A tick's label: up to four significant digits, without trailing zeros (0.25, 2.4, 1000, 1.5e-05).
+pub(super) fn tick_label(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let magnitude = v.abs().log10().floor() as i32;
+    if !(-3..6).contains(&magnitude) {
+        return format!("{v:.3e}").replace(".000e", "e").replace("00e", "e").replace("0e", "e");
+    }
+    let decimals = (3 - magnitude).max(0) as usize;
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
 /// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
 /// into time) as grey dashed lines; the legend in a panel beside the data.
 pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
@@ -433,13 +469,12 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
         .collect();
     ticks.sort_by(f64::total_cmp);
     ticks.dedup();
-    // 1, 2, 5 times each power of ten in range: labels at every decade and between them.
-    // A fifth of a decade of room above and below, so that no point sits on the frame.
-    let (y_lo, y_hi) = (y0 / 1.6, y1 * 1.6);
-    let y_ticks: Vec<f64> = (y_lo.log10().floor() as i32..=y_hi.log10().ceil() as i32)
-        .flat_map(|d| [1.0, 2.0, 5.0].map(|k| k * 10f64.powi(d)))
-        .filter(|y| (y_lo..=y_hi).contains(y))
-        .collect();
+    // The y range fitted to the data, with a twentieth of its span (on the log axis) of room above and below
+    // so that no point sits on the frame; ticks at 1, 2 and 5 times each power of ten in range, or, where
+    // fewer than three of those fall in it (a loss from 2.3 to 2.8), at round steps across it.
+    let room = (y1 / y0).powf(0.05).max(1.01);
+    let (y_lo, y_hi) = (y0 / room, y1 * room);
+    let y_ticks = log_axis_ticks(y_lo, y_hi);
     const GREYS: [RGBColor; 3] = [RGBColor(70, 70, 70), RGBColor(130, 130, 130), RGBColor(180, 180, 180)];
     let mut entries = series_entries(&series.iter().map(|s| s.label.clone()).collect::<Vec<_>>());
     for (i, s) in references.iter().enumerate() {
@@ -463,8 +498,8 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
             .x_desc(format!("{} (log scale)", axes.x_label))
             .y_desc(format!("{} (log scale)", axes.y_label))
             .label_style(("sans-serif", 14))
-            .x_label_formatter(&|x: &f64| format!("{x:.0}"))
-            .y_label_formatter(&|y: &f64| format!("{y}"))
+            .x_label_formatter(&|x: &f64| tick_label(*x))
+            .y_label_formatter(&|y: &f64| tick_label(*y))
             .draw()?;
         for (i, s) in series.iter().enumerate() {
             let c = colour(i);

@@ -25,6 +25,23 @@ mod tests {
     }
 
     #[test]
+    fn a_log_axis_over_a_narrow_range_gets_several_round_ticks() {
+        // A loss from 2.3 to 2.8 has no 1, 2 or 5 × 10^k inside but 5 nearby: round steps of 0.1 instead.
+        let narrow = log_axis_ticks(2.3, 2.8);
+        assert_eq!(narrow.len(), 6, "{narrow:?}");
+        assert!(narrow.iter().all(|t| (2.3 - 1e-9..=2.8 + 1e-9).contains(t)));
+        assert_eq!(
+            narrow.iter().map(|t| tick_label(*t)).collect::<Vec<_>>(),
+            ["2.3", "2.4", "2.5", "2.6", "2.7", "2.8"]
+        );
+        // Two decades keep the 1–2–5 ticks.
+        assert_eq!(log_axis_ticks(0.5, 60.0), [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
+        assert_eq!(tick_label(1000.0), "1000");
+        assert_eq!(tick_label(0.125), "0.125");
+        assert_eq!(tick_label(1.5e-5), "1.5e-5");
+    }
+
+    #[test]
     fn every_run_of_a_final_metric_is_kept_and_inside_the_axes() {
         let runs: Vec<BTreeMap<String, String>> =
             [("a", "0", "2.0"), ("a", "1", "3.0"), ("a", "2", "2.1"), ("b", "0", "1.0")]

@@ -1,0 +1,221 @@
+//! What a mechanism is worth in compute: the compute-equivalent gain (CEG) of an arm over a baseline, each
+//! trained at every rung of a compute ladder with the same seeds. Torch-free.
+//!
+//! Each arm's frontier is L(C) = E + A·C^(−α). E, the loss no compute removes, is shared by the two arms and
+//! fitted per seed: the E that lets a power law per arm fit that seed's two ladders best in squared loss
+//! (searched in [0, the lowest loss of the seed's runs)); with it pinned, each ladder is fitted by least
+//! squares of log(L − E) on log C (A and α per seed and arm). The compute an arm needs for a target
+//! loss L* is C(L*) = (A / (L* − E))^(1/α), and the gain at L* is CEG = C_baseline(L*) / C_arm(L*): how many
+//! times the baseline's compute the arm's result is worth. Over the seeds both arms ran, the estimate is the
+//! geometric mean of the per-seed gains, with a Student-t interval on their logarithms (n − 1 degrees of
+//! freedom): seeds are the independent units, and each seed's fit (its floor included) is its own, so the
+//! spread over seeds carries the floor's uncertainty too; `tests/ceg.rs` simulates
+//! the interval's coverage on synthetic frontiers with a known gain, with E fitted as here, and fails when
+//! it leaves 93–97%.
+//!
+//! Whether the advantage changes with scale is the paired difference of the per-seed exponents,
+//! α_arm − α_baseline, judged like every comparison (`crate::design`, at ±δ on α): *grows* (the arm's loss
+//! falls faster with compute), *shrinks*, *no difference* beyond ±δ, or *inconclusive*.
+use crate::design::{judge_family, Evidence, Stages};
+use crate::stats::{mean_std, t_critical, Verdict};
+
+/// One arm's ladder: the rungs' compute (increasing) and, per seed, its loss at every rung.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ladder {
+    pub compute: Vec<f64>,
+    /// (seed, its loss at each rung, in the order of `compute`).
+    pub seeds: Vec<(u64, Vec<f64>)>,
+}
+
+impl Ladder {
+    /// The mean loss over seeds at each rung (NaN where no seed has a finite value).
+    pub fn means(&self) -> Vec<f64> {
+        (0..self.compute.len())
+            .map(|i| {
+                let values: Vec<f64> = self.seeds.iter().map(|(_, l)| l[i]).filter(|v: &f64| v.is_finite()).collect();
+                if values.is_empty() {
+                    f64::NAN
+                } else {
+                    mean_std(&values).0
+                }
+            })
+            .collect()
+    }
+
+    /// The lowest and highest rung means: the measured range a target must lie in.
+    pub fn range(&self) -> (f64, f64) {
+        self.means().iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &m| (lo.min(m), hi.max(m)))
+    }
+}
+
+/// A frontier L = E + A·C^(−α) with E pinned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Frontier {
+    pub floor: f64,
+    pub coefficient: f64,
+    pub exponent: f64,
+}
+
+impl Frontier {
+    /// Least squares of log(L − E) on log C over the points; `None` with fewer than two points above E, or
+    /// a frontier that does not fall (α ≤ 0).
+    pub fn fit(compute: &[f64], loss: &[f64], floor: f64) -> Option<Frontier> {
+        let points: Vec<(f64, f64)> = compute
+            .iter()
+            .zip(loss)
+            .filter(|(c, l)| **c > 0.0 && l.is_finite() && **l > floor)
+            .map(|(c, l)| (c.ln(), (l - floor).ln()))
+            .collect();
+        if points.len() < 2 {
+            return None;
+        }
+        let n = points.len() as f64;
+        let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+        let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        if sxx == 0.0 {
+            return None;
+        }
+        let slope = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / sxx;
+        let exponent = -slope;
+        (exponent > 0.0).then(|| Frontier { floor, coefficient: (my - slope * mx).exp(), exponent })
+    }
+
+    pub fn loss_at(&self, compute: f64) -> f64 {
+        self.floor + self.coefficient * compute.powf(-self.exponent)
+    }
+
+    /// The compute at which the frontier reaches `target` (infinite at or below the floor).
+    pub fn compute_at(&self, target: f64) -> f64 {
+        if target <= self.floor {
+            return f64::INFINITY;
+        }
+        (self.coefficient / (target - self.floor)).powf(1.0 / self.exponent)
+    }
+}
+
+/// The shared floor E: the E whose pinned power laws, one per curve of `curves` (compute, rung means), have
+/// the least squared error in loss together, searched on [0, `ceiling`) by a grid of 400 and a golden-section
+/// refinement of its best cell. `ceiling` keeps every run above E (the lowest loss any run reached).
+pub fn fit_floor(curves: &[(&[f64], &[f64])], ceiling: f64) -> f64 {
+    let lowest_mean = curves.iter().flat_map(|(_, m)| m.iter().copied()).fold(f64::INFINITY, f64::min);
+    let top = ceiling.min(lowest_mean);
+    if !(top > 0.0 && top.is_finite()) {
+        return 0.0;
+    }
+    let top = top * (1.0 - 1e-6);
+    let sse = |e: f64| -> f64 {
+        curves
+            .iter()
+            .map(|(compute, means)| match Frontier::fit(compute, means, e) {
+                Some(f) => compute.iter().zip(means.iter()).map(|(c, l)| (l - f.loss_at(*c)).powi(2)).sum(),
+                None => f64::INFINITY,
+            })
+            .sum()
+    };
+    let cells = 400;
+    let at = |i: usize| top * i as f64 / cells as f64;
+    let best = (0..cells).min_by(|&a, &b| sse(at(a)).total_cmp(&sse(at(b)))).unwrap_or(0);
+    let (mut lo, mut hi) = (at(best.saturating_sub(1)), at((best + 1).min(cells - 1)));
+    let phi = (5f64.sqrt() - 1.0) / 2.0;
+    for _ in 0..60 {
+        let (a, b) = (hi - phi * (hi - lo), lo + phi * (hi - lo));
+        if sse(a) <= sse(b) {
+            hi = b;
+        } else {
+            lo = a;
+        }
+    }
+    let e = (lo + hi) / 2.0;
+    if sse(e) <= sse(at(best)) {
+        e
+    } else {
+        at(best)
+    }
+}
+
+/// One seed's pair of frontiers (baseline, arm), with the floor they share fitted to that seed's two
+/// ladders ([`fit_floor`]): every per-seed quantity then carries the floor's own uncertainty, so the spread
+/// over seeds includes it.
+pub fn seed_pairs(baseline: &Ladder, arm: &Ladder) -> Vec<(u64, Frontier, Frontier)> {
+    arm.seeds
+        .iter()
+        .filter_map(|(s, mine)| {
+            let (_, theirs) = baseline.seeds.iter().find(|(t, _)| t == s)?;
+            let lowest = theirs.iter().chain(mine).copied().fold(f64::INFINITY, f64::min);
+            let floor = fit_floor(&[(&baseline.compute, theirs), (&arm.compute, mine)], lowest);
+            let b = Frontier::fit(&baseline.compute, theirs, floor)?;
+            let a = Frontier::fit(&arm.compute, mine, floor)?;
+            Some((*s, b, a))
+        })
+        .collect()
+}
+
+/// The compute-equivalent gain at one target loss.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gain {
+    pub target: f64,
+    /// The geometric mean over seeds of C_baseline(L*) / C_arm(L*).
+    pub ratio: f64,
+    /// Its 95% interval (t on the per-seed log ratios); `None` below two seeds.
+    pub interval: Option<(f64, f64)>,
+    /// (seed, log of that seed's ratio).
+    pub log_ratios: Vec<(u64, f64)>,
+    /// Whether L* lies inside both arms' measured ranges (rung means): outside, the gain is a forecast.
+    pub inside: bool,
+}
+
+/// The gain of `arm` over `baseline` at `target`, over the seeds both ran ([`seed_pairs`]).
+pub fn gain(baseline: &Ladder, arm: &Ladder, target: f64) -> Option<Gain> {
+    let log_ratios: Vec<(u64, f64)> = seed_pairs(baseline, arm)
+        .iter()
+        .filter_map(|(s, b, a)| {
+            let r = (b.compute_at(target) / a.compute_at(target)).ln();
+            r.is_finite().then_some((*s, r))
+        })
+        .collect();
+    if log_ratios.is_empty() {
+        return None;
+    }
+    let values: Vec<f64> = log_ratios.iter().map(|(_, r)| *r).collect();
+    let (mean, sd) = mean_std(&values);
+    let n = values.len();
+    let interval = (n >= 2).then(|| {
+        let h = t_critical(n as f64 - 1.0) * sd / (n as f64).sqrt();
+        ((mean - h).exp(), (mean + h).exp())
+    });
+    let within = |l: &Ladder| {
+        let (lo, hi) = l.range();
+        lo <= target && target <= hi
+    };
+    Some(Gain { target, ratio: mean.exp(), interval, log_ratios, inside: within(baseline) && within(arm) })
+}
+
+/// Per seed both arms fitted: α_arm − α_baseline.
+pub fn exponent_differences(baseline: &Ladder, arm: &Ladder) -> Vec<(u64, f64)> {
+    seed_pairs(baseline, arm).iter().map(|(s, b, a)| (*s, a.exponent - b.exponent)).collect()
+}
+
+/// The verdicts on α_arm − α_baseline for a family of arms (each arm's per-seed differences), at ±`delta`,
+/// Holm-adjusted over the family: `Better` means the arm's exponent is larger (its advantage grows with
+/// compute). A fixed design: every seed the arms share.
+pub fn exponent_verdicts(differences: &[Vec<f64>], delta: f64) -> Vec<Verdict> {
+    let evidence: Vec<Evidence> = differences
+        .iter()
+        .map(|d| Evidence::of(&Stages { pilot: d.clone(), added: Vec::new(), planned: false }, delta))
+        .collect();
+    let seeds: Vec<Option<usize>> = vec![None; differences.len()];
+    judge_family(&evidence, true, &seeds).1
+}
+
+/// A verdict on the exponent difference in words: how the advantage changes with compute.
+pub fn scale_word(verdict: &Verdict) -> String {
+    match verdict {
+        // A difference shown but within ±δ is no change that matters.
+        Verdict::Better { negligible: true, .. } | Verdict::Worse { negligible: true, .. } | Verdict::Equivalent => {
+            "no change with compute beyond ±δ".into()
+        }
+        Verdict::Better { .. } => "grows with compute".into(),
+        Verdict::Worse { .. } => "shrinks with compute".into(),
+        other => format!("inconclusive ({})", other.word()),
+    }
+}

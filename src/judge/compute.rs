@@ -1,0 +1,282 @@
+//! What each arm is worth in compute (`compare.compute`): the compute-equivalent gain of every arm over the
+//! baseline's arm at the recipe's target values of the primary metric, with its 95% interval, and whether
+//! the advantage changes with compute (the exponent difference's verdict). Each arm is the runs that share
+//! every swept value but the ladder's; its frontier is fitted seed by seed ([`crate::ceg`], which says how
+//! and where its coverage is simulated). Printed in the verdict block and `ablate summary`, drawn as
+//! `compute_frontiers.png`.
+use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+
+use super::plot::{loglog_chart, Axes, Series};
+use super::reading::Results;
+use crate::ceg::{exponent_differences, exponent_verdicts, gain, scale_word, seed_pairs, Frontier, Ladder};
+use crate::recipe::compare::Comparison;
+use crate::recipe::Recipe;
+use crate::stats::{mean_std, Estimate};
+
+/// The file of the frontier plot.
+pub const PLOT: &str = "compute_frontiers.png";
+
+/// A rung's compute from a swept value: a number (`4e12`), or a section of one number (`{flops: 4e12}`, as
+/// `train.budget` is swept).
+fn rung_of(value: &str) -> Option<f64> {
+    if let Ok(c) = value.parse::<f64>() {
+        return Some(c);
+    }
+    match serde_json::from_str::<serde_json::Value>(value).ok()? {
+        serde_json::Value::Object(fields) if fields.len() == 1 => fields.values().next()?.as_f64(),
+        _ => None,
+    }
+}
+
+/// A run's rung: the ladder key's column, or the one column under it (`train.budget.flops`).
+fn row_rung(row: &super::reading::Row, key: &str) -> Option<f64> {
+    if let Some(v) = row.get(key) {
+        return rung_of(v);
+    }
+    let prefix = format!("{key}.");
+    let mut under = row.iter().filter(|(k, v)| k.starts_with(&prefix) && !v.is_empty());
+    let (_, v) = under.next()?;
+    under.next().is_none().then(|| v.parse().ok()).flatten()
+}
+
+/// Refuses, in one line, a `compare.compute` whose ladder is not a swept key of at least four numbers each
+/// at least twice the one before, or a recipe that pairs no baseline (the gains are each arm's over it).
+pub fn check(recipe: &Recipe) -> Result<()> {
+    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Ok(()) };
+    let at = format!("{}: compare.compute", recipe.file);
+    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else {
+        bail!(
+            "{at}.ladder: `{}` is not a swept key; the swept keys are {}",
+            compute.ladder,
+            recipe.sweep_keys.join(", ")
+        );
+    };
+    if recipe.compare.as_ref().is_some_and(|c| c.comparison == Comparison::Ladder) {
+        bail!("{at}: the gains are each arm's over a baseline: give compare.baseline, not a ladder");
+    }
+    // Command-line overrides may pin the key for a quick run: nothing to fit then, and no error in the recipe.
+    if !recipe.overrides.describe().is_empty() {
+        return Ok(());
+    }
+    let mut rungs: Vec<f64> = Vec::new();
+    for run in &recipe.runs {
+        if let Some((_, v)) = run.swept.iter().find(|(k, _)| *k == key) {
+            let Some(c) = rung_of(v) else {
+                bail!("{at}.ladder: `{key}` has the value `{v}`, not a number (or a section of one)")
+            };
+            if !rungs.contains(&c) {
+                rungs.push(c);
+            }
+        }
+    }
+    rungs.sort_by(f64::total_cmp);
+    if rungs.len() < 4 {
+        bail!("{at}.ladder: `{key}` has {} rung(s); a frontier needs at least 4", rungs.len());
+    }
+    if let Some(w) = rungs.windows(2).find(|w| w[1] < 2.0 * w[0] * (1.0 - 1e-9)) {
+        bail!("{at}.ladder: the rungs {} and {} are less than a factor of two apart", w[0], w[1]);
+    }
+    Ok(())
+}
+
+/// Each arm's ladder of the primary metric `column`, in the order the arms first appear: (arm, ladder).
+fn ladders(results: &Results, key: &str, column: &str) -> Vec<(String, Ladder)> {
+    let short = key.rsplit('.').next().unwrap_or(key);
+    // Per arm: seed -> rung (its compute written out) -> value.
+    type BySeed = BTreeMap<u64, BTreeMap<String, f64>>;
+    let mut cells: Vec<(String, BySeed)> = Vec::new();
+    let mut rungs: Vec<f64> = Vec::new();
+    for row in &results.runs {
+        let (Some(label), Some(c), Some(seed)) = (row.get("label"), row_rung(row, key), row.get("seed")) else {
+            continue;
+        };
+        let Ok(seed) = seed.parse::<u64>() else { continue };
+        let value = row.get(column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+        let arm: Vec<&str> = label.split(' ').filter(|t| !t.starts_with(&format!("{short}="))).collect();
+        let arm = if arm.is_empty() { "all runs".to_string() } else { arm.join(" ") };
+        if !rungs.contains(&c) {
+            rungs.push(c);
+        }
+        let i = match cells.iter().position(|(a, _)| *a == arm) {
+            Some(i) => i,
+            None => {
+                cells.push((arm, BTreeMap::new()));
+                cells.len() - 1
+            }
+        };
+        cells[i].1.entry(seed).or_default().insert(format!("{c:e}"), value);
+    }
+    rungs.sort_by(f64::total_cmp);
+    cells
+        .into_iter()
+        .map(|(arm, by_seed)| {
+            // A seed counts when it ran every rung.
+            let seeds = by_seed
+                .into_iter()
+                .filter_map(|(s, values)| {
+                    let row: Option<Vec<f64>> = rungs.iter().map(|c| values.get(&format!("{c:e}")).copied()).collect();
+                    Some((s, row?))
+                })
+                .collect();
+            (arm, Ladder { compute: rungs.clone(), seeds })
+        })
+        .collect()
+}
+
+/// The baseline's arm among `arms`: the one the recipe's `compare.baseline` names (`variant=X`, `X`, or a
+/// `key=value` token of its label).
+fn baseline_arm(recipe: &Recipe, arms: &[(String, Ladder)]) -> Option<usize> {
+    let Some(Comparison::Baseline(b)) = recipe.compare.as_ref().map(|c| &c.comparison) else { return None };
+    let value = b.split_once('=').map_or(b.as_str(), |(_, v)| v);
+    arms.iter().position(|(arm, _)| arm == b || arm == value || arm.split(' ').any(|t| t == b))
+}
+
+fn with_interval(ratio: f64, interval: Option<(f64, f64)>) -> String {
+    match interval {
+        Some((lo, hi)) => format!("{ratio:.2}× [{lo:.2}, {hi:.2}]"),
+        None => format!("{ratio:.2}× (one seed: no interval)"),
+    }
+}
+
+/// The block's compute section for the primary metric `column` (markdown), or `None` without
+/// `compare.compute`.
+pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
+    let recipe = results.recipe;
+    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Ok(None) };
+    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Ok(None) };
+    let arms = ladders(results, &key, column);
+    let Some(base) = baseline_arm(recipe, &arms) else { return Ok(None) };
+    if arms[base].1.compute.len() < 2 {
+        // A smoke run (its budgets made seconds) or a ladder not yet run: no frontier to fit.
+        return Ok(Some(format!(
+            "\n**What each arm is worth in compute** (`compare.compute`, over `{key}`): no ladder of at least two \
+             rungs in these results yet.\n"
+        )));
+    }
+    let delta = compute.exponent_delta;
+    let mut out = format!(
+        "\n**What each arm is worth in compute** (`compare.compute`, over `{key}`): each seed's ladder of \
+         {column} fitted as L = E + A·C^−α, E shared by the seed's two arms (docs/results.md, \
+         \"Compute-equivalent gains\"); the gain at L* is C_baseline(L*) / C_arm(L*), the compute the baseline \
+         needs for the arm's result, as a geometric mean over seeds with a 95% t interval (simulated coverage \
+         94.6–94.9%, `tests/ceg.rs`). A target outside either arm's measured range is a forecast, not a \
+         finding. With compute: the paired difference α_arm − α_baseline, Holm over the arms, at ±{delta}.\n\n\
+         | arm | L* | worth (× the baseline's compute) [95% CI] | seeds | α_arm − α_baseline [95% CI] | with compute |\n\
+         |---|---|---|---|---|---|\n"
+    );
+    // Absent targets: the baseline's mean at each inner rung (inside its range by construction).
+    let targets: Vec<f64> = if compute.targets.is_empty() {
+        let means = arms[base].1.means();
+        let inner = if means.len() > 2 { &means[1..means.len() - 1] } else { &means[..] };
+        inner.iter().copied().filter(|m| m.is_finite()).collect()
+    } else {
+        compute.targets.clone()
+    };
+    let others: Vec<usize> = (0..arms.len()).filter(|&i| i != base).collect();
+    let differences: Vec<Vec<f64>> =
+        others.iter().map(|&i| exponent_differences(&arms[base].1, &arms[i].1).iter().map(|d| d.1).collect()).collect();
+    let verdicts = exponent_verdicts(&differences, delta);
+    for (k, &i) in others.iter().enumerate() {
+        let (arm, ladder) = &arms[i];
+        let alpha = match differences[k].len() {
+            0 => "–".to_string(),
+            1 => format!("{:+.3} (one seed)", differences[k][0]),
+            _ => {
+                let e = Estimate::of(&differences[k]);
+                let h = e.half_width.unwrap_or(f64::NAN);
+                format!("{:+.3} [{:+.3}, {:+.3}]", e.mean, e.mean - h, e.mean + h)
+            }
+        };
+        for &target in &targets {
+            let Some(g) = gain(&arms[base].1, ladder, target) else {
+                out.push_str(&format!("| {arm} | {target} | no seed's frontiers reach it | – | {alpha} | – |\n"));
+                continue;
+            };
+            let mut worth = with_interval(g.ratio, g.interval);
+            if !g.inside {
+                worth = format!("forecast: {worth} (outside the measured range)");
+            } else if g.interval.is_some_and(|(lo, hi)| lo <= 1.0 && 1.0 <= hi) {
+                worth.push_str(": the interval includes 1, no gain shown");
+            }
+            out.push_str(&format!(
+                "| {arm} | {target:.4} | {worth} | {} | {alpha} | {} |\n",
+                g.log_ratios.len(),
+                scale_word(&verdicts[k])
+            ));
+        }
+    }
+    let (lo, hi) = arms[base].1.range();
+    out.push_str(&format!(
+        "\nThe baseline ({}) measured {column} from {lo:.4} to {hi:.4} over {} rungs of `{key}` ({}); the frontiers \
+         are drawn in `{PLOT}`. Wall-clock gains are not stated: the runs shared their cores.\n",
+        arms[base].0,
+        arms[base].1.compute.len(),
+        arms[base].1.compute.iter().map(|c| format!("{c:e}")).collect::<Vec<_>>().join(", ")
+    ));
+    Ok(Some(out))
+}
+
+/// Draws `compute_frontiers.png`: each arm's runs and rung means of the primary metric against compute
+/// (TFLOP), and the frontier fitted to its rung means with the baseline's pairing's shared floor (dashed).
+pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
+    let recipe = results.recipe;
+    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Ok(()) };
+    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Ok(()) };
+    let arms = ladders(results, &key, column);
+    let Some(base) = baseline_arm(recipe, &arms) else { return Ok(()) };
+    if arms[base].1.compute.len() < 2 {
+        return Ok(());
+    }
+    let tera = 1e12;
+    let mut series = Vec::new();
+    let mut fits = Vec::new();
+    for (arm, ladder) in &arms {
+        let means = ladder.means();
+        let points: Vec<(f64, f64, f64)> = ladder
+            .compute
+            .iter()
+            .zip(&means)
+            .enumerate()
+            .filter(|(_, (_, m))| m.is_finite())
+            .map(|(i, (c, m))| {
+                let values: Vec<f64> = ladder.seeds.iter().map(|(_, l)| l[i]).collect();
+                (c / tera, *m, mean_std(&values).1)
+            })
+            .collect();
+        let runs = ladder
+            .seeds
+            .iter()
+            .flat_map(|(_, l)| ladder.compute.iter().zip(l).map(|(c, v)| (c / tera, *v)))
+            .filter(|(_, v)| v.is_finite())
+            .collect();
+        series.push(Series { label: arm.clone(), points, runs, ..Default::default() });
+        // The mean frontier, drawn with the floor the seeds' fits share on average.
+        let pairs = seed_pairs(&arms[base].1, ladder);
+        let floor = if pairs.is_empty() {
+            0.0
+        } else {
+            pairs.iter().map(|(_, b, _)| b.floor).sum::<f64>() / pairs.len() as f64
+        };
+        if let Some(f) = Frontier::fit(&ladder.compute, &means, floor) {
+            let (c0, c1) = (ladder.compute[0], ladder.compute[ladder.compute.len() - 1]);
+            let points =
+                (0..=24).map(|i| c0 * (c1 / c0).powf(i as f64 / 24.0)).map(|c| (c / tera, f.loss_at(c), 0.0)).collect();
+            fits.push(Series {
+                label: format!("{arm}: fit (E = {floor:.3}, α = {:.3})", f.exponent),
+                points,
+                ..Default::default()
+            });
+        }
+    }
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Ok(());
+    }
+    let title = format!("{}: {label} against training compute, each arm's frontier", recipe.name);
+    loglog_chart(
+        &results.dir.join(PLOT),
+        &series,
+        &fits,
+        &Axes { title: &title, x_label: "training compute (TFLOP)", y_label: label, x_categories: None },
+    )
+}
