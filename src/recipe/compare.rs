@@ -47,7 +47,8 @@ pub(super) struct CompareFile {
     /// one before); `targets`, values of the primary metric at which each arm's gain over the baseline is
     /// stated (inside the measured range, or printed as a forecast; absent: the baseline's mean at each inner
     /// rung, a rule fixed before the data); `exponent_delta`, the change of the frontier's exponent α that
-    /// matters (default 0.05).
+    /// matters (default 0.05); `predict`, the gain the literature reports, written before the run
+    /// (`{gain: 1.17, source: '…'}`), set against the measured one in docs/reproductions.md.
     compute: Option<ComputeFile>,
 }
 
@@ -59,6 +60,15 @@ struct ComputeFile {
     #[serde(default)]
     targets: Vec<f64>,
     exponent_delta: Option<f64>,
+    predict: Option<GainPrediction>,
+}
+
+/// A published compute-equivalent gain, written before the run: every arm's gain over the baseline.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GainPrediction {
+    pub gain: f64,
+    pub source: String,
 }
 
 /// What each arm is worth in compute: the swept key of the compute ladder, the target values of the primary
@@ -68,6 +78,7 @@ pub struct Compute {
     pub ladder: String,
     pub targets: Vec<f64>,
     pub exponent_delta: f64,
+    pub predict: Option<GainPrediction>,
 }
 
 /// One prediction as written.
@@ -342,7 +353,15 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
             if !(exponent_delta > 0.0 && exponent_delta.is_finite()) {
                 return Err(src.at(at, format!("{at}.exponent_delta: must be positive, got {exponent_delta}")));
             }
-            Some(Compute { ladder: c.ladder.clone(), targets: c.targets.clone(), exponent_delta })
+            if let Some(p) = c.predict.as_ref().filter(|p| !(p.gain > 0.0 && p.gain.is_finite())) {
+                return Err(src.at(at, format!("{at}.predict.gain: a gain is a positive factor, got {}", p.gain)));
+            }
+            Some(Compute {
+                ladder: c.ladder.clone(),
+                targets: c.targets.clone(),
+                exponent_delta,
+                predict: c.predict.clone(),
+            })
         }
     };
     Ok(Compare {
