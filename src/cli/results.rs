@@ -442,6 +442,69 @@ pub fn reproductions() -> anyhow::Result<()> {
     for row in rows {
         println!("{row}");
     }
+    compute_gains()
+}
+
+/// docs/reproductions.md's compute-equivalent gains: every recipe with a predicted gain
+/// (`compare.compute.predict`) against the gain its committed results measure at each target, the outcome by
+/// a rule fixed before the data: *reproduced* (the 95% interval holds the prediction and excludes 1),
+/// *consistent, no gain shown* (it holds the prediction and 1), *below* or *above the prediction* (the whole
+/// interval on one side), and a target outside the measured range as a *forecast*.
+fn compute_gains() -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for path in training_recipes()? {
+        let recipe = ablate::recipe::load(&path, false)?;
+        let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { continue };
+        let Some(predicted) = &compute.predict else { continue };
+        let dir = PathBuf::from("results").join(&recipe.name);
+        let source = predicted.source.replace('|', "\\|");
+        let Some(results) = Results::open_if_any(&dir, &recipe, None)? else {
+            let run = format!("not yet run (`bin/ablate {} --out {}`)", path.display(), dir.display());
+            rows.push(format!("| {} | – | {:.2}× | {source} | – | – | {run} | – |", recipe.name, predicted.gain));
+            continue;
+        };
+        let column = ablate::judge::summary::primary_column(&recipe, &results.headline).unwrap_or_default();
+        let minutes = format!("{:.0}", training_minutes(&results));
+        for (arm, g) in ablate::judge::compute::measured(&results, &column) {
+            let (measured, outcome) = match g.interval {
+                None => (format!("{:.2}×", g.ratio), "one seed: no interval".to_string()),
+                Some((lo, hi)) => {
+                    let outcome = if !g.inside {
+                        "forecast (outside the measured range)"
+                    } else if hi < predicted.gain {
+                        "below the prediction"
+                    } else if lo > predicted.gain {
+                        "above the prediction"
+                    } else if lo <= 1.0 {
+                        "consistent, no gain shown"
+                    } else {
+                        "reproduced"
+                    };
+                    (format!("{:.2}× [{lo:.2}, {hi:.2}]", g.ratio), outcome.to_string())
+                }
+            };
+            rows.push(format!(
+                "| [{}](../results/{}/README.md) | {arm} | {:.2}× | {source} | {column} = {:.4} | {measured} | {outcome} | {minutes} |",
+                recipe.name, recipe.name, predicted.gain, g.target
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "\n## Compute-equivalent gains\n\n\
+         What each mechanism is worth in compute (`compare.compute`, docs/results.md \"Compute-equivalent gains\"): \
+         the gain the literature reports, written in the recipe before its run, against the gain the committed \
+         results measure at each target L* with its 95% interval. *reproduced*: the interval holds the prediction \
+         and excludes 1; *consistent, no gain shown*: it holds both; *below* / *above the prediction*: the whole \
+         interval on one side; a target outside the measured range is a *forecast*, never a finding.\n"
+    );
+    println!("| recipe | arm | predicted | source | at | measured [95% CI] | outcome | training (min) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
+    }
     Ok(())
 }
 
@@ -566,10 +629,25 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The recipe file a results directory's `recipe.resolved.yaml` names as its `source`, if it still exists.
+fn recorded_source(dir: &std::path::Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(dir.join("recipe.resolved.yaml")).ok()?;
+    let value: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    let path = PathBuf::from(value.get("source")?.as_str()?);
+    path.is_file().then_some(path)
+}
+
 /// `ablate fit`: a power law over a results directory's runs, printed, drawn and written as CSV.
 pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
-    let runs = ablate::judge::reading::reported_runs(&args.dir)
-        .with_context(|| format!("{}: no runs.csv to fit", args.dir.display()))?;
+    // The directory read through the recipe it recorded (its `recipe.resolved.yaml` `source`), whose metric
+    // declarations name the axes in words with units; a directory whose recipe is gone is read bare.
+    let recipe = recorded_source(&args.dir).and_then(|p| ablate::recipe::load(&p, false).ok());
+    let results = recipe.as_ref().and_then(|r| Results::open(&args.dir, r, None).ok());
+    let runs = match &results {
+        Some(results) => results.runs.clone(),
+        None => ablate::judge::reading::reported_runs(&args.dir)
+            .with_context(|| format!("{}: no runs.csv to fit", args.dir.display()))?,
+    };
     let number = |row: &std::collections::BTreeMap<String, String>, column: &str| -> anyhow::Result<f64> {
         let text = row
             .get(column)
@@ -644,8 +722,18 @@ pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
         runs: Vec::new(),
         seed_curves: Vec::new(),
     };
-    let title = format!("{} against {x_name} (power-law fit)", args.y);
-    let axes = ablate::judge::plot::Axes { title: &title, x_label: &x_name, y_label: &args.y, x_categories: None };
+    // Axes named in words with units by the recipe's metric declarations; a column none declares keeps its name.
+    let declared: &[ablate::metrics::Metric] = results.as_ref().map_or(&[], |r| r.metrics.as_slice());
+    let words = |column: &str| {
+        declared.iter().find(|m| m.column_name() == Some(column)).map_or(column.to_string(), |m| m.axis())
+    };
+    let x_words = match &args.minus {
+        Some(m) => format!("{} − {m}", words(&args.x)),
+        None => words(&args.x),
+    };
+    let y_words = words(&args.y);
+    let title = format!("{y_words} against {x_words} (power-law fit)");
+    let axes = ablate::judge::plot::Axes { title: &title, x_label: &x_words, y_label: &y_words, x_categories: None };
     ablate::judge::plot::loglog_chart(&args.dir.join(format!("{stem}.png")), &[runs_series], &[fitted], &axes)?;
     eprintln!("ablate: wrote {}/{stem}.png and .csv", args.dir.display());
     Ok(())

@@ -139,6 +139,32 @@ fn with_interval(ratio: f64, interval: Option<(f64, f64)>) -> String {
     }
 }
 
+/// Every arm's gain over the baseline at each target (absent targets: the baseline's inner rung means):
+/// (arm, gain), in the arms' order; empty without `compare.compute` or a ladder of at least two rungs.
+pub fn measured(results: &Results, column: &str) -> Vec<(String, crate::ceg::Gain)> {
+    let recipe = results.recipe;
+    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Vec::new() };
+    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Vec::new() };
+    let arms = ladders(results, &key, column);
+    let Some(base) = baseline_arm(recipe, &arms).filter(|&b| arms[b].1.compute.len() >= 2) else { return Vec::new() };
+    let targets = targets(&compute.targets, &arms[base].1);
+    let mut out = Vec::new();
+    for (_, (arm, ladder)) in arms.iter().enumerate().filter(|(i, _)| *i != base) {
+        out.extend(targets.iter().filter_map(|&t| Some((arm.clone(), gain(&arms[base].1, ladder, t)?))));
+    }
+    out
+}
+
+/// The targets a recipe states, or (absent) the baseline's mean at each inner rung.
+fn targets(stated: &[f64], baseline: &Ladder) -> Vec<f64> {
+    if !stated.is_empty() {
+        return stated.to_vec();
+    }
+    let means = baseline.means();
+    let inner = if means.len() > 2 { &means[1..means.len() - 1] } else { &means[..] };
+    inner.iter().copied().filter(|m| m.is_finite()).collect()
+}
+
 /// The block's compute section for the primary metric `column` (markdown), or `None` without
 /// `compare.compute`.
 pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
@@ -166,13 +192,7 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
          |---|---|---|---|---|---|\n"
     );
     // Absent targets: the baseline's mean at each inner rung (inside its range by construction).
-    let targets: Vec<f64> = if compute.targets.is_empty() {
-        let means = arms[base].1.means();
-        let inner = if means.len() > 2 { &means[1..means.len() - 1] } else { &means[..] };
-        inner.iter().copied().filter(|m| m.is_finite()).collect()
-    } else {
-        compute.targets.clone()
-    };
+    let targets = targets(&compute.targets, &arms[base].1);
     let others: Vec<usize> = (0..arms.len()).filter(|&i| i != base).collect();
     let differences: Vec<Vec<f64>> =
         others.iter().map(|&i| exponent_differences(&arms[base].1, &arms[i].1).iter().map(|d| d.1).collect()).collect();

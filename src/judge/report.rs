@@ -83,6 +83,12 @@ pub fn write_report(results: &Results) -> Result<()> {
     for table in summary_tables(results)? {
         body.push_str(&html_table(&table));
     }
+    if let Some(column) = super::summary::primary_column(recipe, &results.headline) {
+        if let Some(compute) = super::compute::section(results, &column)? {
+            body.push_str("<h2>What each arm is worth in compute</h2>\n");
+            body.push_str(&format!("<pre>{}</pre>\n", escape(compute.trim())));
+        }
+    }
     if let Some(table) = reproduction_table(dir)? {
         body.push_str("<h2>Reproduction</h2>\n");
         body.push_str(&html_table(&table));
