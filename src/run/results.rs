@@ -14,6 +14,21 @@ use crate::judge::reading::{recorded, repair_torn_tail, row_under, table};
 use crate::recipe::{read_value, Recipe, RunSpec};
 use crate::train::RunOutcome;
 
+/// The pilot plan a shard of `dir` (`dir/shards/*/`) recorded when it started, from a shard that trained a
+/// pilot seed (`pilot_seeds`, the recipe's own): a shard first started for added seeds recorded the plan of
+/// that later time, which is no evidence of the pilot's.
+fn shards_pilot_plan(dir: &Path, pilot_seeds: &[u64]) -> Option<crate::recipe::compare::Plan> {
+    let mut shards: Vec<PathBuf> =
+        std::fs::read_dir(dir.join("shards")).ok()?.filter_map(|e| Some(e.ok()?.path())).collect();
+    shards.sort();
+    let trained_pilot = |shard: &Path| {
+        crate::judge::reading::all_runs(shard).is_ok_and(|rows| {
+            rows.iter().any(|r| r.get("seed").and_then(|s| s.parse().ok()).is_some_and(|s| pilot_seeds.contains(&s)))
+        })
+    };
+    shards.iter().filter(|s| trained_pilot(s)).find_map(|shard| recorded(shard).pilot_plan)
+}
+
 /// Writes `recipe.resolved.yaml`: the recipe as it ran, every run's full config and hash.
 pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
     #[derive(serde::Serialize)]
@@ -43,7 +58,12 @@ pub fn write_resolved(recipe: &Recipe, path: &Path) -> Result<()> {
     let plan = recipe.compare.as_ref().map(|c| c.plan(recipe.seeds.len()));
     let dir = path.parent().unwrap_or(Path::new("."));
     let started = table(&dir.join("runs.csv")).is_ok_and(|(_, rows)| !rows.is_empty());
-    let pilot_plan = if started { recorded(dir).pilot_plan } else { plan.clone() };
+    // A directory whose runs were trained by shards (a worker pool, Slurm) gets its first record at the merge,
+    // after its pilot: the plan then is the one its shards recorded when they started training the pilot.
+    let pilot_plan = match started {
+        true => recorded(dir).pilot_plan.or_else(|| shards_pilot_plan(dir, &recipe.seeds)),
+        false => plan.clone(),
+    };
     let runs = recipe
         .runs
         .iter()
