@@ -599,3 +599,37 @@ fn a_fixed_design_survives_the_smoke_runs_fewer_seeds() {
     let err = parse(&wrong, "f.yaml", "f", true).unwrap_err().to_string();
     assert!(err.contains("compare.max_seeds: 4 seeds per arm is not a plan for 3 seeds"), "{err}");
 }
+
+/// A directory trained by shards (a worker pool) is first recorded at the merge, after its pilot: its plan is
+/// the one a shard recorded when it started training pilot seeds, never one recorded by a shard that only
+/// added seeds later (that was no evidence the plan came before the pilot), and the verdict block says so.
+#[test]
+fn a_sharded_pilot_keeps_the_plan_its_shards_recorded() {
+    use ablate::run::results::write_resolved;
+    let dir = scratch("settle-shard-plan");
+    let recipe = parse(&recipe_text(&dir, 0.01), "settle.yaml", "settle", false).unwrap();
+    for (shard, seed_offset) in [("0-of-2", 0), ("1-of-2", 0)] {
+        let shard_dir = dir.join("merged").join("shards").join(shard);
+        std::fs::create_dir_all(&shard_dir).unwrap();
+        // Each shard records its plan when it starts (no runs yet), then trains pilot seeds.
+        write_resolved(&recipe, &shard_dir.join("recipe.resolved.yaml")).unwrap();
+        write_pilot(&shard_dir, [2.0, 2.1, 1.9], [0.01 + seed_offset as f64, 0.0, 0.0]);
+    }
+    let merged = dir.join("merged");
+    write_pilot(&merged, [2.0, 2.1, 1.9], [0.01, 0.0, 0.0]);
+    write_resolved(&recipe, &merged.join("recipe.resolved.yaml")).unwrap();
+    assert!(ablate::judge::reading::recorded(&merged).pilot_plan.is_some(), "the shards' pilot plan was not taken");
+    let block = ablate::judge::verdicts::block(&Results::open(&merged, &recipe, None).unwrap(), "test").unwrap();
+    assert!(block.contains("fixed before the pilot"), "{block}");
+    // Shards that trained only added seeds (5 and 6): their record is not the pilot's.
+    let late = dir.join("late");
+    let shard_dir = late.join("shards").join("0-of-2");
+    std::fs::create_dir_all(&shard_dir).unwrap();
+    write_resolved(&recipe, &shard_dir.join("recipe.resolved.yaml")).unwrap();
+    let added = "run_id,label,seed,config_hash,status,transformer.heads,test_loss,test_accuracy\n\
+                 a,heads=1,5,x,ok,1,2.0,0.5\nb,heads=2,6,x,ok,2,2.0,0.5\n";
+    std::fs::write(shard_dir.join("runs.csv"), added).unwrap();
+    write_pilot(&late, [2.0, 2.1, 1.9], [0.01, 0.0, 0.0]);
+    write_resolved(&recipe, &late.join("recipe.resolved.yaml")).unwrap();
+    assert!(ablate::judge::reading::recorded(&late).pilot_plan.is_none());
+}
