@@ -190,6 +190,49 @@ pub fn gain(baseline: &Ladder, arm: &Ladder, target: f64) -> Option<Gain> {
     Some(Gain { target, ratio: mean.exp(), interval, log_ratios, inside: within(baseline) && within(arm) })
 }
 
+/// How well the law describes a pair of ladders: the root mean square of every seed's residuals (its losses
+/// minus its fitted frontier's, both arms, every rung) against the seeds' own spread (the root mean of the
+/// variance over seeds at each rung of each arm). A law that misses the rungs by much more than the seeds
+/// differ ([`FitCheck::fits`]) describes no frontier, and a gain read off it is no estimate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitCheck {
+    pub residual: f64,
+    pub seed_spread: f64,
+}
+
+impl FitCheck {
+    /// The residuals within twice the seeds' spread.
+    pub fn fits(&self) -> bool {
+        self.residual <= 2.0 * self.seed_spread
+    }
+}
+
+/// [`FitCheck`] of `arm` and `baseline` fitted as [`seed_pairs`] fits them; `None` without two seeds.
+pub fn fit_check(baseline: &Ladder, arm: &Ladder) -> Option<FitCheck> {
+    let pairs = seed_pairs(baseline, arm);
+    let mut squares = Vec::new();
+    for (s, b, a) in &pairs {
+        for (ladder, f) in [(baseline, b), (arm, a)] {
+            let (_, losses) = ladder.seeds.iter().find(|(t, _)| t == s)?;
+            squares.extend(ladder.compute.iter().zip(losses).map(|(c, l)| (l - f.loss_at(*c)).powi(2)));
+        }
+    }
+    let mut variances = Vec::new();
+    for ladder in [baseline, arm] {
+        for i in 0..ladder.compute.len() {
+            let values: Vec<f64> = ladder.seeds.iter().map(|(_, l)| l[i]).filter(|v| v.is_finite()).collect();
+            if values.len() >= 2 {
+                variances.push(mean_std(&values).1.powi(2));
+            }
+        }
+    }
+    if squares.is_empty() || variances.is_empty() {
+        return None;
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    Some(FitCheck { residual: mean(&squares).sqrt(), seed_spread: mean(&variances).sqrt() })
+}
+
 /// Per seed both arms fitted: α_arm − α_baseline.
 pub fn exponent_differences(baseline: &Ladder, arm: &Ladder) -> Vec<(u64, f64)> {
     seed_pairs(baseline, arm).iter().map(|(s, b, a)| (*s, a.exponent - b.exponent)).collect()

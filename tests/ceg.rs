@@ -2,7 +2,7 @@
 //! a known gain, the estimate is unbiased within its standard error and its 95% interval covers the truth
 //! 93–97% of the time, with the floor fitted as the tool fits it; a z interval in its place fails the same
 //! bounds. And a fit by hand.
-use ablate::ceg::{exponent_differences, exponent_verdicts, fit_floor, gain, Frontier, Ladder};
+use ablate::ceg::{exponent_differences, exponent_verdicts, fit_check, fit_floor, gain, Frontier, Ladder};
 use ablate::stats::{splitmix64, Verdict};
 
 /// A standard normal draw (Box–Muller) from splitmix64.
@@ -164,4 +164,32 @@ fn the_compute_section_states_each_arms_gain_from_a_results_directory() {
     ablate::judge::compute::plot(&results, "test_loss", "test loss (nats/token)").unwrap();
     assert!(dir.join(ablate::judge::compute::PLOT).is_file());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The law is checked before a gain is read: ladders on the law (with seed noise) fit; ladders that bend the
+/// other way (a plateau, then a drop: the early phase of training, as results/ceg_swiglu measured) miss their
+/// rungs by far more than the seeds differ, and are flagged.
+#[test]
+fn a_ladder_the_law_cannot_describe_is_flagged() {
+    let compute = vec![1.0, 2.0, 4.0, 8.0];
+    let seeds = |curve: &[f64], offsets: &[f64]| -> Vec<(u64, Vec<f64>)> {
+        offsets.iter().enumerate().map(|(s, o)| (s as u64, curve.iter().map(|l| l + o).collect())).collect()
+    };
+    let offsets = [0.0, 0.01, -0.01];
+    let law: Vec<f64> = compute.iter().map(|c| 2.0 + 8.0 * f64::powf(*c, -0.5)).collect();
+    let arm: Vec<f64> = compute.iter().map(|c| 2.0 + 8.0 * f64::powf(1.5 * c, -0.5)).collect();
+    let on_law = fit_check(
+        &Ladder { compute: compute.clone(), seeds: seeds(&law, &offsets) },
+        &Ladder { compute: compute.clone(), seeds: seeds(&arm, &offsets) },
+    )
+    .unwrap();
+    assert!(on_law.fits(), "{on_law:?}");
+    let plateau = [2.3775, 2.3081, 2.0834, 1.7836];
+    let faster = [2.3727, 2.2971, 1.9694, 1.6881];
+    let bent = fit_check(
+        &Ladder { compute: compute.clone(), seeds: seeds(&plateau, &offsets) },
+        &Ladder { compute, seeds: seeds(&faster, &offsets) },
+    )
+    .unwrap();
+    assert!(!bent.fits() && bent.residual > 3.0 * bent.seed_spread, "{bent:?}");
 }

@@ -465,11 +465,13 @@ fn compute_gains() -> anyhow::Result<()> {
         };
         let column = ablate::judge::summary::primary_column(&recipe, &results.headline).unwrap_or_default();
         let minutes = format!("{:.0}", training_minutes(&results));
-        for (arm, g) in ablate::judge::compute::measured(&results, &column) {
+        for (arm, g, fit) in ablate::judge::compute::measured(&results, &column) {
             let (measured, outcome) = match g.interval {
                 None => (format!("{:.2}×", g.ratio), "one seed: no interval".to_string()),
                 Some((lo, hi)) => {
-                    let outcome = if !g.inside {
+                    let outcome = if fit.is_some_and(|f| !f.fits()) {
+                        "no estimate: the law misfits the ladders"
+                    } else if !g.inside {
                         "forecast (outside the measured range)"
                     } else if hi < predicted.gain {
                         "below the prediction"
@@ -498,7 +500,8 @@ fn compute_gains() -> anyhow::Result<()> {
          the gain the literature reports, written in the recipe before its run, against the gain the committed \
          results measure at each target L* with its 95% interval. *reproduced*: the interval holds the prediction \
          and excludes 1; *consistent, no gain shown*: it holds both; *below* / *above the prediction*: the whole \
-         interval on one side; a target outside the measured range is a *forecast*, never a finding.\n"
+         interval on one side; a target outside the measured range is a *forecast*, never a finding; where the law \
+         misses the rungs by more than twice the seeds' spread, *no estimate*.\n"
     );
     println!("| recipe | arm | predicted | source | at | measured [95% CI] | outcome | training (min) |");
     println!("|---|---|---|---|---|---|---|---|");

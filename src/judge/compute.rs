@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use super::plot::{loglog_chart, Axes, Series};
 use super::reading::Results;
-use crate::ceg::{exponent_differences, exponent_verdicts, gain, scale_word, seed_pairs, Frontier, Ladder};
+use crate::ceg::{
+    exponent_differences, exponent_verdicts, fit_check, gain, scale_word, seed_pairs, FitCheck, Frontier, Ladder,
+};
 use crate::recipe::compare::Comparison;
 use crate::recipe::Recipe;
 use crate::stats::{mean_std, Estimate};
@@ -139,9 +141,10 @@ fn with_interval(ratio: f64, interval: Option<(f64, f64)>) -> String {
     }
 }
 
-/// Every arm's gain over the baseline at each target (absent targets: the baseline's inner rung means):
-/// (arm, gain), in the arms' order; empty without `compare.compute` or a ladder of at least two rungs.
-pub fn measured(results: &Results, column: &str) -> Vec<(String, crate::ceg::Gain)> {
+/// Every arm's gain over the baseline at each target (absent targets: the baseline's inner rung means),
+/// with how well the law fits the two arms: (arm, gain, fit), in the arms' order; empty without
+/// `compare.compute` or a ladder of at least two rungs.
+pub fn measured(results: &Results, column: &str) -> Vec<(String, crate::ceg::Gain, Option<FitCheck>)> {
     let recipe = results.recipe;
     let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Vec::new() };
     let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Vec::new() };
@@ -150,7 +153,8 @@ pub fn measured(results: &Results, column: &str) -> Vec<(String, crate::ceg::Gai
     let targets = targets(&compute.targets, &arms[base].1);
     let mut out = Vec::new();
     for (_, (arm, ladder)) in arms.iter().enumerate().filter(|(i, _)| *i != base) {
-        out.extend(targets.iter().filter_map(|&t| Some((arm.clone(), gain(&arms[base].1, ladder, t)?))));
+        let fit = fit_check(&arms[base].1, ladder);
+        out.extend(targets.iter().filter_map(|&t| Some((arm.clone(), gain(&arms[base].1, ladder, t)?, fit))));
     }
     out
 }
@@ -188,8 +192,10 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
          needs for the arm's result, as a geometric mean over seeds with a 95% t interval (simulated coverage \
          94.6–94.9%, `tests/ceg.rs`). A target outside either arm's measured range is a forecast, not a \
          finding. With compute: the paired difference α_arm − α_baseline, Holm over the arms, at ±{delta}.\n\n\
-         | arm | L* | worth (× the baseline's compute) [95% CI] | seeds | α_arm − α_baseline [95% CI] | with compute |\n\
-         |---|---|---|---|---|---|\n"
+         The law must describe the ladders first: where its residuals (RMS over seeds, arms and rungs) exceed \
+         twice the seeds' own spread, the row says the law misfits and its gain is no estimate.\n\n\
+         | arm | L* | worth (× the baseline's compute) [95% CI] | seeds | fit: residual / seed spread | α_arm − α_baseline [95% CI] | with compute |\n\
+         |---|---|---|---|---|---|---|\n"
     );
     // Absent targets: the baseline's mean at each inner rung (inside its range by construction).
     let targets = targets(&compute.targets, &arms[base].1);
@@ -208,21 +214,32 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
                 format!("{:+.3} [{:+.3}, {:+.3}]", e.mean, e.mean - h, e.mean + h)
             }
         };
+        let fit = fit_check(&arms[base].1, ladder);
+        let fit_cell = fit.map_or("–".to_string(), |f| {
+            format!("{:.4} / {:.4}{}", f.residual, f.seed_spread, if f.fits() { "" } else { ": **the law misfits**" })
+        });
         for &target in &targets {
             let Some(g) = gain(&arms[base].1, ladder, target) else {
-                out.push_str(&format!("| {arm} | {target} | no seed's frontiers reach it | – | {alpha} | – |\n"));
+                out.push_str(&format!(
+                    "| {arm} | {target} | no seed's frontiers reach it | – | {fit_cell} | {alpha} | – |\n"
+                ));
                 continue;
             };
             let mut worth = with_interval(g.ratio, g.interval);
-            if !g.inside {
+            if fit.is_some_and(|f| !f.fits()) {
+                worth = format!("no estimate (the law misfits; read off it: {worth})");
+            } else if !g.inside {
                 worth = format!("forecast: {worth} (outside the measured range)");
             } else if g.interval.is_some_and(|(lo, hi)| lo <= 1.0 && 1.0 <= hi) {
                 worth.push_str(": the interval includes 1, no gain shown");
             }
+            let with_compute = match fit.is_some_and(|f| !f.fits()) {
+                true => "no verdict (the law misfits)".to_string(),
+                false => scale_word(&verdicts[k]),
+            };
             out.push_str(&format!(
-                "| {arm} | {target:.4} | {worth} | {} | {alpha} | {} |\n",
-                g.log_ratios.len(),
-                scale_word(&verdicts[k])
+                "| {arm} | {target:.4} | {worth} | {} | {fit_cell} | {alpha} | {with_compute} |\n",
+                g.log_ratios.len()
             ));
         }
     }
