@@ -286,7 +286,8 @@ pub struct TransformerConfig {
     pub heads: i64,
     /// Dimensions per head (`null`: D/H). H·head_dim need not equal D: the output projection maps back.
     pub head_dim: Option<i64>,
-    /// Hidden size of the per-token FFN (`null`: 4·D; doubles with the width in hierarchical models).
+    /// Hidden size of the per-token FFN (`null`: 4·D, or round(8·D/3) for a gated activation, the parameters
+    /// of a 4·D two-matrix FFN; doubles with the width in hierarchical models).
     pub ffn_hidden: Option<i64>,
     /// The FFN's nonlinearity: `relu`, `gelu`, `relu2` (squared ReLU, Primer's), or a gated unit
     /// `W2 (act(W1 x) ⊙ W3 x)`: `swiglu` (SiLU, LLaMA's) or `geglu` (GELU). A gated FFN has a third matrix, so
