@@ -114,7 +114,8 @@ impl Objective for NextTokenObjective<'_> {
 }
 
 /// Training FLOPs per token (forward + backward, the usual 3× forward): 6 per weight of every matrix a token
-/// passes through, plus attention's QKᵀ and AV, 12·layers·T·(H·d_head), counted dense as PaLM's and
+/// passes through, plus attention's scores and weighted sums per query–key pair (`pair_macs`: 12·layers·T·(H·d_head) for
+/// ordinary heads, more where a mechanism adds pairs of its own), counted dense as PaLM's and
 /// nanoGPT's MFU do (a sparse pattern's savings show as a higher tokens/s, not as more FLOPs).
 pub fn train_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
     let t = cfg.transformer_spec();
@@ -125,7 +126,10 @@ pub fn train_flops_per_token(cfg: &Config, params: i64, vocab: i64) -> f64 {
         lookups += t.block_size * t.d_model;
     }
     let matmul_params = (params - lookups) as f64;
-    6.0 * matmul_params + 12.0 * (t.layers * t.block_size * t.attention.inner()) as f64
+    // Attention: per query–key pair the scores and the weighted sum of values (`pair_macs`, each MAC 2 FLOPs,
+    // training 3× the forward): Kaplan et al.'s 12·L·T·d_attn for ordinary heads, and a mechanism's own
+    // pairs where it has more (differential attention's second weighted sum, qk_dim other than head_dim).
+    6.0 * matmul_params + 6.0 * (t.layers * t.block_size * t.attention.pair_macs()) as f64
 }
 
 /// Kaplan et al. (2020)'s N: the trainable parameters outside every vocabulary table (the token embedding, an
@@ -345,4 +349,26 @@ fn outlier_probe(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64, f64) {
     let peak_ratio = stats.iter().map(|s| s.0).fold(f64::NAN, f64::max);
     let kurtosis = stats.iter().map(|s| s.1).sum::<f64>() / stats.len() as f64;
     (peak_ratio, kurtosis, logits.into_iter().fold(f64::NAN, f64::max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The FLOPs of a run count a mechanism's own attention pairs: Kaplan et al.'s 12·L·T·d_attn for ordinary
+    /// heads, and differential attention's second weighted sum of the values (6·L·T·H·d_head more), so a
+    /// compute budget charges each arm what it computes.
+    #[test]
+    fn attention_flops_count_each_mechanisms_pairs() {
+        let config = |extra: &str| {
+            let text = format!("kind: lm\ntransformer: {{d_model: 32, layers: 2, heads: 4, block_size: 16{extra}}}\n");
+            crate::recipe::parse(&text, "f.yaml", "f", false).unwrap().runs[0].config.clone()
+        };
+        let (plain, diff) = (config(""), config(", attention: {differential: true}"));
+        let params = 10_000;
+        let (a, b) = (train_flops_per_token(&plain, params, 50), train_flops_per_token(&diff, params, 50));
+        let (l, t, inner) = (2.0, 16.0, 32.0);
+        assert!((a - (6.0 * (params - 50 * 32 - 16 * 32) as f64 + 12.0 * l * t * inner)).abs() < 1e-6, "{a}");
+        assert!((b - a - 6.0 * l * t * inner).abs() < 1e-6, "{}", b - a);
+    }
 }
