@@ -259,6 +259,7 @@ pub fn scale_word(verdict: &Verdict) -> String {
         }
         Verdict::Better { .. } => "grows with compute".into(),
         Verdict::Worse { .. } => "shrinks with compute".into(),
-        other => format!("inconclusive ({})", other.word()),
+        Verdict::Inconclusive { seeds: Some(n) } => format!("inconclusive (about {n} seeds would settle it)"),
+        other => other.word().to_string(),
     }
 }
