@@ -634,9 +634,7 @@ pub fn plot(args: &PlotArgs) -> anyhow::Result<()> {
 
 /// The recipe file a results directory's `recipe.resolved.yaml` names as its `source`, if it still exists.
 fn recorded_source(dir: &std::path::Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(dir.join("recipe.resolved.yaml")).ok()?;
-    let value: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
-    let path = PathBuf::from(value.get("source")?.as_str()?);
+    let path = PathBuf::from(ablate::judge::reading::recorded(dir).source?);
     path.is_file().then_some(path)
 }
 

@@ -84,7 +84,6 @@ pub fn check(recipe: &Recipe) -> Result<()> {
 
 /// Each arm's ladder of the primary metric `column`, in the order the arms first appear: (arm, ladder).
 fn ladders(results: &Results, key: &str, column: &str) -> Vec<(String, Ladder)> {
-    let short = key.rsplit('.').next().unwrap_or(key);
     // Per arm: seed -> rung (its compute written out) -> value.
     type BySeed = BTreeMap<u64, BTreeMap<String, f64>>;
     let mut cells: Vec<(String, BySeed)> = Vec::new();
@@ -95,8 +94,7 @@ fn ladders(results: &Results, key: &str, column: &str) -> Vec<(String, Ladder)> 
         };
         let Ok(seed) = seed.parse::<u64>() else { continue };
         let value = row.get(column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
-        let arm: Vec<&str> = label.split(' ').filter(|t| !t.starts_with(&format!("{short}="))).collect();
-        let arm = if arm.is_empty() { "all runs".to_string() } else { arm.join(" ") };
+        let arm = super::reading::arm_of(label, key);
         if !rungs.contains(&c) {
             rungs.push(c);
         }
@@ -141,15 +139,42 @@ fn with_interval(ratio: f64, interval: Option<(f64, f64)>) -> String {
     }
 }
 
+/// What the section, the gains and the plot all read: the recipe's `compare.compute`, the ladder's swept key,
+/// every arm's ladder of the primary metric `column` and the baseline's arm among them; `None` without
+/// `compare.compute` or a baseline arm.
+struct Setup<'a> {
+    compute: &'a crate::recipe::compare::Compute,
+    key: String,
+    arms: Vec<(String, Ladder)>,
+    base: usize,
+}
+
+impl<'a> Setup<'a> {
+    fn of(results: &'a Results, column: &str) -> Option<Setup<'a>> {
+        let compute = results.recipe.compare.as_ref()?.compute.as_ref()?;
+        let key = super::sensitivity::swept_key(results.recipe, &compute.ladder)?;
+        let arms = ladders(results, &key, column);
+        let base = baseline_arm(results.recipe, &arms)?;
+        Some(Setup { compute, key, arms, base })
+    }
+
+    fn baseline(&self) -> &Ladder {
+        &self.arms[self.base].1
+    }
+
+    /// A frontier needs at least two rungs (a smoke run's budgets are seconds, with no rung at all).
+    fn has_ladder(&self) -> bool {
+        self.baseline().compute.len() >= 2
+    }
+}
+
 /// Every arm's gain over the baseline at each target (absent targets: the baseline's inner rung means),
 /// with how well the law fits the two arms: (arm, gain, fit), in the arms' order; empty without
 /// `compare.compute` or a ladder of at least two rungs.
 pub fn measured(results: &Results, column: &str) -> Vec<(String, crate::ceg::Gain, Option<FitCheck>)> {
-    let recipe = results.recipe;
-    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Vec::new() };
-    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Vec::new() };
-    let arms = ladders(results, &key, column);
-    let Some(base) = baseline_arm(recipe, &arms).filter(|&b| arms[b].1.compute.len() >= 2) else { return Vec::new() };
+    let Some(Setup { compute, arms, base, .. }) = Setup::of(results, column).filter(Setup::has_ladder) else {
+        return Vec::new();
+    };
     let targets = targets(&compute.targets, &arms[base].1);
     let mut out = Vec::new();
     for (_, (arm, ladder)) in arms.iter().enumerate().filter(|(i, _)| *i != base) {
@@ -172,18 +197,16 @@ fn targets(stated: &[f64], baseline: &Ladder) -> Vec<f64> {
 /// The block's compute section for the primary metric `column` (markdown), or `None` without
 /// `compare.compute`.
 pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
-    let recipe = results.recipe;
-    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Ok(None) };
-    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Ok(None) };
-    let arms = ladders(results, &key, column);
-    let Some(base) = baseline_arm(recipe, &arms) else { return Ok(None) };
-    if arms[base].1.compute.len() < 2 {
+    let Some(setup) = Setup::of(results, column) else { return Ok(None) };
+    if !setup.has_ladder() {
+        let key = &setup.key;
         // A smoke run (its budgets made seconds) or a ladder not yet run: no frontier to fit.
         return Ok(Some(format!(
             "\n**What each arm is worth in compute** (`compare.compute`, over `{key}`): no ladder of at least two \
              rungs in these results yet.\n"
         )));
     }
+    let Setup { compute, key, arms, base } = setup;
     let delta = compute.exponent_delta;
     let mut out = format!(
         "\n**What each arm is worth in compute** (`compare.compute`, over `{key}`): each seed's ladder of \
@@ -257,14 +280,8 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
 /// Draws `compute_frontiers.png`: each arm's runs and rung means of the primary metric against compute
 /// (TFLOP), and the frontier fitted to its rung means with the baseline's pairing's shared floor (dashed).
 pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
+    let Some(Setup { arms, base, .. }) = Setup::of(results, column).filter(Setup::has_ladder) else { return Ok(()) };
     let recipe = results.recipe;
-    let Some(compute) = recipe.compare.as_ref().and_then(|c| c.compute.as_ref()) else { return Ok(()) };
-    let Some(key) = super::sensitivity::swept_key(recipe, &compute.ladder) else { return Ok(()) };
-    let arms = ladders(results, &key, column);
-    let Some(base) = baseline_arm(recipe, &arms) else { return Ok(()) };
-    if arms[base].1.compute.len() < 2 {
-        return Ok(());
-    }
     let tera = 1e12;
     let mut series = Vec::new();
     let mut fits = Vec::new();

@@ -216,6 +216,26 @@ pub fn row_under(header: &[String], spec: &RunSpec, outcome: &RunOutcome) -> Vec
     header.iter().map(|c| values.get(c).cloned().unwrap_or_default()).collect()
 }
 
+/// The arm a run belongs to when the swept key `key` is read across it (a learning-rate grid, a compute
+/// ladder): its label without that key's `short=value` word (`all runs` when nothing else is left).
+pub fn arm_of(label: &str, key: &str) -> String {
+    let short = format!("{}=", key.rsplit('.').next().unwrap_or(key));
+    let words: Vec<&str> = label.split(' ').filter(|w| !w.starts_with(&short)).collect();
+    if words.is_empty() {
+        "all runs".to_string()
+    } else {
+        words.join(" ")
+    }
+}
+
+/// The rows of `rows` whose seed is one of `seeds` (a pilot's: the recipe's own seeds).
+pub fn rows_of_seeds(rows: &[Row], seeds: &[u64]) -> Vec<Row> {
+    rows.iter()
+        .filter(|r| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| seeds.contains(&s)))
+        .cloned()
+        .collect()
+}
+
 /// Whether a row is reported (summaries, plots, reports and reproduction read it): every row but a tuned
 /// recipe's tuning runs (`phase` `tune`).
 fn reported(row: &Row) -> bool {
@@ -284,6 +304,9 @@ fn read_curves(path: &Path) -> Result<Curves> {
 /// the file is for people): the command line's overrides and the predictions the runs were made against.
 #[derive(Debug, Default, serde::Deserialize)]
 pub struct Recorded {
+    /// The recipe file the results were made from, as its path was given.
+    #[serde(default)]
+    pub source: Option<String>,
     #[serde(default)]
     pub overrides: Vec<String>,
     #[serde(default)]

@@ -90,8 +90,7 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
                 v
             }
         };
-        let arm_label: Vec<&str> = label.split(' ').filter(|t| !t.starts_with(&format!("{short}="))).collect();
-        let arm_label = if arm_label.is_empty() { "all runs".to_string() } else { arm_label.join(" ") };
+        let arm_label = super::reading::arm_of(label, &key);
         if !order.contains(&arm_label) {
             order.push(arm_label.clone());
         }

@@ -319,8 +319,7 @@ fn margin(runs: &[Row], ids: &[String], column: &str, delta: Delta) -> f64 {
 /// primary metric has a column.
 pub fn paired_spreads(results: &Results, pilot_seeds: &[u64]) -> Result<Option<Vec<Spread>>> {
     let (recipe, metrics) = (results.recipe, &results.headline);
-    let pilot = |r: &&Row| r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s));
-    let runs: &[Row] = &results.runs.iter().filter(pilot).cloned().collect::<Vec<_>>();
+    let runs: &[Row] = &super::reading::rows_of_seeds(&results.runs, pilot_seeds);
     let Some(primary) = primary_column(recipe, metrics) else { return Ok(None) };
     let Some(metric) = metrics.iter().find(|m| m.column_name() == Some(primary.as_str())) else { return Ok(None) };
     let Some(reference) = resolve_pairing(runs, recipe, None)? else { return Ok(None) };

@@ -22,9 +22,8 @@ fn shards_pilot_plan(dir: &Path, pilot_seeds: &[u64]) -> Option<crate::recipe::c
         std::fs::read_dir(dir.join("shards")).ok()?.filter_map(|e| Some(e.ok()?.path())).collect();
     shards.sort();
     let trained_pilot = |shard: &Path| {
-        crate::judge::reading::all_runs(shard).is_ok_and(|rows| {
-            rows.iter().any(|r| r.get("seed").and_then(|s| s.parse().ok()).is_some_and(|s| pilot_seeds.contains(&s)))
-        })
+        crate::judge::reading::all_runs(shard)
+            .is_ok_and(|rows| !crate::judge::reading::rows_of_seeds(&rows, pilot_seeds).is_empty())
     };
     shards.iter().filter(|s| trained_pilot(s)).find_map(|shard| recorded(shard).pilot_plan)
 }

@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 
 use crate::design::{family_level, is_second_stage, Planner, MOST_PLANNED_SEEDS, SECOND_STAGE_MIN};
-use crate::judge::reading::{variants_of, Results};
+use crate::judge::reading::{rows_of_seeds, variants_of, Results};
 use crate::judge::summary::paired_spreads;
 use crate::recipe::{Recipe, RunSpec};
 
@@ -99,11 +99,7 @@ fn arm_targets(results: &Results, pilot_seeds: &[u64], max_seeds: usize) -> Resu
         }
     }
     // Arms in no comparison (none in a baseline or ladder design) keep their pilot.
-    let pilot = |r: &&BTreeMap<String, String>| {
-        r.get("seed").and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| pilot_seeds.contains(&s))
-    };
-    let pilot_rows: Vec<_> = results.runs.iter().filter(pilot).cloned().collect();
-    for (label, _) in variants_of(&pilot_rows) {
+    for (label, _) in variants_of(&rows_of_seeds(&results.runs, pilot_seeds)) {
         out.entry(label).or_insert(pilot_seeds.len());
     }
     Ok(out)
