@@ -277,6 +277,15 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
     Ok(Some(out))
 }
 
+/// [`plot`] of the recipe's primary metric, its axis named by the metric's declaration.
+pub fn plot_primary(results: &Results) -> Result<()> {
+    let Some(column) = super::summary::primary_column(results.recipe, &results.headline) else { return Ok(()) };
+    match results.headline.iter().find(|m| m.column_name() == Some(column.as_str())) {
+        Some(m) => plot(results, &column, &results.declarations.heading(m)),
+        None => Ok(()),
+    }
+}
+
 /// Draws `compute_frontiers.png`: each arm's runs and rung means of the primary metric against compute
 /// (TFLOP), and the frontier fitted to its rung means with the baseline's pairing's shared floor (dashed).
 pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {

@@ -179,11 +179,7 @@ pub fn plot_results(results: &Results) -> Result<()> {
         )?;
     }
     length_generalisation_chart(dir, name, runs, &variants, &band)?;
-    if let Some(column) = crate::judge::summary::primary_column(recipe, &results.headline) {
-        if let Some(m) = results.headline.iter().find(|m| m.column_name() == Some(column.as_str())) {
-            crate::judge::compute::plot(results, &column, &results.declarations.heading(m))?;
-        }
-    }
+    crate::judge::compute::plot_primary(results)?;
     if super::interaction::has_patterns(recipe) {
         super::interaction::draw(dir, recipe)?;
     }
