@@ -7,14 +7,14 @@
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 
-use super::plot::{loglog_chart, Axes, Series};
+use super::plot::charts::{compute_chart, ComputeAxes, FrontierBand, GainBand};
 use super::reading::Results;
 use crate::ceg::{
     exponent_differences, exponent_verdicts, fit_check, gain, scale_word, seed_pairs, FitCheck, Frontier, Ladder,
 };
 use crate::recipe::compare::Comparison;
 use crate::recipe::Recipe;
-use crate::stats::{mean_std, Estimate};
+use crate::stats::Estimate;
 
 /// The file of the frontier plot.
 pub const PLOT: &str = "compute_frontiers.png";
@@ -286,60 +286,93 @@ pub fn plot_primary(results: &Results) -> Result<()> {
     }
 }
 
-/// Draws `compute_frontiers.png`: each arm's runs and rung means of the primary metric against compute
-/// (TFLOP), and the frontier fitted to its rung means with the baseline's pairing's shared floor (dashed).
+/// Each seed's frontier of every arm ([`seed_pairs`] with the baseline; the baseline's own with itself).
+fn seed_frontiers(arms: &[(String, Ladder)], base: usize) -> Vec<Vec<Frontier>> {
+    arms.iter().map(|(_, ladder)| seed_pairs(&arms[base].1, ladder).into_iter().map(|(_, _, a)| a).collect()).collect()
+}
+
+/// The mean of `values` and its 95% t interval (the mean itself, twice, from one value).
+fn centre_and_interval(values: &[f64]) -> (f64, f64, f64) {
+    let e = Estimate::of(values);
+    let h = e.half_width.unwrap_or(0.0);
+    (e.mean, e.mean - h, e.mean + h)
+}
+
+/// Draws `compute_frontiers.png`: on the left each arm's runs of the primary metric against compute (TFLOP)
+/// and the mean of its seeds' fitted frontiers with their 95% band; on the right each arm's gain over the
+/// baseline across the targets inside both arms' measured ranges, with its 95% band, read against 1 and the
+/// prediction. An arm whose law misfits has no gain curve (its gain is no estimate).
 pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
-    let Some(Setup { arms, base, .. }) = Setup::of(results, column).filter(Setup::has_ladder) else { return Ok(()) };
-    let recipe = results.recipe;
+    let Some(Setup { compute, arms, base, .. }) = Setup::of(results, column).filter(Setup::has_ladder) else {
+        return Ok(());
+    };
     let tera = 1e12;
-    let mut series = Vec::new();
-    let mut fits = Vec::new();
-    for (arm, ladder) in &arms {
-        let means = ladder.means();
-        let points: Vec<(f64, f64, f64)> = ladder
-            .compute
-            .iter()
-            .zip(&means)
-            .enumerate()
-            .filter(|(_, (_, m))| m.is_finite())
-            .map(|(i, (c, m))| {
-                let values: Vec<f64> = ladder.seeds.iter().map(|(_, l)| l[i]).collect();
-                (c / tera, *m, mean_std(&values).1)
-            })
-            .collect();
-        let runs = ladder
+    let per_seed = seed_frontiers(&arms, base);
+    let mut bands = Vec::new();
+    for ((arm, ladder), fits) in arms.iter().zip(&per_seed) {
+        let runs: Vec<(f64, f64)> = ladder
             .seeds
             .iter()
             .flat_map(|(_, l)| ladder.compute.iter().zip(l).map(|(c, v)| (c / tera, *v)))
             .filter(|(_, v)| v.is_finite())
             .collect();
-        series.push(Series { label: arm.clone(), points, runs, ..Default::default() });
-        // The mean frontier, drawn with the floor the seeds' fits share on average.
-        let pairs = seed_pairs(&arms[base].1, ladder);
-        let floor = if pairs.is_empty() {
-            0.0
+        let (c0, c1) = (ladder.compute[0], ladder.compute[ladder.compute.len() - 1]);
+        let frontier = if fits.is_empty() {
+            Vec::new()
         } else {
-            pairs.iter().map(|(_, b, _)| b.floor).sum::<f64>() / pairs.len() as f64
+            (0..=24)
+                .map(|i| c0 * (c1 / c0).powf(i as f64 / 24.0))
+                .map(|c| {
+                    let (m, lo, hi) = centre_and_interval(&fits.iter().map(|f| f.loss_at(c)).collect::<Vec<_>>());
+                    (c / tera, m, lo, hi)
+                })
+                .collect()
         };
-        if let Some(f) = Frontier::fit(&ladder.compute, &means, floor) {
-            let (c0, c1) = (ladder.compute[0], ladder.compute[ladder.compute.len() - 1]);
-            let points =
-                (0..=24).map(|i| c0 * (c1 / c0).powf(i as f64 / 24.0)).map(|c| (c / tera, f.loss_at(c), 0.0)).collect();
-            fits.push(Series {
-                label: format!("{arm}: fit (E = {floor:.3}, α = {:.3})", f.exponent),
-                points,
-                ..Default::default()
-            });
+        let fit_words = match fits.len() {
+            0 => "no fit".to_string(),
+            n => {
+                let mean = |v: Vec<f64>| v.iter().sum::<f64>() / n as f64;
+                let (e, alpha) =
+                    (mean(fits.iter().map(|f| f.floor).collect()), mean(fits.iter().map(|f| f.exponent).collect()));
+                format!("fit E = {e:.3}, α = {alpha:.3}")
+            }
+        };
+        bands.push(FrontierBand { label: format!("{arm} ({fit_words})"), runs, frontier });
+    }
+    let targets = targets(&compute.targets, &arms[base].1);
+    let mut gains = Vec::new();
+    for (i, (arm, ladder)) in arms.iter().enumerate().filter(|(i, _)| *i != base) {
+        if fit_check(&arms[base].1, ladder).is_some_and(|f| !f.fits()) {
+            bands[i].label.push_str(": the law misfits, no gain");
+            continue;
         }
+        let ((b0, b1), (a0, a1)) = (arms[base].1.range(), ladder.range());
+        let (lo, hi) = (b0.max(a0), b1.min(a1));
+        if !(lo < hi) {
+            continue;
+        }
+        let point = |t: f64| {
+            let g = gain(&arms[base].1, ladder, t)?;
+            let (l, h) = g.interval.unwrap_or((g.ratio, g.ratio));
+            Some((t, g.ratio, l, h))
+        };
+        let points: Vec<_> = (0..=30).filter_map(|k| point(lo + (hi - lo) * k as f64 / 30.0)).collect();
+        let marked =
+            targets.iter().filter(|t| (lo..=hi).contains(*t)).filter_map(|&t| point(t)).map(|p| (p.0, p.1)).collect();
+        gains.push(GainBand { label: arm.clone(), arm: i, points, marked });
     }
-    if series.iter().all(|s| s.points.is_empty()) {
-        return Ok(());
-    }
-    let title = format!("{}: {label} against training compute, each arm's frontier", recipe.name);
-    loglog_chart(
+    let title = format!("{}: {label} against training compute, and what each arm is worth", results.recipe.name);
+    let predicted = compute.predict.as_ref().map(|p| (p.gain, format!("predicted {}×", p.gain)));
+    compute_chart(
         &results.dir.join(PLOT),
-        &series,
-        &fits,
-        &Axes { title: &title, x_label: "training compute (TFLOP)", y_label: label, x_categories: None },
+        &bands,
+        &gains,
+        &ComputeAxes {
+            title: &title,
+            compute_label: "training compute (TFLOP)",
+            value_label: label,
+            predicted,
+            no_gain: "no gain to draw: the law misfits every arm's ladder",
+        },
     )
 }

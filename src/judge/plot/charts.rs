@@ -641,3 +641,171 @@ pub fn attention_heatmaps(path: &Path, maps: &[tch::Tensor], title: &str) -> Res
         Ok(())
     })
 }
+
+/// One arm of a compute chart: its runs (compute, value), and its fitted frontier at points along the ladder
+/// (compute, centre, lower, upper), the band being the 95% interval over the seeds' own frontiers.
+pub struct FrontierBand {
+    pub label: String,
+    pub runs: Vec<(f64, f64)>,
+    pub frontier: Vec<(f64, f64, f64, f64)>,
+}
+
+/// One arm's gain over the baseline against the target value L*: (target, gain, lower, upper), the band its
+/// 95% interval; `marked` are the stated targets, drawn as markers on the curve.
+pub struct GainBand {
+    pub label: String,
+    /// The arm's index among the frontier chart's arms, so that both panels give it one colour.
+    pub arm: usize,
+    pub points: Vec<(f64, f64, f64, f64)>,
+    pub marked: Vec<(f64, f64)>,
+}
+
+/// What the compute chart's two panels are called, and the lines the gain panel is read against.
+pub struct ComputeAxes<'a> {
+    pub title: &'a str,
+    pub compute_label: &'a str,
+    pub value_label: &'a str,
+    /// A line drawn across the gain panel with its legend label (the prediction), beside the line at 1.
+    pub predicted: Option<(f64, String)>,
+    /// What the gain panel says where it has no curve (every arm's law misfits, or no gain is defined).
+    pub no_gain: &'a str,
+}
+
+/// The two-panel compute chart: on the left each arm's runs and fitted frontier with its band against compute
+/// (both axes logarithmic, ticks labelled), on the right each arm's gain against the target value with its
+/// band, read against 1 (no gain) and the prediction; the legend beside both.
+pub fn compute_chart(path: &Path, arms: &[FrontierBand], gains: &[GainBand], axes: &ComputeAxes) -> Result<()> {
+    let xs = arms.iter().flat_map(|a| a.runs.iter().map(|r| r.0).chain(a.frontier.iter().map(|f| f.0)));
+    let ys = arms.iter().flat_map(|a| a.runs.iter().map(|r| r.1).chain(a.frontier.iter().flat_map(|f| [f.2, f.3])));
+    let extent = |it: &mut dyn Iterator<Item = f64>| {
+        it.filter(|v| v.is_finite() && *v > 0.0).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
+    };
+    let (x0, x1) = extent(&mut xs.into_iter());
+    let (y0, y1) = extent(&mut ys.into_iter());
+    if !(x0 < x1 && y0 < y1) {
+        return Err(anyhow!("nothing to plot for {}", path.display()));
+    }
+    let mut x_ticks: Vec<f64> = arms.iter().flat_map(|a| a.runs.iter().map(|r| r.0)).collect();
+    x_ticks.sort_by(f64::total_cmp);
+    x_ticks.dedup();
+    let room = (y1 / y0).powf(0.05).max(1.01);
+    let (y_lo, y_hi) = (y0 / room, y1 * room);
+    let y_ticks = log_axis_ticks(y_lo, y_hi);
+    let mut entries = series_entries(&arms.iter().map(|a| a.label.clone()).collect::<Vec<_>>());
+    entries.push(LegendEntry {
+        label: "no gain (1×)".into(),
+        colour: RGBColor(110, 110, 110),
+        dash: None,
+        marker: None,
+    });
+    if let Some((_, label)) = &axes.predicted {
+        entries.push(LegendEntry {
+            label: label.clone(),
+            colour: RGBColor(110, 110, 110),
+            dash: Some((6, 4)),
+            marker: None,
+        });
+    }
+    let (width, height) = (1700, 720);
+    write_png(path, (width, height), |root| {
+        let legend_w = legend_width(entries.iter().map(|e| e.label.as_str()));
+        let (body, legend_area) = root.split_horizontally(width - legend_w);
+        legend(&legend_area, &entries)?;
+        let body = body.titled(axes.title, ("sans-serif", caption_size(axes.title, width - legend_w)))?;
+        let (left, right) = body.split_horizontally((width - legend_w) / 2);
+        let mut chart = ChartBuilder::on(&left)
+            .caption("the frontiers: each run, and the fit with its 95% band over seeds", ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(80)
+            .build_cartesian_2d(
+                (x0 * 0.9..x1 * 1.1).log_scale().with_key_points(x_ticks.clone()),
+                (y_lo..y_hi).log_scale().with_key_points(y_ticks.clone()),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc(format!("{} (log scale)", axes.compute_label))
+            .y_desc(format!("{} (log scale)", axes.value_label))
+            .label_style(("sans-serif", 14))
+            .x_label_formatter(&|x: &f64| tick_label(*x))
+            .y_label_formatter(&|y: &f64| tick_label(*y))
+            .draw()?;
+        for (i, arm) in arms.iter().enumerate() {
+            let c = colour(i);
+            let upper = arm.frontier.iter().map(|f| (f.0, f.3.clamp(y_lo, y_hi)));
+            let lower = arm.frontier.iter().rev().map(|f| (f.0, f.2.clamp(y_lo, y_hi)));
+            chart.draw_series(std::iter::once(Polygon::new(
+                upper.chain(lower).collect::<Vec<_>>(),
+                c.mix(0.18).filled(),
+            )))?;
+            let centre = arm.frontier.iter().map(|f| (f.0, f.1));
+            chart.draw_series(DashedLineSeries::new(centre, 8, 5, c.stroke_width(2)))?;
+            draw_markers(&mut chart, &arm.runs, marker(i), 3, c)?;
+        }
+        gain_panel(&right, gains, axes)
+    })
+}
+
+/// The right panel of [`compute_chart`]: gains against target values on a logarithmic gain axis.
+fn gain_panel(area: &Canvas, gains: &[GainBand], axes: &ComputeAxes) -> Result<()> {
+    let caption = "what each arm is worth: × the baseline's compute, with its 95% band";
+    let finite = |v: &f64| v.is_finite() && *v > 0.0;
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, 1.0f64, 1.0f64);
+    for g in gains {
+        for p in &g.points {
+            x0 = x0.min(p.0);
+            x1 = x1.max(p.0);
+            for v in [p.1, p.2, p.3].into_iter().filter(finite) {
+                y0 = y0.min(v);
+                y1 = y1.max(v);
+            }
+        }
+    }
+    if let Some((p, _)) = axes.predicted {
+        y0 = y0.min(p);
+        y1 = y1.max(p);
+    }
+    if !(x0 < x1) {
+        let area = area.titled(caption, ("sans-serif", 15))?;
+        let (w, h) = area.dim_in_pixel();
+        let style = TextStyle::from(("sans-serif", 16).into_font()).pos(plotters::style::text_anchor::Pos::new(
+            plotters::style::text_anchor::HPos::Center,
+            plotters::style::text_anchor::VPos::Center,
+        ));
+        area.draw(&Text::new(axes.no_gain.to_string(), (w as i32 / 2, h as i32 / 2), style))?;
+        return Ok(());
+    }
+    let room = (y1 / y0).powf(0.05).max(1.02);
+    let (y_lo, y_hi) = (y0 / room, y1 * room);
+    let pad = (x1 - x0) * 0.04;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0 - pad..x1 + pad, (y_lo..y_hi).log_scale().with_key_points(log_axis_ticks(y_lo, y_hi)))?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("target {} L*", axes.value_label))
+        .y_desc("worth (× the baseline's compute, log scale)")
+        .max_light_lines(1)
+        .label_style(("sans-serif", 14))
+        .x_label_formatter(&|x: &f64| tick_label(*x))
+        .y_label_formatter(&|y: &f64| tick_label(*y))
+        .draw()?;
+    let grey = RGBColor(110, 110, 110);
+    chart.draw_series(LineSeries::new([(x0 - pad, 1.0), (x1 + pad, 1.0)], grey.stroke_width(2)))?;
+    if let Some((p, _)) = axes.predicted {
+        chart.draw_series(DashedLineSeries::new([(x0 - pad, p), (x1 + pad, p)], 6, 4, grey.stroke_width(2)))?;
+    }
+    for g in gains {
+        let c = colour(g.arm);
+        let upper = g.points.iter().map(|p| (p.0, p.3.clamp(y_lo, y_hi)));
+        let lower = g.points.iter().rev().map(|p| (p.0, p.2.clamp(y_lo, y_hi)));
+        chart
+            .draw_series(std::iter::once(Polygon::new(upper.chain(lower).collect::<Vec<_>>(), c.mix(0.18).filled())))?;
+        chart.draw_series(LineSeries::new(g.points.iter().map(|p| (p.0, p.1)), c.stroke_width(2)))?;
+        draw_markers(&mut chart, &g.marked, marker(g.arm), 5, c)?;
+    }
+    Ok(())
+}
