@@ -263,3 +263,31 @@ pub fn scale_word(verdict: &Verdict) -> String {
         other => other.word().to_string(),
     }
 }
+
+/// The gain in wall-clock time: the compute-equivalent gain times how much faster the arm turns compute into
+/// loss, C_b(L*)/R_b ÷ C_a(L*)/R_a = CEG · R_a/R_b, R being each arm's model FLOP/s. `speed_logs` are the
+/// log ratios ln(R_a/R_b) of paired timing repeats (each repeat times both arms back to back, on the same
+/// cores). The estimate is exp(mean log CEG + mean log speed ratio); its 95% interval is Welch's: the two
+/// means are independent (seeds and repeats), their standard errors add in quadrature, and the degrees of
+/// freedom are Welch–Satterthwaite's. `tests/ceg.rs` simulates its coverage. `None` without a speed ratio.
+pub fn wall_gain(gain: &Gain, speed_logs: &[f64]) -> Option<(f64, Option<(f64, f64)>)> {
+    if speed_logs.is_empty() {
+        return None;
+    }
+    let seeds: Vec<f64> = gain.log_ratios.iter().map(|r| r.1).collect();
+    let (g, sd_g) = mean_std(&seeds);
+    let (r, sd_r) = mean_std(speed_logs);
+    let centre = g + r;
+    let (n, m) = (seeds.len() as f64, speed_logs.len() as f64);
+    if n < 2.0 || m < 2.0 {
+        return Some((centre.exp(), None));
+    }
+    let (vg, vr) = (sd_g * sd_g / n, sd_r * sd_r / m);
+    let se = (vg + vr).sqrt();
+    if se == 0.0 {
+        return Some((centre.exp(), Some((centre.exp(), centre.exp()))));
+    }
+    let df = (vg + vr).powi(2) / (vg * vg / (n - 1.0) + vr * vr / (m - 1.0));
+    let h = t_critical(df) * se;
+    Some((centre.exp(), Some(((centre - h).exp(), (centre + h).exp()))))
+}

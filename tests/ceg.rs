@@ -163,6 +163,23 @@ fn the_compute_section_states_each_arms_gain_from_a_results_directory() {
     // The frontier plot is drawn from the same reading.
     ablate::judge::compute::plot(&results, "test_loss", "test loss (nats/token)").unwrap();
     assert!(dir.join(ablate::judge::compute::PLOT).is_file());
+    assert!(section.contains("no `wall_clock.csv`"), "{section}");
+    // Timed on quiet cores, SwiGLU turning compute into loss at 0.8 of GELU's FLOP/s in every repeat: worth
+    // 1.5 × 0.8 = 1.2 times the baseline's wall-clock time. On busy cores the speed is printed, no gain.
+    for (load, expected) in [(0.1, "| 1.20× [1.20, 1.20] |"), (2.0, "| not stated (busy cores) |")] {
+        let mut timings =
+            String::from("repeat,arm,order,steps,tokens_per_s,model_tflops,threads,load_at_start,load_1m,cpu\n");
+        for repeat in 0..3 {
+            timings.push_str(&format!("{repeat},gelu,0,50,1000,0.05,2,{load},1.0,Test CPU\n"));
+            timings.push_str(&format!("{repeat},swiglu,1,50,800,0.04,2,{load},1.0,Test CPU\n"));
+        }
+        std::fs::write(dir.join("wall_clock.csv"), timings).unwrap();
+        let section = ablate::judge::compute::section(&results, "test_loss").unwrap().unwrap();
+        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| swiglu | 0.800× [0.800, 0.800]")).collect();
+        assert_eq!(rows.len(), 2, "{section}");
+        assert!(rows.iter().all(|r| r.ends_with(expected)), "{rows:?}");
+        assert!(section.contains("on Test CPU with 2 threads"), "{section}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -192,4 +209,55 @@ fn a_ladder_the_law_cannot_describe_is_flagged() {
     )
     .unwrap();
     assert!(!bent.fits() && bent.residual > 3.0 * bent.seed_spread, "{bent:?}");
+}
+
+/// Coverage of the wall-clock gain's interval (`wall_gain`: the gain in compute times the arms' paired speed
+/// ratio, Welch's interval on the sum of their log means) and of the same interval with the normal quantile
+/// in place of Welch's t, over `replicates` synthetic experiments: `seeds` per-seed log gains of spread
+/// `sd_gain` around ln 1.3 and `repeats` log speed ratios of spread `sd_speed` around ln 0.8 (the truth 1.04).
+fn simulate_wall(seeds: usize, repeats: usize, sd_gain: f64, sd_speed: f64, replicates: usize) -> (f64, f64) {
+    let (gain_true, speed_true) = (1.3f64, 0.8f64);
+    let truth = gain_true * speed_true;
+    let mut state = 97 + seeds as u64 * 13 + repeats as u64;
+    let (mut covered, mut covered_z) = (0, 0);
+    for _ in 0..replicates {
+        let log_ratios: Vec<(u64, f64)> =
+            (0..seeds as u64).map(|s| (s, gain_true.ln() + sd_gain * normal(&mut state))).collect();
+        let speed: Vec<f64> = (0..repeats).map(|_| speed_true.ln() + sd_speed * normal(&mut state)).collect();
+        let logs: Vec<f64> = log_ratios.iter().map(|r| r.1).collect();
+        let g = ablate::ceg::Gain {
+            target: 2.0,
+            ratio: ablate::stats::mean_std(&logs).0.exp(),
+            interval: None,
+            log_ratios,
+            inside: true,
+        };
+        let (_, interval) = ablate::ceg::wall_gain(&g, &speed).unwrap();
+        let (lo, hi) = interval.unwrap();
+        covered += usize::from(lo <= truth && truth <= hi);
+        let (mg, sg) = ablate::stats::mean_std(&logs);
+        let (mr, sr) = ablate::stats::mean_std(&speed);
+        let se = (sg * sg / seeds as f64 + sr * sr / repeats as f64).sqrt();
+        let centre = mg + mr;
+        covered_z += usize::from((centre - 1.96 * se).exp() <= truth && truth <= (centre + 1.96 * se).exp());
+    }
+    (covered as f64 / replicates as f64, covered_z as f64 / replicates as f64)
+}
+
+/// The wall-clock gain's 95% interval covers a known gain 93–97% of the time, whether the seeds' spread or the
+/// timing's dominates; with the normal quantile in its place it covers far less at three seeds.
+#[test]
+fn the_wall_clock_gain_interval_covers_a_known_gain() {
+    for (seeds, repeats, sd_gain, sd_speed) in
+        [(3, 5, 0.10, 0.02), (3, 5, 0.02, 0.10), (5, 5, 0.05, 0.05), (3, 3, 0.05, 0.05)]
+    {
+        let (coverage, coverage_z) = simulate_wall(seeds, repeats, sd_gain, sd_speed, 4000);
+        eprintln!(
+            "{seeds} seeds, {repeats} repeats, spreads {sd_gain}/{sd_speed}: Welch coverage {coverage:.4}, normal {coverage_z:.4}"
+        );
+        assert!((0.93..=0.97).contains(&coverage), "{seeds} seeds, {repeats} repeats: covers {coverage:.3}");
+        if seeds == 3 && sd_gain > sd_speed {
+            assert!(coverage_z < 0.93, "the normal quantile covers {coverage_z:.3}: the test cannot tell");
+        }
+    }
 }

@@ -137,6 +137,10 @@ enum Command {
     /// every layer's output and the logits after the last step, per width (a table, coord_check.csv, and a
     /// chart per parametrisation).
     CoordCheck(inspect::CoordCheckArgs),
+    /// Time each arm of a recipe's compute ladder (`compare.compute`) in turn for a fixed number of steps,
+    /// repeat after repeat, and write <out>/wall_clock.csv: the speeds that turn its gains in compute into
+    /// gains in wall-clock time (stated only where the cores were quiet).
+    WallClock(running::WallClockArgs),
     /// Measure one complexity point in this process and print it as JSON (used by complexity recipes).
     #[command(hide = true)]
     ComplexityPoint(bench::ComplexityPointArgs),
@@ -192,6 +196,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Embed(args)) => inspect::embed(&args),
         Some(Command::CoordCheck(args)) => inspect::coord_check(&args),
         Some(Command::Data(args)) => data::data(&args),
+        Some(Command::WallClock(args)) => running::wall_clock(&args),
         Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),
         Some(Command::Bench(args)) => bench::bench(&args),
         Some(Command::Keys(args)) => reference::keys(&args),

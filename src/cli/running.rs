@@ -189,6 +189,26 @@ pub struct MergeArgs {
 }
 
 #[derive(clap::Args)]
+pub struct WallClockArgs {
+    recipe: PathBuf,
+    /// The results directory `wall_clock.csv` goes into (default: the recipe's, as `ablate RECIPE` writes it).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Steps each timed run trains (more than the recipe's warm-up).
+    #[arg(long, default_value_t = 200)]
+    steps: i64,
+    /// Timed runs of each arm, the arms in turn within each.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Shrink the model and data to seconds, as `--smoke` does for a run (CI times the path this way).
+    #[arg(long)]
+    smoke: bool,
+    /// auto (CUDA when available), cpu, cuda, or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+#[derive(clap::Args)]
 pub struct SlurmArgs {
     recipe: PathBuf,
     #[command(flatten)]
@@ -563,5 +583,15 @@ pub fn slurm(args: &SlurmArgs) -> anyhow::Result<()> {
         submit.with_file_name("array.sbatch").display(),
         sweep.path.display()
     );
+    Ok(())
+}
+
+/// `ablate wall-clock`: each arm of a compute ladder timed in turn, written to `<out>/wall_clock.csv` for the
+/// compute section's gains in wall-clock time.
+pub fn wall_clock(args: &WallClockArgs) -> anyhow::Result<()> {
+    let sweep = Sweep::load(&args.recipe, args.smoke, &ablate::recipe::Overrides::default(), args.out.clone())?;
+    let device = super::target::device(&args.device)?;
+    ablate::run::wall_clock::measure(&sweep.recipe, &sweep.out, args.steps, args.repeats, device)?;
+    println!("wrote {}", sweep.out.join(ablate::run::wall_clock::FILE).display());
     Ok(())
 }

@@ -402,3 +402,69 @@ pub fn repair_torn_tail(path: &Path) -> Result<()> {
     );
     Ok(())
 }
+
+/// The file `ablate wall-clock` writes beside `runs.csv`: each arm's training speed, repeat by repeat.
+pub const WALL_CLOCK_FILE: &str = "wall_clock.csv";
+
+/// One timed run of `wall_clock.csv`: which repeat, which arm, its model FLOP/s (in TFLOP/s), and the
+/// conditions it ran in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    pub repeat: u64,
+    pub arm: String,
+    pub model_tflops: f64,
+    pub threads: i64,
+    /// The one-minute load average before the first (untimed) run: whether the cores were quiet.
+    pub load_at_start: f64,
+    pub load_1m: f64,
+    pub cpu: String,
+}
+
+/// `dir`'s `wall_clock.csv`, `None` where it has none; a damaged file is an error naming it.
+pub fn wall_clock(dir: &Path) -> Result<Option<Vec<Timing>>> {
+    let path = dir.join(WALL_CLOCK_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let (header, records) = table(&path)?;
+    let column = |name: &str| {
+        header.iter().position(|h| h == name).with_context(|| format!("{} has no `{name}` column", path.display()))
+    };
+    let (repeat, arm, tflops, threads, start, load, cpu) = (
+        column("repeat")?,
+        column("arm")?,
+        column("model_tflops")?,
+        column("threads")?,
+        column("load_at_start")?,
+        column("load_1m")?,
+        column("cpu")?,
+    );
+    let number = |r: &csv::StringRecord, i: usize| -> Result<f64> {
+        r[i].parse().with_context(|| format!("{}: `{}` is not a number", path.display(), &r[i]))
+    };
+    records
+        .iter()
+        .map(|r| {
+            Ok(Timing {
+                repeat: number(r, repeat)? as u64,
+                arm: r[arm].to_string(),
+                model_tflops: number(r, tflops)?,
+                threads: number(r, threads)? as i64,
+                load_at_start: number(r, start)?,
+                load_1m: number(r, load)?,
+                cpu: r[cpu].to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// Per repeat both arms ran: ln(FLOP/s of `arm` ÷ FLOP/s of `baseline`).
+pub fn speed_logs(timings: &[Timing], arm: &str, baseline: &str) -> Vec<f64> {
+    let of =
+        |name: &str, repeat: u64| timings.iter().find(|t| t.arm == name && t.repeat == repeat).map(|t| t.model_tflops);
+    let mut repeats: Vec<u64> = timings.iter().map(|t| t.repeat).collect();
+    repeats.sort_unstable();
+    repeats.dedup();
+    repeats.into_iter().filter_map(|r| Some((of(arm, r)? / of(baseline, r)?).ln())).filter(|v| v.is_finite()).collect()
+}

@@ -11,6 +11,7 @@ pub mod scale;
 pub mod settle;
 pub mod sweep;
 pub mod tune;
+pub mod wall_clock;
 
 /// Reads the finished results directory `out` once and draws, exports and reports it
 /// ([`crate::judge::finish`]).

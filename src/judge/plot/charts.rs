@@ -765,7 +765,7 @@ fn gain_panel(area: &Canvas, gains: &[GainBand], axes: &ComputeAxes) -> Result<(
         y0 = y0.min(p);
         y1 = y1.max(p);
     }
-    if !(x0 < x1) {
+    if x0 >= x1 {
         let area = area.titled(caption, ("sans-serif", 15))?;
         let (w, h) = area.dim_in_pixel();
         let style = TextStyle::from(("sans-serif", 16).into_font()).pos(plotters::style::text_anchor::Pos::new(
