@@ -261,3 +261,66 @@ fn the_wall_clock_gain_interval_covers_a_known_gain() {
         }
     }
 }
+
+/// With `compare.compute.sizes`, each arm's frontier takes at each rung the size with the lowest validation
+/// value (mean over seeds) and reports that size's test value: here a large model (d_model 32) on the law and
+/// a small one (16) 0.3 nats worse on test at every rung, each arm's gain 1.5 over the baseline at either size.
+/// Validation favours the large model except at the last rung, where it (wrongly, for test) favours the small
+/// one: the choice follows validation there, and the frontier reads the small model's test values at that rung.
+#[test]
+fn with_a_size_sweep_each_arm_takes_its_best_size_per_rung_chosen_on_validation() {
+    let dir = std::env::temp_dir().join(format!("ablate-ceg-sizes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "kind: lm\ntransformer: {d_model: 16, layers: 1, heads: 2, block_size: 16}\n\
+                variants:\n  - {label: gelu}\n  - {label: swiglu, transformer.activation: swiglu}\n\
+                sweep:\n  train.budget: [{flops: 1.0e12}, {flops: 2.0e12}, {flops: 4.0e12}, {flops: 8.0e12}]\n  \
+                transformer.d_model: [16, 32]\n\
+                seeds: [0, 1, 2]\ncompare:\n  baseline: variant=gelu\n  \
+                compute: {ladder: train.budget, sizes: transformer.d_model}\n";
+    let recipe = ablate::recipe::parse(text, "c.yaml", "c", false).unwrap();
+    let mut runs =
+        String::from("run_id,label,seed,config_hash,status,variant,train.budget.flops,transformer.d_model,test_loss\n");
+    let mut curves = String::from("run_id,step,split,metric,value\n");
+    for (seed, offset) in [0.0, 0.01, -0.01].iter().enumerate() {
+        for c in [1.0, 2.0, 4.0, 8.0] {
+            for d in [16, 32] {
+                let worse = if d == 16 { 0.3 } else { 0.0 };
+                let base = 2.0 + 8.0 * f64::powf(c, -0.5) + offset + worse;
+                let arm = 2.0 + 8.0 * f64::powf(1.5 * c, -0.5) + offset + worse;
+                for (variant, loss) in [("gelu", base), ("swiglu", arm)] {
+                    let id = format!("{variant} {c} {d} {seed}");
+                    runs.push_str(&format!(
+                        "{id},{variant} budget={{flops:{c}e12}} d_model={d},{seed},x,ok,{variant},{c}e12,{d},{loss}\n"
+                    ));
+                    // Validation tracks test, except at the last rung, where the small model looks best.
+                    let validation = if c == 8.0 && d == 16 { 0.5 } else { loss };
+                    curves.push_str(&format!("{id},100,val,loss,{validation}\n"));
+                }
+            }
+        }
+    }
+    std::fs::write(dir.join("runs.csv"), runs).unwrap();
+    std::fs::write(dir.join("curves.csv"), curves).unwrap();
+    let results = ablate::judge::reading::Results::open(&dir, &recipe, None).unwrap();
+    let section = ablate::judge::compute::section(&results, "test_loss").unwrap().unwrap();
+    assert!(section.contains("Chosen per rung: gelu 32, 32, 32, 16; swiglu 32, 32, 32, 16."), "{section}");
+    // The last rung reads the small model's test values (0.3 worse): the baseline's range reaches up to them.
+    let measured = ablate::judge::compute::measured(&results, "test_loss");
+    assert_eq!(measured.len(), 2, "{section}");
+    let (lo, hi) = {
+        let b = 2.0 + 8.0 * f64::powf(8.0, -0.5) + 0.3;
+        (b.min(2.0 + 8.0 * f64::powf(4.0, -0.5)), 2.0 + 8.0)
+    };
+    assert!(section.contains(&format!("from {lo:.4} to {hi:.4}")), "{section}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // A size key that is not swept is refused before anything trains.
+    let bad = text.replace("sizes: transformer.d_model", "sizes: transformer.layers");
+    let error = ablate::recipe::parse(&bad, "c.yaml", "c", false).map(|r| ablate::judge::compute::check(&r));
+    let message = match error {
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+        Ok(Ok(())) => panic!("a size key that is not swept was accepted"),
+    };
+    assert!(message.contains("compare.compute.sizes: `transformer.layers` is not a swept key"), "{message}");
+}

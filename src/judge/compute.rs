@@ -79,22 +79,62 @@ pub fn check(recipe: &Recipe) -> Result<()> {
     if let Some(w) = rungs.windows(2).find(|w| w[1] < 2.0 * w[0] * (1.0 - 1e-9)) {
         bail!("{at}.ladder: the rungs {} and {} are less than a factor of two apart", w[0], w[1]);
     }
+    if let Some(sizes) = &compute.sizes {
+        let Some(size_key) = super::sensitivity::swept_key(recipe, sizes).filter(|s| *s != key) else {
+            bail!(
+                "{at}.sizes: `{sizes}` is not a swept key other than the ladder's; the swept keys are {}",
+                recipe.sweep_keys.join(", ")
+            );
+        };
+        let mut values: Vec<&str> = recipe
+            .runs
+            .iter()
+            .filter_map(|r| r.swept.iter().find(|(k, _)| *k == size_key).map(|(_, v)| v.as_str()))
+            .collect();
+        values.sort_unstable();
+        values.dedup();
+        if values.len() < 2 {
+            bail!("{at}.sizes: `{size_key}` has {} value(s); choosing a size per rung needs at least 2", values.len());
+        }
+    }
     Ok(())
 }
 
-/// Each arm's ladder of the primary metric `column`, in the order the arms first appear: (arm, ladder).
-fn ladders(results: &Results, key: &str, column: &str) -> Vec<(String, Ladder)> {
-    // Per arm: seed -> rung (its compute written out) -> value.
-    type BySeed = BTreeMap<u64, BTreeMap<String, f64>>;
-    let mut cells: Vec<(String, BySeed)> = Vec::new();
+/// Each arm's ladder of the primary metric `column`, in the order the arms first appear: (arm, ladder), and
+/// per arm the size chosen at each rung (empty without `sizes`). With `sizes` (a swept key of model sizes),
+/// an arm is the runs that share every swept value but the ladder's and the size's, and its value at a rung
+/// is each seed's at the size whose last validation value of the metric's curve, averaged over the seeds, is
+/// the lowest there: the arm's own frontier, chosen on validation data and reported on `column`.
+fn ladders(
+    results: &Results,
+    key: &str,
+    sizes: Option<&str>,
+    column: &str,
+) -> (Vec<(String, Ladder)>, Vec<Vec<String>>) {
+    // Per arm: (rung written out, size) -> seed -> (value, last validation value).
+    type Cells = BTreeMap<(String, String), BTreeMap<u64, (f64, f64)>>;
+    let mut cells: Vec<(String, Cells)> = Vec::new();
     let mut rungs: Vec<f64> = Vec::new();
+    let curve = results.headline.iter().find(|m| m.column_name() == Some(column)).and_then(|m| m.curve);
+    let curves = sizes.and_then(|_| results.curves().ok());
     for row in &results.runs {
         let (Some(label), Some(c), Some(seed)) = (row.get("label"), row_rung(row, key), row.get("seed")) else {
             continue;
         };
         let Ok(seed) = seed.parse::<u64>() else { continue };
         let value = row.get(column).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
-        let arm = super::reading::arm_of(label, key);
+        let (arm, size) = match sizes {
+            None => (super::reading::arm_of(label, key), String::new()),
+            Some(s) => {
+                let Some(size) = row.get(s) else { continue };
+                (super::reading::arm_of(&super::reading::arm_of(label, key), s), size.clone())
+            }
+        };
+        let validation = curves
+            .zip(curve)
+            .zip(row.get("run_id"))
+            .and_then(|((all, curve), id)| all.get(id)?.get(curve)?.last().map(|p| p.1))
+            .unwrap_or(f64::NAN);
         if !rungs.contains(&c) {
             rungs.push(c);
         }
@@ -105,23 +145,58 @@ fn ladders(results: &Results, key: &str, column: &str) -> Vec<(String, Ladder)> 
                 cells.len() - 1
             }
         };
-        cells[i].1.entry(seed).or_default().insert(format!("{c:e}"), value);
+        cells[i].1.entry((format!("{c:e}"), size)).or_default().insert(seed, (value, validation));
     }
     rungs.sort_by(f64::total_cmp);
-    cells
-        .into_iter()
-        .map(|(arm, by_seed)| {
-            // A seed counts when it ran every rung.
-            let seeds = by_seed
-                .into_iter()
-                .filter_map(|(s, values)| {
-                    let row: Option<Vec<f64>> = rungs.iter().map(|c| values.get(&format!("{c:e}")).copied()).collect();
-                    Some((s, row?))
-                })
-                .collect();
-            (arm, Ladder { compute: rungs.clone(), seeds })
-        })
-        .collect()
+    let mut arms = Vec::new();
+    let mut chosen = Vec::new();
+    for (arm, cells) in cells {
+        // The size at each rung: the only one, or the lowest mean validation value over seeds.
+        let picks: Vec<Option<&BTreeMap<u64, (f64, f64)>>> = rungs
+            .iter()
+            .map(|c| {
+                let at = format!("{c:e}");
+                let candidates = cells.iter().filter(|((r, _), _)| *r == at);
+                match sizes {
+                    None => candidates.map(|(_, seeds)| seeds).next(),
+                    Some(_) => candidates
+                        .filter_map(|(_, seeds)| {
+                            let v: Vec<f64> = seeds.values().map(|p| p.1).collect();
+                            let mean = v.iter().sum::<f64>() / v.len() as f64;
+                            mean.is_finite().then_some((mean, seeds))
+                        })
+                        .min_by(|a, b| a.0.total_cmp(&b.0))
+                        .map(|(_, seeds)| seeds),
+                }
+            })
+            .collect();
+        let sizes_chosen: Vec<String> = rungs
+            .iter()
+            .zip(&picks)
+            .map(|(c, pick)| {
+                let at = format!("{c:e}");
+                cells
+                    .iter()
+                    .find(|((r, _), seeds)| *r == at && pick.is_some_and(|p| std::ptr::eq(p, *seeds)))
+                    .map_or("–".to_string(), |((_, size), _)| size.clone())
+            })
+            .collect();
+        let mut seeds_seen: Vec<u64> = cells.values().flat_map(|s| s.keys().copied()).collect();
+        seeds_seen.sort_unstable();
+        seeds_seen.dedup();
+        // A seed counts when it ran every rung (at the chosen size).
+        let seeds = seeds_seen
+            .into_iter()
+            .filter_map(|s| {
+                let row: Option<Vec<f64>> =
+                    picks.iter().map(|p| p.and_then(|seeds| seeds.get(&s)).map(|v| v.0)).collect();
+                Some((s, row?))
+            })
+            .collect();
+        arms.push((arm, Ladder { compute: rungs.clone(), seeds }));
+        chosen.push(if sizes.is_some() { sizes_chosen } else { Vec::new() });
+    }
+    (arms, chosen)
 }
 
 /// The baseline's arm among `arms`: the one the recipe's `compare.baseline` names (`variant=X`, `X`, or a
@@ -147,15 +222,19 @@ struct Setup<'a> {
     key: String,
     arms: Vec<(String, Ladder)>,
     base: usize,
+    /// The swept key of model sizes (`compare.compute.sizes`), and per arm the size chosen at each rung.
+    sizes: Option<String>,
+    chosen: Vec<Vec<String>>,
 }
 
 impl<'a> Setup<'a> {
     fn of(results: &'a Results, column: &str) -> Option<Setup<'a>> {
         let compute = results.recipe.compare.as_ref()?.compute.as_ref()?;
         let key = super::sensitivity::swept_key(results.recipe, &compute.ladder)?;
-        let arms = ladders(results, &key, column);
+        let sizes = compute.sizes.as_deref().and_then(|s| super::sensitivity::swept_key(results.recipe, s));
+        let (arms, chosen) = ladders(results, &key, sizes.as_deref(), column);
         let base = baseline_arm(results.recipe, &arms)?;
-        Some(Setup { compute, key, arms, base })
+        Some(Setup { compute, key, arms, base, sizes, chosen })
     }
 
     fn baseline(&self) -> &Ladder {
@@ -206,7 +285,7 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
              rungs in these results yet.\n"
         )));
     }
-    let Setup { compute, key, arms, base } = setup;
+    let Setup { compute, key, arms, base, sizes, chosen } = setup;
     let delta = compute.exponent_delta;
     let mut out = format!(
         "\n**What each arm is worth in compute** (`compare.compute`, over `{key}`): each seed's ladder of \
@@ -274,6 +353,17 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
         arms[base].1.compute.len(),
         arms[base].1.compute.iter().map(|c| format!("{c:e}")).collect::<Vec<_>>().join(", ")
     ));
+    if let Some(sizes) = &sizes {
+        out.push_str(&format!(
+            "\nEach arm's frontier is its own best size: at each rung, the value of `{sizes}` whose last validation \
+             value (the mean over seeds) was lowest, its runs' {column} reported. Chosen per rung: {}.\n",
+            arms.iter()
+                .zip(&chosen)
+                .map(|((arm, _), picks)| format!("{arm} {}", picks.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
     out.push_str(&wall_clock_part(results, &arms, base, &targets)?);
     Ok(Some(out))
 }

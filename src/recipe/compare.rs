@@ -48,7 +48,9 @@ pub(super) struct CompareFile {
     /// stated (inside the measured range, or printed as a forecast; absent: the baseline's mean at each inner
     /// rung, a rule fixed before the data); `exponent_delta`, the change of the frontier's exponent α that
     /// matters (default 0.05); `predict`, the gain the literature reports, written before the run
-    /// (`{gain: 1.17, source: '…'}`), set against the measured one in docs/reproductions.md.
+    /// (`{gain: 1.17, source: '…'}`), set against the measured one in docs/reproductions.md; `sizes`, a swept
+    /// key of model sizes (`transformer.d_model`) over which each arm takes, at each rung, the size with the
+    /// lowest validation value (mean over seeds), so that every arm is compared on its own frontier.
     compute: Option<ComputeFile>,
 }
 
@@ -61,6 +63,7 @@ struct ComputeFile {
     targets: Vec<f64>,
     exponent_delta: Option<f64>,
     predict: Option<GainPrediction>,
+    sizes: Option<String>,
 }
 
 /// A published compute-equivalent gain, written before the run: every arm's gain over the baseline.
@@ -79,6 +82,8 @@ pub struct Compute {
     pub targets: Vec<f64>,
     pub exponent_delta: f64,
     pub predict: Option<GainPrediction>,
+    /// The swept key of model sizes each arm's frontier chooses from at every rung (`None`: one size).
+    pub sizes: Option<String>,
 }
 
 /// One prediction as written.
@@ -361,6 +366,7 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
                 targets: c.targets.clone(),
                 exponent_delta,
                 predict: c.predict.clone(),
+                sizes: c.sizes.clone(),
             })
         }
     };

@@ -30,6 +30,13 @@ fn arms(recipe: &Recipe) -> Result<Vec<(String, &RunSpec)>> {
             recipe.file
         )
     };
+    if let Some(sizes) = &compute.sizes {
+        bail!(
+            "{}: compare.compute.sizes `{sizes}`: `ablate wall-clock` times one configuration per arm, and each arm here \
+             has several sizes (time them as separate recipes)",
+            recipe.file
+        )
+    }
     let key = swept_key(recipe, &compute.ladder)
         .with_context(|| format!("{}: compare.compute.ladder `{}` is not a swept key", recipe.file, compute.ladder))?;
     let mut out: Vec<(String, &RunSpec)> = Vec::new();
