@@ -460,7 +460,7 @@ fn compute_gains() -> anyhow::Result<()> {
         let source = predicted.source.replace('|', "\\|");
         let Some(results) = Results::open_if_any(&dir, &recipe, None)? else {
             let run = format!("not yet run (`bin/ablate {} --out {}`)", path.display(), dir.display());
-            rows.push(format!("| {} | – | {:.2}× | {source} | – | – | {run} | – |", recipe.name, predicted.gain));
+            rows.push(format!("| {} | – | {:.2}× | {source} | – | – | {run} | – | – |", recipe.name, predicted.gain));
             continue;
         };
         let column = ablate::judge::summary::primary_column(&recipe, &results.headline).unwrap_or_default();
@@ -485,8 +485,9 @@ fn compute_gains() -> anyhow::Result<()> {
                     (format!("{:.2}× [{lo:.2}, {hi:.2}]", g.ratio), outcome.to_string())
                 }
             };
+            let wall = ablate::judge::compute::wall_clock_words(&results, &column, &arm, &g)?;
             rows.push(format!(
-                "| [{}](../results/{}/README.md) | {arm} | {:.2}× | {source} | {column} = {:.4} | {measured} | {outcome} | {minutes} |",
+                "| [{}](../results/{}/README.md) | {arm} | {:.2}× | {source} | {column} = {:.4} | {measured} | {outcome} | {wall} | {minutes} |",
                 recipe.name, recipe.name, predicted.gain, g.target
             ));
         }
@@ -501,10 +502,11 @@ fn compute_gains() -> anyhow::Result<()> {
          results measure at each target L* with its 95% interval. *reproduced*: the interval holds the prediction \
          and excludes 1; *consistent, no gain shown*: it holds both; *below* / *above the prediction*: the whole \
          interval on one side; a target outside the measured range is a *forecast*, never a finding; where the law \
-         misses the rungs by more than twice the seeds' spread, *no estimate*.\n"
+         misses the rungs by more than twice the seeds' spread, *no estimate*. In wall-clock time: the gain in \
+         compute times the arm's measured speed (`ablate wall-clock`, stated on quiet cores only).\n"
     );
-    println!("| recipe | arm | predicted | source | at | measured [95% CI] | outcome | training (min) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| recipe | arm | predicted | source | at | measured [95% CI] | outcome | in wall-clock time [95% CI] | training (min) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         println!("{row}");
     }

@@ -413,29 +413,47 @@ fn wall_clock_part(results: &Results, arms: &[(String, Ladder)], base: usize, ta
         };
         let misfits = fit_check(&baseline.1, ladder).is_some_and(|f| !f.fits());
         for &target in targets {
-            let worth = match (gain(&baseline.1, ladder, target), quiet) {
-                _ if speeds.is_empty() => "–".to_string(),
-                (None, _) => "no seed's frontiers reach it".to_string(),
-                (Some(_), _) if misfits => "no estimate (the law misfits)".to_string(),
-                (Some(_), false) => "not stated (busy cores)".to_string(),
-                (Some(g), true) => match crate::ceg::wall_gain(&g, &speeds) {
-                    Some((ratio, interval)) => {
-                        let text = with_interval(ratio, interval);
-                        if !g.inside {
-                            format!("forecast: {text} (outside the measured range)")
-                        } else if interval.is_some_and(|(lo, hi)| lo <= 1.0 && 1.0 <= hi) {
-                            format!("{text}: the interval includes 1, no gain shown")
-                        } else {
-                            text
-                        }
-                    }
-                    None => "–".to_string(),
-                },
-            };
+            let worth = wall_cell(gain(&baseline.1, ladder, target).as_ref(), &speeds, quiet, misfits);
             out.push_str(&format!("| {arm} | {speed} | {target:.4} | {worth} |\n"));
         }
     }
     Ok(out)
+}
+
+/// An arm's gain in wall-clock time at one target, in words: the gain in compute `g` times the speed ratios
+/// `speeds` (log, by repeat), stated only on quiet cores and where the law fits.
+fn wall_cell(g: Option<&crate::ceg::Gain>, speeds: &[f64], quiet: bool, misfits: bool) -> String {
+    let Some(g) = g else { return "no seed's frontiers reach it".into() };
+    if speeds.is_empty() {
+        return "not timed".into();
+    }
+    if misfits {
+        return "no estimate (the law misfits)".into();
+    }
+    if !quiet {
+        return "not stated (busy cores)".into();
+    }
+    let Some((ratio, interval)) = crate::ceg::wall_gain(g, speeds) else { return "–".into() };
+    let text = with_interval(ratio, interval);
+    if !g.inside {
+        format!("forecast: {text} (outside the measured range)")
+    } else if interval.is_some_and(|(lo, hi)| lo <= 1.0 && 1.0 <= hi) {
+        format!("{text}: the interval includes 1, no gain shown")
+    } else {
+        text
+    }
+}
+
+/// An arm's gain in wall-clock time at `g`'s target, for the reproductions table: the section's words, or
+/// "not timed" without `wall_clock.csv`.
+pub fn wall_clock_words(results: &Results, column: &str, arm: &str, g: &crate::ceg::Gain) -> Result<String> {
+    let Some(timings) = super::reading::wall_clock(&results.dir)? else { return Ok("not timed".into()) };
+    let Some(Setup { arms, base, .. }) = Setup::of(results, column) else { return Ok("–".into()) };
+    let Some((_, ladder)) = arms.iter().find(|(a, _)| a == arm) else { return Ok("–".into()) };
+    let quiet = timings.iter().map(|t| t.load_at_start).fold(f64::NAN, f64::max) <= QUIET_LOAD;
+    let misfits = fit_check(&arms[base].1, ladder).is_some_and(|f| !f.fits());
+    let speeds = super::reading::speed_logs(&timings, arm, &arms[base].0);
+    Ok(wall_cell(Some(g), &speeds, quiet, misfits))
 }
 
 /// [`plot`] of the recipe's primary metric, its axis named by the metric's declaration.
