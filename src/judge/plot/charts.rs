@@ -441,6 +441,39 @@ pub(super) fn tick_label(v: f64) -> String {
     }
 }
 
+type LogAxis = plotters::coord::combinators::WithKeyPoints<plotters::coord::combinators::LogCoord<f64>>;
+type LogLogChart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<LogAxis, LogAxis>>;
+
+/// A log-log chart's axes on `area`: both axes logarithmic over their ranges, labelled ticks at the given
+/// points, each axis named with "(log scale)", under `caption` at its font size (the cost curves' and the
+/// compute frontiers' charts share it).
+fn loglog_axes<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    (caption, size): (&str, f64),
+    ((x0, x1), x_ticks): ((f64, f64), Vec<f64>),
+    ((y0, y1), y_ticks): ((f64, f64), Vec<f64>),
+    (x_label, y_label): (&str, &str),
+) -> Result<LogLogChart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", size))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (x0..x1).log_scale().with_key_points(x_ticks),
+            (y0..y1).log_scale().with_key_points(y_ticks),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("{x_label} (log scale)"))
+        .y_desc(format!("{y_label} (log scale)"))
+        .label_style(("sans-serif", 14))
+        .x_label_formatter(&|x: &f64| tick_label(*x))
+        .y_label_formatter(&|y: &f64| tick_label(*y))
+        .draw()?;
+    Ok(chart)
+}
+
 /// Log-log chart: measured `series` as solid lines with markers, `references` (e.g. analytic FLOPs turned
 /// into time) as grey dashed lines; the legend in a panel beside the data.
 pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes: &Axes) -> Result<()> {
@@ -484,23 +517,13 @@ pub fn loglog_chart(path: &Path, series: &[Series], references: &[Series], axes:
         let legend_w = legend_width(entries.iter().map(|e| e.label.as_str()));
         let (plot_area, legend_area) = root.split_horizontally(1280 - legend_w);
         legend(&legend_area, &entries)?;
-        let mut chart = ChartBuilder::on(&plot_area)
-            .caption(axes.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(45)
-            .y_label_area_size(80)
-            .build_cartesian_2d(
-                (x0 * 0.9..x1 * 1.1).log_scale().with_key_points(ticks.clone()),
-                (y_lo..y_hi).log_scale().with_key_points(y_ticks.clone()),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc(format!("{} (log scale)", axes.x_label))
-            .y_desc(format!("{} (log scale)", axes.y_label))
-            .label_style(("sans-serif", 14))
-            .x_label_formatter(&|x: &f64| tick_label(*x))
-            .y_label_formatter(&|y: &f64| tick_label(*y))
-            .draw()?;
+        let mut chart = loglog_axes(
+            &plot_area,
+            (axes.title, 20.0),
+            ((x0 * 0.9, x1 * 1.1), ticks.clone()),
+            ((y_lo, y_hi), y_ticks.clone()),
+            (axes.x_label, axes.y_label),
+        )?;
         for (i, s) in series.iter().enumerate() {
             let c = colour(i);
             let line = s.points.iter().map(|&(x, y, _)| (x, y));
@@ -713,23 +736,13 @@ pub fn compute_chart(path: &Path, arms: &[FrontierBand], gains: &[GainBand], axe
         legend(&legend_area, &entries)?;
         let body = body.titled(axes.title, ("sans-serif", caption_size(axes.title, width - legend_w)))?;
         let (left, right) = body.split_horizontally((width - legend_w) / 2);
-        let mut chart = ChartBuilder::on(&left)
-            .caption("the frontiers: each run, and the fit with its 95% band over seeds", ("sans-serif", 15))
-            .margin(12)
-            .x_label_area_size(45)
-            .y_label_area_size(80)
-            .build_cartesian_2d(
-                (x0 * 0.9..x1 * 1.1).log_scale().with_key_points(x_ticks.clone()),
-                (y_lo..y_hi).log_scale().with_key_points(y_ticks.clone()),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc(format!("{} (log scale)", axes.compute_label))
-            .y_desc(format!("{} (log scale)", axes.value_label))
-            .label_style(("sans-serif", 14))
-            .x_label_formatter(&|x: &f64| tick_label(*x))
-            .y_label_formatter(&|y: &f64| tick_label(*y))
-            .draw()?;
+        let mut chart = loglog_axes(
+            &left,
+            ("the frontiers: each run, and the fit with its 95% band over seeds", 15.0),
+            ((x0 * 0.9, x1 * 1.1), x_ticks.clone()),
+            ((y_lo, y_hi), y_ticks.clone()),
+            (axes.compute_label, axes.value_label),
+        )?;
         for (i, arm) in arms.iter().enumerate() {
             let c = colour(i);
             let upper = arm.frontier.iter().map(|f| (f.0, f.3.clamp(y_lo, y_hi)));
