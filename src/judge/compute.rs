@@ -372,6 +372,11 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
 /// training process beside it holds the load near 1 or more).
 pub const QUIET_LOAD: f64 = 0.5;
 
+/// The highest load average before the first run of any timing (NaN where none was read: not quiet).
+fn load_at_start(timings: &[super::reading::Timing]) -> f64 {
+    timings.iter().map(|t| t.load_at_start).fold(f64::NAN, f64::max)
+}
+
 /// The section's wall-clock part: each arm's speed relative to the baseline (model FLOP/s, paired by repeat,
 /// from `wall_clock.csv`) and, where the cores were quiet, its gain in wall-clock time at each target.
 fn wall_clock_part(results: &Results, arms: &[(String, Ladder)], base: usize, targets: &[f64]) -> Result<String> {
@@ -382,7 +387,7 @@ fn wall_clock_part(results: &Results, arms: &[(String, Ladder)], base: usize, ta
     };
     let Some(first) = timings.first() else { return Ok(String::new()) };
     let repeats = timings.iter().map(|t| t.repeat).collect::<std::collections::BTreeSet<_>>().len();
-    let load = timings.iter().map(|t| t.load_at_start).fold(f64::NAN, f64::max);
+    let load = load_at_start(&timings);
     let quiet = load <= QUIET_LOAD;
     let mut out = format!(
         "\n**In wall-clock time** (`wall_clock.csv`, by `ablate wall-clock`: every arm trained for a fixed number \
@@ -450,19 +455,10 @@ pub fn wall_clock_words(results: &Results, column: &str, arm: &str, g: &crate::c
     let Some(timings) = super::reading::wall_clock(&results.dir)? else { return Ok("not timed".into()) };
     let Some(Setup { arms, base, .. }) = Setup::of(results, column) else { return Ok("–".into()) };
     let Some((_, ladder)) = arms.iter().find(|(a, _)| a == arm) else { return Ok("–".into()) };
-    let quiet = timings.iter().map(|t| t.load_at_start).fold(f64::NAN, f64::max) <= QUIET_LOAD;
+    let quiet = load_at_start(&timings) <= QUIET_LOAD;
     let misfits = fit_check(&arms[base].1, ladder).is_some_and(|f| !f.fits());
     let speeds = super::reading::speed_logs(&timings, arm, &arms[base].0);
     Ok(wall_cell(Some(g), &speeds, quiet, misfits))
-}
-
-/// [`plot`] of the recipe's primary metric, its axis named by the metric's declaration.
-pub fn plot_primary(results: &Results) -> Result<()> {
-    let Some(column) = super::summary::primary_column(results.recipe, &results.headline) else { return Ok(()) };
-    match results.headline.iter().find(|m| m.column_name() == Some(column.as_str())) {
-        Some(m) => plot(results, &column, &results.declarations.heading(m)),
-        None => Ok(()),
-    }
 }
 
 /// Each seed's frontier of every arm ([`seed_pairs`] with the baseline; the baseline's own with itself).

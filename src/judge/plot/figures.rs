@@ -179,7 +179,7 @@ pub fn plot_results(results: &Results) -> Result<()> {
         )?;
     }
     length_generalisation_chart(dir, name, runs, &variants, &band)?;
-    crate::judge::compute::plot_primary(results)?;
+    compute_frontiers(results)?;
     if super::interaction::has_patterns(recipe) {
         super::interaction::draw(dir, recipe)?;
     }
@@ -397,6 +397,18 @@ pub(super) fn length_generalisation_chart(
             x_categories: Some(&categories),
         },
     )
+}
+
+/// `compute_frontiers.png` of the recipe's primary metric (`judge::compute::plot`), its axis named by the
+/// metric's declaration.
+fn compute_frontiers(results: &Results) -> Result<()> {
+    let Some(column) = crate::judge::summary::primary_column(results.recipe, &results.headline) else {
+        return Ok(());
+    };
+    match results.headline.iter().find(|m| m.column_name() == Some(column.as_str())) {
+        Some(m) => crate::judge::compute::plot(results, &column, &results.declarations.heading(m)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
