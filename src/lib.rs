@@ -127,6 +127,29 @@ pub fn parse_device(spec: &str) -> Result<tch::Device, String> {
     }
 }
 
+/// libtorch has one random generator per process, and the library's tests run on parallel threads, most of
+/// them drawing from it. A test whose assertions depend on the generator's sequence (seed, then compare draws)
+/// calls this with its path below the crate (`module::tests::name`) and its body: the body runs in a child
+/// process of the test binary that runs that one test alone, so no other test draws in between.
+#[cfg(all(test, feature = "torch"))]
+pub(crate) fn alone_in_a_process(test: &str, body: impl FnOnce()) {
+    const CHILD: &str = "ABLATE_TEST_ALONE";
+    if std::env::var_os(CHILD).is_some() {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(CHILD, test)
+        .output()
+        .expect("starting the test binary again");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{test}, run alone in its own process, failed:\n{said}");
+    // A misspelt path runs no test in the child and would pass: the child must have run exactly this one.
+    assert!(said.contains("1 passed"), "{test}: the child process ran no such test:\n{said}");
+}
+
 #[cfg(test)]
 mod device_tests {
     use super::*;

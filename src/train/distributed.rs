@@ -408,6 +408,11 @@ mod tests {
 
     #[test]
     fn each_rank_keeps_only_its_rows_of_the_global_batch_then_draws_from_its_own_stream() {
+        let name = "train::distributed::tests::each_rank_keeps_only_its_rows_of_the_global_batch_then_draws_from_its_own_stream";
+        crate::alone_in_a_process(name, rank_rows_and_stream);
+    }
+
+    fn rank_rows_and_stream() {
         let batch = Tensor::arange(12, (Kind::Int64, tch::Device::Cpu)).view([6, 2]);
         let shard = BatchShard::of(1, 3, 42);
         assert_eq!(shard.global(2), 6);
