@@ -461,9 +461,19 @@ pub fn wall_clock_words(results: &Results, column: &str, arm: &str, g: &crate::c
     Ok(wall_cell(Some(g), &speeds, quiet, misfits))
 }
 
-/// Each seed's frontier of every arm ([`seed_pairs`] with the baseline; the baseline's own with itself).
+/// Each seed's frontier of every arm, fitted as the gain fits it ([`seed_pairs`] with the baseline, the floor
+/// shared). The baseline's: with one other arm, its side of that pair, so both drawn curves are the ones the
+/// gain reads; beside several arms (one floor per pair) its own ladder's fit.
 fn seed_frontiers(arms: &[(String, Ladder)], base: usize) -> Vec<Vec<Frontier>> {
-    arms.iter().map(|(_, ladder)| seed_pairs(&arms[base].1, ladder).into_iter().map(|(_, _, a)| a).collect()).collect()
+    let baseline = &arms[base].1;
+    let only_other = (arms.len() == 2).then(|| &arms[1 - base].1);
+    arms.iter()
+        .enumerate()
+        .map(|(i, (_, ladder))| match only_other {
+            Some(other) if i == base => seed_pairs(baseline, other).into_iter().map(|(_, b, _)| b).collect(),
+            _ => seed_pairs(baseline, ladder).into_iter().map(|(_, _, a)| a).collect(),
+        })
+        .collect()
 }
 
 /// The mean of `values` and its 95% t interval (the mean itself, twice, from one value).
@@ -509,7 +519,8 @@ pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
                 let mean = |v: Vec<f64>| v.iter().sum::<f64>() / n as f64;
                 let (e, alpha) =
                     (mean(fits.iter().map(|f| f.floor).collect()), mean(fits.iter().map(|f| f.exponent).collect()));
-                format!("fit E = {e:.3}, α = {alpha:.3}")
+                let own = if arms.len() > 2 && std::ptr::eq(ladder, &arms[base].1) { ", its own floor" } else { "" };
+                format!("fit E = {e:.3}{own}, α = {alpha:.3}")
             }
         };
         bands.push(FrontierBand { label: format!("{arm} ({fit_words})"), runs, frontier });
@@ -550,4 +561,37 @@ pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
             no_gain: "no gain to draw: the law misfits every arm's ladder",
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ladder(floor: f64, scale: f64) -> Ladder {
+        let compute: Vec<f64> = vec![1.0e12, 2.0e12, 4.0e12, 8.0e12];
+        let seeds = (0..3u64)
+            .map(|s| (s, compute.iter().map(|&c| floor + scale * (c / 1.0e12).powf(-0.4) + 0.01 * s as f64).collect()))
+            .collect();
+        Ladder { compute, seeds }
+    }
+
+    /// Beside one arm the baseline's drawn frontiers are its side of the pair fits (the floor shared, as the
+    /// gain reads them); beside several, its own ladder's fits.
+    #[test]
+    fn the_baseline_is_drawn_with_the_floor_it_shares_with_its_one_arm() {
+        let (base, arm) = (ladder(1.5, 1.0), ladder(1.3, 0.9));
+        let two = [("base".to_string(), base.clone()), ("arm".to_string(), arm.clone())];
+        let drawn = seed_frontiers(&two, 0);
+        let pairs = seed_pairs(&base, &arm);
+        assert_eq!(drawn[0].len(), 3);
+        for ((b, a), (_, pb, pa)) in drawn[0].iter().zip(&drawn[1]).zip(&pairs) {
+            assert_eq!((b, a), (pb, pa));
+            assert_eq!(b.floor, a.floor);
+        }
+        let own = seed_pairs(&base, &base);
+        assert!(own.iter().zip(&drawn[0]).all(|((_, o, _), d)| o.floor != d.floor), "a shared floor, not its own");
+        let three = [two[0].clone(), two[1].clone(), ("other".to_string(), ladder(1.2, 0.8))];
+        let drawn = seed_frontiers(&three, 0);
+        assert!(own.iter().zip(&drawn[0]).all(|((_, o, _), d)| o == d), "beside two arms, its own fit");
+    }
 }
