@@ -1,12 +1,13 @@
 //! The repository travels to a GPU machine as a copy of its working tree (tracked files and untracked ones git
 //! does not ignore), which receives at most 64 MiB together with what is carried beside it (the binary, the
-//! data; `bin/gpu-prepare`). The tree's share is at most 40 MiB, and the committed charts stay in their compact
+//! data; `bin/gpu-prepare`, which refuses more than 60). The tree's share is at most 44 MiB (with the binary's
+//! 3.8 and the data's 3.4, about 51 of the 60), and the committed charts stay in their compact
 //! encoding (an indexed PNG, `run::plot::canvas::recompress_png`); generated reports (`index.html`) and
 //! TensorBoard event files are written on demand by `ablate plot`, never committed.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TREE_LIMIT_MIB: f64 = 40.0;
+const TREE_LIMIT_MIB: f64 = 44.0;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -33,7 +34,7 @@ fn size(path: &Path) -> u64 {
 }
 
 #[test]
-fn the_tree_that_travels_to_a_gpu_machine_is_at_most_40_mib() {
+fn the_tree_that_travels_to_a_gpu_machine_stays_within_its_share() {
     let files = travelling_files();
     let total: u64 = files.iter().map(|f| size(f)).sum();
     let mib = total as f64 / 1048576.0;
