@@ -494,7 +494,7 @@ pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
     let tera = 1e12;
     let per_seed = seed_frontiers(&arms, base);
     let mut bands = Vec::new();
-    for ((arm, ladder), fits) in arms.iter().zip(&per_seed) {
+    for (i, ((arm, ladder), fits)) in arms.iter().zip(&per_seed).enumerate() {
         let runs: Vec<(f64, f64)> = ladder
             .seeds
             .iter()
@@ -519,7 +519,7 @@ pub fn plot(results: &Results, column: &str, label: &str) -> Result<()> {
                 let mean = |v: Vec<f64>| v.iter().sum::<f64>() / n as f64;
                 let (e, alpha) =
                     (mean(fits.iter().map(|f| f.floor).collect()), mean(fits.iter().map(|f| f.exponent).collect()));
-                let own = if arms.len() > 2 && std::ptr::eq(ladder, &arms[base].1) { ", its own floor" } else { "" };
+                let own = if arms.len() > 2 && i == base { ", its own floor" } else { "" };
                 format!("fit E = {e:.3}{own}, α = {alpha:.3}")
             }
         };
