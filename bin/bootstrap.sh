@@ -19,6 +19,31 @@ ablate_die() {
   exit 1
 }
 
+# Runs "$@" holding an exclusive lock on the file $1 (flock, from util-linux), so that two processes filling
+# one cache entry at once (two terminals, a pool's or an array's first runs, ranks on a shared home) take
+# turns: the second says in one line that it waits, then finds the entry there. The kernel drops the lock
+# when its holder ends however it ends, so a killed install never blocks the next one. Without flock the
+# command runs unlocked, as before.
+ablate_locked() {
+  local lock="$1" what="$2"
+  shift 2
+  mkdir -p "$(dirname "$lock")"
+  if ! command -v flock >/dev/null 2>&1; then
+    "$@"
+    return
+  fi
+  local fd
+  exec {fd}>>"$lock"
+  if ! flock -n "$fd"; then
+    echo "ablate: waiting for another ablate process to finish installing $what" >&2
+    flock "$fd"
+  fi
+  local status=0
+  "$@" || status=$?
+  exec {fd}>&-
+  return "$status"
+}
+
 ablate_libtorch_version() {
   # Both the wheel (torch/version.py) and the libtorch zip (build-version) record their version.
   local dir="$1"
@@ -31,6 +56,8 @@ ablate_libtorch_version() {
 
 ablate_install_torch() {
   local target="$1"
+  # A peer may have finished the install while this process waited for the lock.
+  [[ -d "$target/torch/lib" ]] && return 0
   command -v python3 >/dev/null 2>&1 ||
     ablate_die "python3 is missing: install Python 3 with pip (e.g. 'apt-get install python3 python3-pip'), or set LIBTORCH to an existing libtorch $ABLATE_TORCH_VERSION"
   python3 -m pip --version >/dev/null 2>&1 ||
@@ -55,6 +82,22 @@ ablate_install_torch() {
 # libgloo-dev is unpacked into the cache (not installed); without it ablate builds without data parallelism
 # and says so when a launch asks for it. ABLATE_GLOO_INCLUDE points at another copy.
 ABLATE_GLOO_DEB_VERSION=0.0~git20220518.5b14351-3
+ablate_unpack_gloo_headers() {
+  local dir="$1" work
+  [[ -f "$dir/usr/include/gloo/context.h" ]] && return 0
+  echo "ablate: unpacking Gloo's headers (Debian libgloo-dev, for data-parallel training) into $dir" >&2
+  work="$(mktemp -d)"
+  if ! (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1); then
+    apt-get update -qq >/dev/null 2>&1 || true
+    (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1) || true
+  fi
+  if compgen -G "$work/libgloo-dev_*.deb" >/dev/null; then
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+    dpkg-deb -x "$work"/libgloo-dev_*.deb "$dir.partial" && mv "$dir.partial" "$dir"
+  fi
+  rm -rf "$work"
+}
+
 ablate_setup_gloo_headers() {
   if [[ -n "${ABLATE_GLOO_INCLUDE:-}" ]]; then
     [[ -f "$ABLATE_GLOO_INCLUDE/gloo/context.h" ]] ||
@@ -63,18 +106,7 @@ ablate_setup_gloo_headers() {
   fi
   local dir="${XDG_CACHE_HOME:-$HOME/.cache}/ablate/gloo-headers-$ABLATE_GLOO_DEB_VERSION"
   if [[ ! -f "$dir/usr/include/gloo/context.h" ]] && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
-    echo "ablate: unpacking Gloo's headers (Debian libgloo-dev, for data-parallel training) into $dir" >&2
-    local work
-    work="$(mktemp -d)"
-    if ! (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1); then
-      apt-get update -qq >/dev/null 2>&1 || true
-      (cd "$work" && apt-get download "libgloo-dev=$ABLATE_GLOO_DEB_VERSION" >/dev/null 2>&1) || true
-    fi
-    if compgen -G "$work/libgloo-dev_*.deb" >/dev/null; then
-      rm -rf "$dir.partial" && mkdir -p "$dir.partial"
-      dpkg-deb -x "$work"/libgloo-dev_*.deb "$dir.partial" && mv "$dir.partial" "$dir"
-    fi
-    rm -rf "$work"
+    ablate_locked "$dir.lock" "Gloo's headers" ablate_unpack_gloo_headers "$dir"
   fi
   if [[ -f "$dir/usr/include/gloo/context.h" ]]; then
     export ABLATE_GLOO_INCLUDE="$dir/usr/include"
@@ -87,6 +119,22 @@ ablate_setup_gloo_headers() {
 # runtime's and NCCL's, but not nvcc's crt/ nor CCCL's, which those include; both small wheels go into the
 # cache. Only where libtorch has CUDA; without them ablate builds without NCCL and GPU memory statistics.
 ABLATE_CUDA_HEADER_WHEELS="nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85"
+ablate_install_cuda_headers() {
+  local dir="$1"
+  [[ -f "$dir/nvidia/cu13/include/crt/host_config.h" ]] && return 0
+  echo "ablate: installing CUDA's crt and CCCL headers ($ABLATE_CUDA_HEADER_WHEELS, for NCCL and GPU memory statistics) into $dir" >&2
+  rm -rf "$dir.partial"
+  # shellcheck disable=SC2086
+  if python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet --no-deps \
+      --target "$dir.partial" $ABLATE_CUDA_HEADER_WHEELS >&2; then
+    mv "$dir.partial" "$dir"
+  else
+    rm -rf "$dir.partial"
+    echo "ablate: warning: CUDA's headers could not be installed: building without NCCL and GPU memory statistics" >&2
+    return 1
+  fi
+}
+
 ablate_setup_cuda_headers() {
   [[ -f "$LIBTORCH/lib/libtorch_cuda.so" ]] || return 0
   # Given by the user (a LIBTORCH of their own): taken as it is.
@@ -110,17 +158,7 @@ ablate_setup_cuda_headers() {
   fi
   dir="${XDG_CACHE_HOME:-$HOME/.cache}/ablate/cuda-headers-13.0"
   if [[ ! -f "$dir/nvidia/cu13/include/crt/host_config.h" ]]; then
-    echo "ablate: installing CUDA's crt and CCCL headers ($ABLATE_CUDA_HEADER_WHEELS, for NCCL and GPU memory statistics) into $dir" >&2
-    rm -rf "$dir.partial"
-    # shellcheck disable=SC2086
-    if python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet --no-deps \
-        --target "$dir.partial" $ABLATE_CUDA_HEADER_WHEELS >&2; then
-      mv "$dir.partial" "$dir"
-    else
-      rm -rf "$dir.partial"
-      echo "ablate: warning: CUDA's headers could not be installed: building without NCCL and GPU memory statistics" >&2
-      return 0
-    fi
+    ablate_locked "$dir.lock" "CUDA's headers" ablate_install_cuda_headers "$dir" || return 0
   fi
   export ABLATE_CUDA_INCLUDE="$nv:$dir/nvidia/cu13/include:$dir/nvidia/cu13/include/cccl:$nccl"
 }
@@ -133,7 +171,7 @@ ablate_setup_torch() {
     local variant=""
     [[ -n "${ABLATE_TORCH_INDEX_URL:-}" ]] && variant="-$(basename "${ABLATE_TORCH_INDEX_URL%/}")"
     local dir="${ABLATE_TORCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/torch-$ABLATE_TORCH_VERSION$variant}"
-    [[ -d "$dir/torch/lib" ]] || ablate_install_torch "$dir"
+    [[ -d "$dir/torch/lib" ]] || ablate_locked "$dir.lock" "torch $ABLATE_TORCH_VERSION" ablate_install_torch "$dir"
     export LIBTORCH="$dir/torch"
   fi
   local found
@@ -165,20 +203,48 @@ ablate_build() {
 # Chromium from Debian (it renders the HTML report). Installed once, like torch; ablate itself needs neither.
 ABLATE_TENSORBOARD_VERSION=2.21.0
 
+ablate_install_tensorboard() {
+  local dir="$1"
+  [[ -d "$dir/tensorboard" ]] && return 0
+  echo "ablate: installing tensorboard $ABLATE_TENSORBOARD_VERSION (the reader the event-file test checks against) into $dir" >&2
+  rm -rf "$dir.partial"
+  mkdir -p "$(dirname "$dir")"
+  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
+      --target "$dir.partial" "tensorboard==$ABLATE_TENSORBOARD_VERSION" >&2; then
+    rm -rf "$dir.partial"
+    ablate_die "installing tensorboard $ABLATE_TENSORBOARD_VERSION from PyPI failed (see pip's message above)"
+  fi
+  mv "$dir.partial" "$dir"
+}
+
 ablate_setup_tensorboard() {
   local dir="${ABLATE_TENSORBOARD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/tensorboard-$ABLATE_TENSORBOARD_VERSION}"
-  if [[ ! -d "$dir/tensorboard" ]]; then
-    echo "ablate: installing tensorboard $ABLATE_TENSORBOARD_VERSION (the reader the event-file test checks against) into $dir" >&2
-    rm -rf "$dir.partial"
-    mkdir -p "$(dirname "$dir")"
-    if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
-        --target "$dir.partial" "tensorboard==$ABLATE_TENSORBOARD_VERSION" >&2; then
-      rm -rf "$dir.partial"
-      ablate_die "installing tensorboard $ABLATE_TENSORBOARD_VERSION from PyPI failed (see pip's message above)"
-    fi
-    mv "$dir.partial" "$dir"
-  fi
+  [[ -d "$dir/tensorboard" ]] || ablate_locked "$dir.lock" "tensorboard" ablate_install_tensorboard "$dir"
   export ABLATE_TENSORBOARD_PYTHONPATH="$dir"
+}
+
+# The reference implementations the interop test loads ablate's exports with: PyPI's transformers (which
+# brings safetensors and tokenizers), pinned, into the cache beside torch (whose Python side it runs on).
+ABLATE_TRANSFORMERS_VERSION=5.25.0
+
+ablate_install_hf_reference() {
+  local dir="$1"
+  [[ -d "$dir/transformers" ]] && return 0
+  echo "ablate: installing transformers $ABLATE_TRANSFORMERS_VERSION (the reference the export test loads ablate's models with) into $dir" >&2
+  rm -rf "$dir.partial"
+  mkdir -p "$(dirname "$dir")"
+  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
+      --target "$dir.partial" "transformers==$ABLATE_TRANSFORMERS_VERSION" >&2; then
+    rm -rf "$dir.partial"
+    ablate_die "installing transformers $ABLATE_TRANSFORMERS_VERSION from PyPI failed (see pip's message above)"
+  fi
+  mv "$dir.partial" "$dir"
+}
+
+ablate_setup_hf_reference() {
+  local dir="${ABLATE_HF_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/transformers-$ABLATE_TRANSFORMERS_VERSION}"
+  [[ -d "$dir/transformers" ]] || ablate_locked "$dir.lock" "transformers" ablate_install_hf_reference "$dir"
+  export ABLATE_HF_PYTHONPATH="$dir"
 }
 
 ablate_setup_chromium() {

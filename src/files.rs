@@ -85,3 +85,71 @@ impl DirLock {
         Ok(lock)
     }
 }
+
+/// Fills a cache entry (a file or a directory that `complete` recognises) that several processes may need at
+/// once — a pool's workers, a Slurm array's tasks, ranks on a shared file system, two terminals. The first
+/// process to find it missing takes an exclusive `flock` on `<entry>.lock` beside it and runs `fill`; the
+/// others say in one line that they wait, block on the lock, and then find the entry complete. `fill` must
+/// write under a scratch name and rename into place, so that a killed fill leaves no half entry; the kernel
+/// drops a lock when its holder ends however it ends, so a killed filler never blocks the next process,
+/// which takes the lock and fills the entry itself. The lock file stays (removing it would let a third
+/// process lock a new file while a second still holds the old one).
+pub fn fill_cache_entry(
+    entry: &Path,
+    what: &str,
+    complete: impl Fn(&Path) -> bool,
+    fill: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if complete(entry) {
+        return Ok(());
+    }
+    let lock_path = lock_path_beside(entry);
+    if let Some(dir) = lock_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating the cache {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .with_context(|| format!("cannot create the lock file {}", lock_path.display()))?;
+    if !flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
+        eprintln!("ablate: waiting for another ablate process to finish fetching {what} into {}", entry.display());
+        flock(&file, libc::LOCK_EX)?;
+    }
+    // A peer may have filled it while this process waited.
+    if complete(entry) {
+        return Ok(());
+    }
+    fill()?;
+    if !complete(entry) {
+        anyhow::bail!("fetching {what} left {} incomplete", entry.display());
+    }
+    Ok(())
+}
+
+/// `<entry>.lock`, beside the entry.
+fn lock_path_beside(entry: &Path) -> std::path::PathBuf {
+    let mut name = entry.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    entry.with_file_name(name)
+}
+
+/// `flock(file, operation)`: Ok(false) when a non-blocking request finds the lock held, retried when a
+/// signal interrupts a blocking one.
+fn flock(file: &std::fs::File, operation: libc::c_int) -> Result<bool> {
+    use std::os::unix::io::AsRawFd;
+    loop {
+        // SAFETY: `flock` only reads the descriptor, which `file` keeps open for the call.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(true);
+        }
+        let error = std::io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EWOULDBLOCK) if operation & libc::LOCK_NB != 0 => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(error).context("locking a cache entry"),
+        }
+    }
+}

@@ -190,6 +190,12 @@ pub fn cost(throughput_unit: &'static str, world_size: i64) -> Vec<Metric> {
         Metric::column("model_tflops", "achieved model FLOP/s", "TFLOP/s", true).csv(4).detail().no_charts(),
         Metric::column("mfu", "model FLOPs utilisation of the matmul peak", "", true).digits(3).csv(4).no_charts(),
         Metric::column("steps", "optimisation steps", "", true).digits(0).csv(0).detail().no_charts(),
+        // A run's bits depend on it: libtorch's CPU kernels split reductions by thread.
+        Metric::column("threads", "intra-op CPU threads the run trained on", "", false)
+            .digits(0)
+            .csv(0)
+            .detail()
+            .no_charts(),
         Metric::column(
             "peak_memory_mb",
             "peak memory while training (host RSS on the CPU, CUDA allocator on a GPU)",

@@ -432,10 +432,8 @@ fn run_on_workers(
     if devices.is_empty() {
         anyhow::bail!("--workers / --devices: need at least one worker");
     }
-    let mut share_cores = true;
     for d in &devices {
-        let device = target::device(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
-        share_cores &= device == tch::Device::Cpu;
+        target::device(d).map_err(|e| anyhow::anyhow!("--devices: {e}"))?;
     }
     if let Some(gpu) = ablate::run::scale::shared_gpu(&devices) {
         if let Some(run) = sweep.recipe.runs.iter().find(|r| r.config.train.seconds_budget().is_some()) {
@@ -455,7 +453,6 @@ fn run_on_workers(
         force: args.force,
         devices,
         threads,
-        share_cores,
         child_args: settle.as_ref().map_or(Vec::new(), |s| {
             let cap = s.cap.to_string();
             ["--until-settled", "--max-seeds", &cap, "--settle-phase", s.phase.name()].map(String::from).to_vec()

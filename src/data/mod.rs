@@ -96,10 +96,6 @@ pub(crate) fn cached_files(
     announce: &str,
     fill: impl FnOnce(&Path, &Path) -> Result<()>,
 ) -> Result<PathBuf> {
-    // One fetch at a time in this process; other processes use their own scratch names, and whichever
-    // finishes second finds the cache complete and keeps it.
-    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
     let root = cache_dir();
     let dir = root.join(name);
     let complete = |d: &Path| files.iter().all(|f| d.join(f).exists());
@@ -107,26 +103,24 @@ pub(crate) fn cached_files(
         return Ok(dir);
     }
     std::fs::create_dir_all(&root).with_context(|| format!("creating the data cache {}", root.display()))?;
-    eprintln!("ablate: fetching {announce} into {}", dir.display());
-    let work = tempdir_in(&root)?;
-    let partial = tempdir_in(&root)?;
-    let result = (|| -> Result<()> {
+    // Other processes (a pool's workers, an array's tasks) may want the same entry now: one fills it, the
+    // others wait for it.
+    crate::files::fill_cache_entry(&dir, announce, complete, || {
+        eprintln!("ablate: fetching {announce} into {}", dir.display());
+        let work = tempdir_in(&root)?;
+        let partial = tempdir_in(&root)?;
         fill(partial.path(), work.path())?;
         for f in files {
             if !partial.path().join(f).exists() {
                 bail!("fetching {announce} produced no {f}");
             }
         }
-        if complete(&dir) {
-            return Ok(());
-        }
+        // A directory left by an older, unlocked fill (or a removed file of it) goes before the rename.
         let _ = std::fs::remove_dir_all(&dir);
-        if std::fs::rename(partial.path(), &dir).is_err() && !complete(&dir) {
-            bail!("could not move the fetched files into {}", dir.display());
-        }
+        std::fs::rename(partial.path(), &dir)
+            .with_context(|| format!("could not move the fetched files into {}", dir.display()))?;
         Ok(())
-    })();
-    result?;
+    })?;
     Ok(dir)
 }
 

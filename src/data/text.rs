@@ -40,28 +40,44 @@ pub fn spam_training_text(emails: &[super::spam::Email]) -> String {
 
 /// The cached World English Bible, built from the Debian package on first use.
 pub fn bible_path() -> Result<PathBuf> {
-    let dir = cache_dir();
-    let path = dir.join("web-bible.txt");
+    let what = "the default corpus (World English Bible, Debian package sword-text-web, ~4 MB)";
+    checked_text_in_cache(&cache_dir(), "web-bible.txt", what, BIBLE_SHA256, fetch_bible)
+}
+
+/// The text file `name` in the cache `dir`, made on first use by `fetch` (given a scratch directory) and
+/// kept only when its SHA-256 is `sha256`. Several processes may ask at once: one fetches, the others wait
+/// for it ([`crate::files::fill_cache_entry`]); the file appears whole, through a rename, or not at all.
+pub(crate) fn checked_text_in_cache(
+    dir: &Path,
+    name: &str,
+    what: &str,
+    sha256: &str,
+    fetch: impl FnOnce(&Path) -> Result<String>,
+) -> Result<PathBuf> {
+    let path = dir.join(name);
     if path.exists() {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating the data cache {}", dir.display()))?;
-    eprintln!(
-        "ablate: fetching the default corpus (World English Bible, Debian package sword-text-web, ~4 MB) into {}",
-        dir.display()
-    );
-    let work = tempdir_in(&dir)?;
-    let text = fetch_bible(work.path())?;
-    let digest = sha256_hex(text.as_bytes());
-    if digest != BIBLE_SHA256 {
-        bail!(
-            "the corpus extracted from sword-text-web has SHA-256 {digest}, expected {BIBLE_SHA256}: the Debian package changed; set data.path to a local text file instead"
-        );
-    }
-    let tmp = path.with_extension("txt.partial");
-    std::fs::write(&tmp, &text)?;
-    std::fs::rename(&tmp, &path)?;
-    eprintln!("ablate: corpus ready: {} characters, checksum ok", text.chars().count());
+    std::fs::create_dir_all(dir).with_context(|| format!("creating the data cache {}", dir.display()))?;
+    crate::files::fill_cache_entry(
+        &path,
+        what,
+        |p| p.exists(),
+        || {
+            eprintln!("ablate: fetching {what} into {}", dir.display());
+            let work = tempdir_in(dir)?;
+            let text = fetch(work.path())?;
+            let digest = sha256_hex(text.as_bytes());
+            if digest != sha256 {
+                bail!(
+                "{what}: the text fetched has SHA-256 {digest}, expected {sha256}: its source changed; set data.path to a local text file instead"
+            );
+            }
+            crate::files::write_atomically(&path, text.as_bytes())?;
+            eprintln!("ablate: {name} ready: {} characters, checksum ok", text.chars().count());
+            Ok(())
+        },
+    )?;
     Ok(path)
 }
 
@@ -577,5 +593,108 @@ mod tests {
         let decoded = |t: &Tensor| bpe.tokenizer.decode(&Vec::<i64>::try_from(t).unwrap());
         assert_eq!(decoded(&bpe.validation), validation_text);
         assert_eq!(decoded(&bpe.test), test_text);
+    }
+
+    /// The corpus's path through the cache with a local stand-in for Debian's archive: a deterministic text,
+    /// slow enough to fetch (300 ms) that processes started together overlap.
+    fn stand_in_corpus() -> String {
+        (0..20_000).map(|i| format!("verse {i} of a stand-in corpus\n")).collect()
+    }
+
+    fn fill_stand_in(cache: &Path) -> Result<PathBuf> {
+        let sha = sha256_hex(stand_in_corpus().as_bytes());
+        checked_text_in_cache(cache, "web-bible.txt", "a stand-in corpus", &sha, |work| {
+            std::fs::write(work.join("download"), b"scratch")?;
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            Ok(stand_in_corpus())
+        })
+    }
+
+    /// This test binary again, running only `test` with `env` set: a second process on the same code path.
+    fn this_test_in_a_child(test: &str, env: &[(&str, &Path)]) -> std::process::Child {
+        let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+        cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("a child")
+    }
+
+    /// Issue 67: two pool workers fetching the corpus into one empty cache at once both failed but one (each
+    /// wrote `web-bible.txt.partial` and renamed it; the second rename found nothing). Six processes,
+    /// released together by a barrier, fill one empty cache: every one succeeds with the whole, checksummed
+    /// text, exactly one fetches, and no scratch file is left.
+    #[test]
+    fn processes_filling_one_empty_cache_at_once_each_get_the_whole_checked_corpus() {
+        const TEST: &str =
+            "data::text::tests::processes_filling_one_empty_cache_at_once_each_get_the_whole_checked_corpus";
+        const N: usize = 6;
+        if let Some(dir) = std::env::var_os("ABLATE_TEST_FILL_DIR").map(PathBuf::from) {
+            // A child: wait until all N have started, then fill.
+            std::fs::write(dir.join("ready").join(std::process::id().to_string()), b"")
+                .expect("marking this child ready");
+            let started = std::time::Instant::now();
+            while std::fs::read_dir(dir.join("ready")).expect("the barrier").count() < N {
+                assert!(started.elapsed().as_secs() < 120, "the other children never started");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let path = fill_stand_in(&dir.join("cache")).expect("filling the cache");
+            let text = std::fs::read_to_string(path).expect("reading the entry");
+            assert_eq!(sha256_hex(text.as_bytes()), sha256_hex(stand_in_corpus().as_bytes()));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ready")).unwrap();
+        let children: Vec<_> =
+            (0..N).map(|_| this_test_in_a_child(TEST, &[("ABLATE_TEST_FILL_DIR", dir.path())])).collect();
+        let mut fetched = 0;
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success() && said.contains("1 passed"), "a child failed:\n{said}");
+            fetched += said.matches("ablate: fetching a stand-in corpus").count();
+        }
+        assert_eq!(fetched, 1, "exactly one process fetches; the others wait for it or find it there");
+        let cache = dir.path().join("cache");
+        let text = std::fs::read_to_string(cache.join("web-bible.txt")).unwrap();
+        assert_eq!(sha256_hex(text.as_bytes()), sha256_hex(stand_in_corpus().as_bytes()));
+        let mut left: Vec<String> =
+            std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["web-bible.txt", "web-bible.txt.lock"], "no scratch file is left behind");
+    }
+
+    /// A filler killed while it holds the lock blocks nobody: the kernel drops its `flock`, and the next
+    /// process fills the entry itself.
+    #[test]
+    fn a_filler_killed_while_fetching_leaves_no_lock_and_no_half_entry() {
+        const TEST: &str = "data::text::tests::a_filler_killed_while_fetching_leaves_no_lock_and_no_half_entry";
+        if let Some(dir) = std::env::var_os("ABLATE_TEST_HOLD_DIR").map(PathBuf::from) {
+            // A child: take the lock, say so, and hang in the fetch until killed.
+            let sha = sha256_hex(stand_in_corpus().as_bytes());
+            let _ = checked_text_in_cache(&dir.join("cache"), "web-bible.txt", "a stand-in corpus", &sha, |_| {
+                std::fs::write(dir.join("holding"), b"").unwrap();
+                std::thread::sleep(std::time::Duration::from_secs(600));
+                Ok(stand_in_corpus())
+            });
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut holder = this_test_in_a_child(TEST, &[("ABLATE_TEST_HOLD_DIR", dir.path())]);
+        let started = std::time::Instant::now();
+        while !dir.path().join("holding").exists() {
+            assert!(started.elapsed().as_secs() < 120, "the child never took the lock");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert!(!dir.path().join("cache/web-bible.txt").exists(), "the killed fetch left a half entry");
+        // Bounded: were the lock still held, the fill below would wait forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cache = dir.path().join("cache");
+        std::thread::spawn(move || tx.send(fill_stand_in(&cache).map_err(|e| e.to_string())));
+        let filled = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the dead holder's lock was released");
+        let text = std::fs::read_to_string(filled.unwrap()).unwrap();
+        assert_eq!(text, stand_in_corpus());
     }
 }

@@ -174,6 +174,7 @@ pub fn compare(results: &Results, reference: &Path) -> Result<Option<Vec<Verdict
             }
             false => format!("; re-tuned to {} where the reference chose {}", choice(&mine), choice(&matching)),
         };
+        let threads = threads_note(&mine, &matching);
         for m in &metrics {
             let column = m.column_name().expect("quality metrics are columns");
             let (new, old) = (finite(&mine, column), finite(&matching, column));
@@ -187,11 +188,33 @@ pub fn compare(results: &Results, reference: &Path) -> Result<Option<Vec<Verdict
                 reference: Some(Estimate::of(&old)),
                 rerun: Some(Estimate::of(&new)),
                 verdict: if a.reproduces { "reproduces" } else { "differs" },
-                rule: format!("{}{retuned}", a.rule),
+                rule: format!("{}{retuned}{threads}", a.rule),
             });
         }
     }
     Ok(Some(verdicts))
+}
+
+/// The intra-op thread counts the two sides trained on (`runs.csv`'s `threads`), said when they differ:
+/// libtorch's CPU kernels split reductions by thread, so a run's bits depend on it. Empty when they agree or
+/// a side predates the column.
+fn threads_note(mine: &[&Row], theirs: &[&Row]) -> String {
+    let counts = |rows: &[&Row]| -> Vec<String> {
+        let mut c: Vec<String> =
+            rows.iter().filter_map(|r| r.get("threads")).filter(|t| !t.is_empty()).cloned().collect();
+        c.sort();
+        c.dedup();
+        c
+    };
+    let (mine, theirs) = (counts(mine), counts(theirs));
+    if mine.is_empty() || theirs.is_empty() || mine == theirs {
+        return String::new();
+    }
+    format!(
+        "; trained on {} thread(s), the reference on {} (a run's bits depend on its thread count)",
+        mine.join("/"),
+        theirs.join("/")
+    )
 }
 
 fn describe(e: &Option<Estimate>) -> String {

@@ -1192,7 +1192,8 @@ pub struct TrainConfig {
     /// without its benchmark search, cuBLAS with `CUBLAS_WORKSPACE_CONFIG=:4096:8`): an op with no
     /// deterministic implementation stops the run with an error instead of varying. On a GPU this makes a
     /// run repeat bit for bit on the same GPU and build, at some speed; on the CPU ablate's runs already
-    /// repeat bit for bit, and the setting adds only the check.
+    /// repeat bit for bit at the same thread count (runs.csv's `threads`) on the same CPU type and build
+    /// (another thread count splits libtorch's sums differently), and the setting adds only the check.
     pub deterministic: bool,
     /// After training, also evaluate on test windows this many times longer than `block_size`.
     pub eval_lengths: Vec<i64>,

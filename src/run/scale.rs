@@ -371,21 +371,15 @@ pub struct WorkerPlan<'a> {
     pub force: bool,
     /// One worker per entry (`cpu`, `cuda:0`, ...).
     pub devices: Vec<String>,
-    /// Intra-op threads per worker (CPU workers split the cores between them).
+    /// Intra-op threads per worker (CPU workers split the cores between them), fixed for every run of the
+    /// pool: a run's bits depend on its thread count, so a worker never changes it (not even when a peer
+    /// finishes and leaves cores idle), and `runs.csv` records it.
     pub threads: usize,
-    /// Every worker is on the CPU: when one finishes, the others take its cores ([`crate::train::cores`]).
-    pub share_cores: bool,
     /// Arguments every worker gets after the recipe's (`--until-settled`'s pass).
     pub child_args: Vec<String>,
     /// The recipe the shards are merged under when it is not the one trained (`--until-settled`: the recipe
     /// with every seed an arm may end with, so that rows of the other pass are kept).
     pub merged: Option<&'a Recipe>,
-}
-
-/// The threads each of `running` CPU workers gets of a pool that started `workers` × `threads`: the
-/// pool's cores split evenly among those still training, never fewer than they started with.
-fn grown_share(workers: usize, threads: usize, running: usize) -> usize {
-    (workers * threads / running.max(1)).max(threads)
 }
 
 /// A worker process of the pool: its index, the child, and the thread forwarding its stderr (which returns
@@ -428,17 +422,11 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
             plan.out.display()
         );
     }
-    if plan.share_cores {
-        std::fs::create_dir_all(plan.out.join("shards"))?;
-    }
     let mut workers = Vec::new();
     for k in 0..plan.devices.len() {
         workers.push(start_worker(recipe, plan, k, quiet)?);
     }
-    supervise(&mut workers, plan);
-    for k in 0..plan.devices.len() {
-        let _ = std::fs::remove_file(threads_file(plan, k));
-    }
+    supervise(&mut workers);
     let mut failures = Vec::new();
     let mut interrupted = false;
     for (k, mut child, forward) in workers {
@@ -461,19 +449,11 @@ pub fn run_workers(recipe: &Recipe, plan: &WorkerPlan, quiet: bool) -> Result<()
     Ok(())
 }
 
-/// Where the pool tells CPU worker `k` how many threads to use (looked at between its steps).
-fn threads_file(plan: &WorkerPlan, k: usize) -> PathBuf {
-    plan.out.join("shards").join(format!("threads-{k}"))
-}
-
 /// Starts worker `k`: this binary on shard k of n, on its device, its stderr forwarded line by line.
 fn start_worker(recipe: &Recipe, plan: &WorkerPlan, k: usize, quiet: bool) -> Result<Worker> {
     let exe = std::env::current_exe().context("locating the ablate binary")?;
     let n = plan.devices.len();
     let mut cmd = Command::new(&exe);
-    if plan.share_cores {
-        cmd.env(crate::train::cores::THREADS_FILE_ENV, threads_file(plan, k));
-    }
     cmd.arg(plan.recipe_path)
         .args(recipe.overrides.args())
         .args(&plan.child_args)
@@ -508,28 +488,13 @@ fn start_worker(recipe: &Recipe, plan: &WorkerPlan, k: usize, quiet: bool) -> Re
     Ok((k, child, forward))
 }
 
-/// Waits for every worker, handing a finished worker's cores to those still training (CPU pools) and
-/// passing a stop signal on to every worker (each saves its state and exits).
-fn supervise(workers: &mut [Worker], plan: &WorkerPlan) {
-    let n = workers.len();
+/// Waits for every worker, passing a stop signal on to every worker (each saves its state and exits).
+fn supervise(workers: &mut [Worker]) {
     let mut forwarded = false;
-    // Every worker still training has been given the same share: one number, not one per worker.
-    let mut share_given = plan.threads;
     loop {
-        let running: Vec<bool> = workers.iter_mut().map(|(_, child, _)| matches!(child.try_wait(), Ok(None))).collect();
-        let still = running.iter().filter(|&&r| r).count();
+        let still = workers.iter_mut().map(|(_, child, _)| child.try_wait()).filter(|s| matches!(s, Ok(None))).count();
         if still == 0 {
             return;
-        }
-        if plan.share_cores && !forwarded {
-            let share = grown_share(n, plan.threads, still);
-            if share > share_given {
-                for k in (0..n).filter(|&k| running[k]) {
-                    // A failed hand-over only leaves cores idle: the worker trains on as it was.
-                    let _ = write_atomically(&threads_file(plan, k), share.to_string().as_bytes());
-                }
-                share_given = share;
-            }
         }
         if !forwarded && crate::train::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
             for (_, child, _) in workers.iter() {

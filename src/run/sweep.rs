@@ -124,7 +124,10 @@ pub fn run_line(id: &str, outcome: &RunOutcome, metrics: &[Metric]) -> String {
     if let Some(m) = throughput {
         parts.push(format!("{:.0} {}", outcome.get("tokens_per_s"), m.unit));
     }
-    parts.push(format!("MFU {:.1}%", outcome.get("mfu") * 100.0));
+    let mfu = outcome.get("mfu");
+    if mfu.is_finite() {
+        parts.push(format!("MFU {:.1}%", mfu * 100.0));
+    }
     parts.push(format!("{:.1}s", outcome.get("wall_s")));
     if outcome.resumed_from > 0 {
         parts.push(format!("resumed from step {}", outcome.resumed_from));

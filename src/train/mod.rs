@@ -14,7 +14,6 @@ use tch::{nn, Device, Tensor};
 
 use crate::recipe::{Precision, TrainConfig};
 
-pub mod cores;
 pub mod distributed;
 pub mod memory;
 pub mod native;
@@ -403,9 +402,9 @@ impl Optimised {
         outcome.set("wall_s", started.elapsed().as_secs_f64());
         outcome.set("tokens_per_s", throughput);
         outcome.set("model_tflops", model_flops / 1e12);
-        // `model_flops` is the whole group's: each process has its own device's peak.
-        outcome.set("mfu", model_flops / (precision::matmul_peak(device, precision) * self.world_size as f64));
+        outcome.set("mfu", utilisation(model_flops, device, precision, self.world_size));
         outcome.set("steps", self.steps_done as f64);
+        outcome.set("threads", tch::get_num_threads() as f64);
         outcome.set("peak_memory_mb", self.peak_memory_mb);
         if self.world_size > 1 {
             outcome.set("comm_share", self.comm_time / self.train_time.max(1e-9));
@@ -413,6 +412,28 @@ impl Optimised {
         }
         outcome
     }
+}
+
+/// Model FLOPs utilisation: `model_flops` (the whole group's) over the matmul peak of each process's device.
+/// A peak measured while other work held the cores comes out low; a utilisation above 1 sends the peak to
+/// be measured again (the higher measurement is kept), and one still above 1 is not recorded (NaN: an empty
+/// cell), with a warning, rather than printed as a fact.
+fn utilisation(model_flops: f64, device: Device, precision: Precision, world_size: i64) -> f64 {
+    let of = |peak: f64| model_flops / (peak * world_size as f64);
+    let first = of(precision::matmul_peak(device, precision));
+    if first <= 1.0 {
+        return first;
+    }
+    let again = of(precision::matmul_peak_measured_again(device, precision));
+    if again <= 1.0 {
+        return again;
+    }
+    eprintln!(
+        "ablate: warning: the run's {:.3} TFLOP/s exceed the matmul peak measured for {device:?} ({:.3} TFLOP/s, twice): other work held the cores while the peak was measured; MFU is not recorded",
+        model_flops / world_size as f64 / 1e12,
+        precision::matmul_peak(device, precision) / 1e12
+    );
+    f64::NAN
 }
 
 /// A first phase of a run (pre-training before fine-tuning) under `phase`: trained without progress
@@ -502,11 +523,6 @@ pub fn optimise(
         if out_of_time(at.train_time) {
             // A run resumed after its budget was spent: nothing left to train.
             break;
-        }
-        if group.is_none() {
-            if let Some(threads) = cores::follow_share() {
-                eprintln!("ablate: a worker of the pool finished: training on with {threads} threads from step {step}");
-            }
         }
         let tick = Instant::now();
         crate::transformer::attention::set_training_step(Some(step));
