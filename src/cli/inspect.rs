@@ -138,6 +138,91 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(clap::Args)]
+pub struct ExportArgs {
+    /// A checkpoint (`.safetensors` or `.json` under `<results>/checkpoints/`), or a results directory with --run.
+    source: PathBuf,
+    /// With a results directory: the run to export, by its run_id in runs.csv (it must have been trained
+    /// with `train.checkpoint: true`).
+    #[arg(long)]
+    run: Option<String>,
+    /// The tools to write for: `hf` (Hugging Face transformers, which TransformerLens reads too).
+    #[arg(long, default_value = "hf", value_parser = ["hf"])]
+    to: String,
+    /// `auto` (the plainest layout that expresses the model exactly), `gpt2`, `opt` or `llama`.
+    #[arg(long, default_value = "auto")]
+    layout: String,
+    /// The directory to write (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `ablate export`: a checkpoint in a Hugging Face layout.
+pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
+    use ablate::tasks::export;
+    let (path, results) = match (&args.run, args.source.is_dir()) {
+        (Some(run), true) => {
+            let stem = checkpoint::file_stem(run);
+            let path = args.source.join("checkpoints").join(format!("{stem}.safetensors"));
+            if !path.exists() {
+                anyhow::bail!(
+                    "{}: no checkpoint of run `{run}` (train it with `train.checkpoint: true`)",
+                    path.display()
+                );
+            }
+            (path, Some(args.source.as_path()))
+        }
+        (None, true) => anyhow::bail!("{} is a directory: name the run to export with --run", args.source.display()),
+        (Some(_), false) => anyhow::bail!("--run reads a results directory, and {} is none", args.source.display()),
+        (None, false) => (args.source.clone(), None),
+    };
+    let loaded = checkpoint::load(&path, tch::Device::Cpu)?;
+    let layout = match args.layout.as_str() {
+        "auto" => export::choose(&loaded.config).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+        name => export::Layout::parse(name).map_err(|e| anyhow::anyhow!("--layout: {e}"))?,
+    };
+    let weights: std::collections::HashMap<String, tch::Tensor> = loaded.vs.variables();
+    let vocab = weights.get("token_embedding.weight").map_or(0, |w| w.size()[0]);
+    let exported = export::convert(layout, &loaded.config, &weights, vocab)?;
+    export::write(&args.out, &exported)?;
+    if let Some(t) = &loaded.tokenizer {
+        export::write_tokenizer(&args.out, t)?;
+    }
+    let run_id = args
+        .run
+        .clone()
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    let metrics = match results {
+        Some(dir) => ablate::judge::reading::all_runs(dir)?
+            .into_iter()
+            .find(|r| r.get("run_id") == Some(&run_id))
+            .map(|r| r.into_iter().filter(|(k, v)| k.starts_with("test_") && !v.is_empty()).collect())
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let source = format!(
+        "kind {}, checkpoint {}{}",
+        loaded.config.kind,
+        path.display(),
+        commit.map_or(String::new(), |c| format!(", exported at commit {c}"))
+    );
+    export::write_card(&args.out, layout, &source, &run_id, &metrics)?;
+    eprintln!(
+        "ablate: wrote {} in the {} layout ({}) to {}",
+        run_id,
+        layout.name(),
+        layout.class(),
+        args.out.display()
+    );
+    Ok(())
+}
+
 /// `ablate heads-importance`.
 pub fn heads_importance(args: &HeadsImportanceArgs) -> anyhow::Result<()> {
     let device = target::device(&args.device)?;

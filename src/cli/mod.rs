@@ -120,6 +120,10 @@ enum Command {
     Plot(results::PlotArgs),
     /// Generate text from a checkpoint saved by a run with `train.checkpoint: true`.
     Generate(inspect::GenerateArgs),
+    /// Write a trained decoder (a checkpoint, or a results directory's run) in a Hugging Face layout (GPT-2,
+    /// OPT or Llama: model.safetensors, config.json, tokenizer.json and a model card) that `transformers`
+    /// loads with the same logits; a setting the layout cannot express is refused in one line.
+    Export(inspect::ExportArgs),
     /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the validation loss change
     /// when each head is removed alone (a layer × head heatmap per checkpoint), then heads removed least
     /// important first (the pruning curve of all of them).
@@ -191,6 +195,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Slurm(args)) => running::slurm(&args),
         Some(Command::Describe(args)) => inspect::describe(&args),
         Some(Command::Generate(args)) => inspect::generate(&args),
+        Some(Command::Export(args)) => inspect::export(&args),
         Some(Command::HeadsImportance(args)) => inspect::heads_importance(&args),
         Some(Command::Attention(args)) => inspect::attention(&args),
         Some(Command::Embed(args)) => inspect::embed(&args),

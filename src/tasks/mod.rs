@@ -25,6 +25,7 @@ use crate::transformer::attention::weight_statistics;
 pub mod bert;
 pub mod checkpoint;
 pub mod classify;
+pub mod export;
 pub mod imagegpt;
 pub mod lm;
 pub mod memory;

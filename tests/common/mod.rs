@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
+pub mod knob_rows;
+
 /// libtorch has one random generator per process and the tests of a file run on parallel threads: a test whose
 /// numbers depend on its seed (two trainings compared step for step) holds this while it seeds and draws, so
 /// that no other test draws in between. `train` holds it for the whole run; a test must not hold it across a

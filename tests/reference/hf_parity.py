@@ -1,0 +1,40 @@
+"""The transformers side of tests/interop.rs: loads each exported directory of the manifest with the pinned
+PyPI transformers (fp32, eager CPU), and writes <dir>/parity.json: its logits on the manifest's token ids
+(flattened) and its greedy continuation of the prompt. One process for every export: importing transformers
+takes seconds."""
+import json
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def main(manifest_path):
+    torch.manual_seed(0)
+    for entry in json.load(open(manifest_path)):
+        model = AutoModelForCausalLM.from_pretrained(entry["dir"], dtype=torch.float32)
+        model.eval()
+        ids = torch.tensor(entry["ids"], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            prompt = torch.tensor([entry["prompt"]], dtype=torch.long)
+            n = entry["new_tokens"]
+            if n > 0:
+                out = model.generate(
+                    input_ids=prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    num_beams=1,
+                    pad_token_id=0,
+                )
+                greedy = out[0, prompt.shape[1]:].tolist()
+            else:
+                greedy = []
+        with open(entry["dir"] + "/parity.json", "w") as f:
+            json.dump({"logits": logits.reshape(-1).tolist(), "greedy": greedy}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
