@@ -26,7 +26,7 @@ start=$(date +%s%N)
 "$root/target/release/ablate" "$root/recipes/heads.yaml" train.steps="$steps" --workers auto --device cpu \
   --out "$work/heads" 2> "$work/ablate.log"
 ablate=$(( ($(date +%s%N) - start) / 1000000 ))
-grep -E -- "--workers auto|pool finished" "$work/ablate.log" > "$out/workers_auto.txt" || true
+grep -E -- "--workers auto" "$work/ablate.log" > "$out/workers_auto.txt" || true
 cp "$work/heads/runs.csv" "$out/ablate_runs.csv"
 { echo "tool,wall_ms"; echo "pytorch_eager_loop,$eager"; echo "ablate_workers_auto,$ablate"; } > "$out/end_to_end.csv"
 cat "$out/end_to_end.csv"
