@@ -2,8 +2,9 @@
 //! (`Planner`), the combination tests (`Evidence`) and the family's Holm step (`judge_family`). One
 //! comparison, and a family of four variants against one shared baseline; pilots of 3 and 4 seeds, caps of
 //! 5–10, δ/sd of 0.5, 1 and 2. The family-wise rate of a false *better*/*worse* when every true difference is
-//! 0, of a false *equivalent* when every true difference is ±δ, and of a false *beyond δ* there, must each
-//! stay within 0.05 + 3 standard errors (6,000 replicates: SE ≤ 0.0029). The same harness shows the rule
+//! 0, and of a false *equivalent* when every true difference is ±δ, must each stay within 0.05 + 3 standard
+//! errors (6,000 replicates: SE ≤ 0.0029), and of a false *beyond δ* there (one side's claim) within its
+//! nominal 0.025 + 3 standard errors. The same harness shows the rule
 //! ablate used before December 2026 (stop where the pilot is decided, else add seeds and test the pooled
 //! seeds) and an internal pilot (add seeds on the spread alone, test the pooled seeds) breaking that bound,
 //! so the test can fail. `cargo test --release --test sequential -- --ignored --nocapture` prints the table
@@ -140,7 +141,12 @@ fn cells() -> Vec<Cell> {
 
 /// 0.05 plus three standard errors of a rate near 0.05.
 fn bound() -> f64 {
-    ALPHA + 3.0 * (ALPHA * (1.0 - ALPHA) / REPLICATES as f64).sqrt()
+    bound_at(ALPHA)
+}
+
+/// `level` plus three standard errors of a rate near it, over `REPLICATES`.
+fn bound_at(level: f64) -> f64 {
+    level + 3.0 * (level * (1.0 - level) / REPLICATES as f64).sqrt()
 }
 
 /// Every cell's rates under `rule`, two cells at a time.
@@ -172,7 +178,10 @@ fn the_two_stage_design_keeps_its_stated_error_rates() {
         let what = format!("{} variant(s), pilot {}, cap {}, δ/sd {}", cell.variants, cell.pilot, cell.cap, cell.ratio);
         assert!(r[0] <= bound, "{what}: false better/worse {:.4} > {bound:.4}", r[0]);
         assert!(r[1] <= bound, "{what}: false equivalent {:.4} > {bound:.4}", r[1]);
-        assert!(r[2] <= bound, "{what}: false beyond δ {:.4} > {bound:.4}", r[2]);
+        // "By more than δ" is one side's claim when the truth sits at that side's δ: its nominal rate is α/2
+        // (issue 69: it was held to the two-sided 0.05).
+        let one_sided = bound_at(ALPHA / 2.0);
+        assert!(r[2] <= one_sided, "{what}: false beyond δ {:.4} > {one_sided:.4}", r[2]);
     }
 }
 
