@@ -203,23 +203,26 @@ ablate_build() {
 # Chromium from Debian (it renders the HTML report). Installed once, like torch; ablate itself needs neither.
 ABLATE_TENSORBOARD_VERSION=2.21.0
 
-ablate_install_tensorboard() {
-  local dir="$1"
-  [[ -d "$dir/tensorboard" ]] && return 0
-  echo "ablate: installing tensorboard $ABLATE_TENSORBOARD_VERSION (the reader the event-file test checks against) into $dir" >&2
+# Installs the pinned PyPI package SPEC (with its dependencies) into DIR through DIR.partial and a rename;
+# WHY says in the message what it is for. Called under ablate_locked; a peer may have finished meanwhile.
+ablate_pip_into() {
+  local dir="$1" package="$2" spec="$3" why="$4"
+  [[ -d "$dir/$package" ]] && return 0
+  echo "ablate: installing $spec ($why) into $dir" >&2
   rm -rf "$dir.partial"
   mkdir -p "$(dirname "$dir")"
   if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
-      --target "$dir.partial" "tensorboard==$ABLATE_TENSORBOARD_VERSION" >&2; then
+      --target "$dir.partial" "$spec" >&2; then
     rm -rf "$dir.partial"
-    ablate_die "installing tensorboard $ABLATE_TENSORBOARD_VERSION from PyPI failed (see pip's message above)"
+    ablate_die "installing $spec from PyPI failed (see pip's message above)"
   fi
   mv "$dir.partial" "$dir"
 }
 
 ablate_setup_tensorboard() {
   local dir="${ABLATE_TENSORBOARD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/tensorboard-$ABLATE_TENSORBOARD_VERSION}"
-  [[ -d "$dir/tensorboard" ]] || ablate_locked "$dir.lock" "tensorboard" ablate_install_tensorboard "$dir"
+  [[ -d "$dir/tensorboard" ]] || ablate_locked "$dir.lock" "tensorboard" ablate_pip_into "$dir" tensorboard \
+    "tensorboard==$ABLATE_TENSORBOARD_VERSION" "the reader the event-file test checks against"
   export ABLATE_TENSORBOARD_PYTHONPATH="$dir"
 }
 
@@ -227,23 +230,10 @@ ablate_setup_tensorboard() {
 # brings safetensors and tokenizers), pinned, into the cache beside torch (whose Python side it runs on).
 ABLATE_TRANSFORMERS_VERSION=5.25.0
 
-ablate_install_hf_reference() {
-  local dir="$1"
-  [[ -d "$dir/transformers" ]] && return 0
-  echo "ablate: installing transformers $ABLATE_TRANSFORMERS_VERSION (the reference the export test loads ablate's models with) into $dir" >&2
-  rm -rf "$dir.partial"
-  mkdir -p "$(dirname "$dir")"
-  if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
-      --target "$dir.partial" "transformers==$ABLATE_TRANSFORMERS_VERSION" >&2; then
-    rm -rf "$dir.partial"
-    ablate_die "installing transformers $ABLATE_TRANSFORMERS_VERSION from PyPI failed (see pip's message above)"
-  fi
-  mv "$dir.partial" "$dir"
-}
-
 ablate_setup_hf_reference() {
   local dir="${ABLATE_HF_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/transformers-$ABLATE_TRANSFORMERS_VERSION}"
-  [[ -d "$dir/transformers" ]] || ablate_locked "$dir.lock" "transformers" ablate_install_hf_reference "$dir"
+  [[ -d "$dir/transformers" ]] || ablate_locked "$dir.lock" "transformers" ablate_pip_into "$dir" transformers \
+    "transformers==$ABLATE_TRANSFORMERS_VERSION" "the reference the export test loads ablate's models with"
   export ABLATE_HF_PYTHONPATH="$dir"
 }
 

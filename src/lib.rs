@@ -127,6 +127,15 @@ pub fn parse_device(spec: &str) -> Result<tch::Device, String> {
     }
 }
 
+/// This test binary again, running only the test at `test` (its path below the crate) on one thread, its
+/// output not captured: a second process on the same code path.
+#[cfg(all(test, feature = "torch"))]
+pub(crate) fn this_test_again(test: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]);
+    cmd
+}
+
 /// libtorch has one random generator per process, and the library's tests run on parallel threads, most of
 /// them drawing from it. A test whose assertions depend on the generator's sequence (seed, then compare draws)
 /// calls this with its path below the crate (`module::tests::name`) and its body: the body runs in a child
@@ -138,12 +147,7 @@ pub(crate) fn alone_in_a_process(test: &str, body: impl FnOnce()) {
         body();
         return;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args([test, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, test)
-        .output()
-        .expect("starting the test binary again");
+    let out = this_test_again(test).env(CHILD, test).output().expect("starting the test binary again");
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{test}, run alone in its own process, failed:\n{said}");
     // A misspelt path runs no test in the child and would pass: the child must have run exactly this one.

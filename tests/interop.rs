@@ -13,7 +13,7 @@ mod common;
 use ablate::recipe::parse;
 use ablate::tasks::export::{self, Layout};
 use ablate::tasks::{task, Built};
-use common::knob_rows::{context, knob_value, KNOBS};
+use common::knob_rows::{context, knob_value, with_variant, KNOBS};
 use std::path::Path;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -35,12 +35,7 @@ const VOCAB: i64 = 50;
 const PROMPT: [i64; 8] = [3, 14, 15, 9, 26, 5, 35, 8];
 
 fn recipe(layout: Layout, settings: &[(String, String)]) -> String {
-    let mut text = base(layout).to_string();
-    if !settings.is_empty() {
-        let body: Vec<String> = settings.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        text.push_str(&format!("variants:\n  - {{{}}}\n", body.join(", ")));
-    }
-    text
+    with_variant(base(layout), settings)
 }
 
 /// The run's decoder with every parameter drawn at random (so that zero biases and unit gains count too).

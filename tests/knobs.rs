@@ -5,7 +5,7 @@ mod common;
 use ablate::recipe::{parse, Kind};
 use ablate::tasks::{task, Built};
 use ablate::transformer::attention::path_counts;
-use common::knob_rows::{context, knob_value, KNOBS};
+use common::knob_rows::{context, knob_value, with_variant, KNOBS};
 use tch::{nn, Device, Kind as DType, Tensor};
 
 /// A small model of each kind (data settings only where the kind's validation needs them).
@@ -130,12 +130,7 @@ fn refused_expected(kind: Kind, key: &str, value: &str) -> bool {
 
 /// A recipe of `kind` whose single variant sets `settings` (dotted key, YAML value).
 fn recipe(kind: Kind, settings: &[(String, String)]) -> String {
-    let mut text = base(kind).to_string();
-    if !settings.is_empty() {
-        let body: Vec<String> = settings.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        text.push_str(&format!("variants:\n  - {{{}}}\n", body.join(", ")));
-    }
-    text
+    with_variant(base(kind), settings)
 }
 
 /// Builds the run's model with every parameter drawn at random (so that zero-initialised biases and unit

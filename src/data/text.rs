@@ -612,11 +612,8 @@ mod tests {
 
     /// This test binary again, running only `test` with `env` set: a second process on the same code path.
     fn this_test_in_a_child(test: &str, env: &[(&str, &Path)]) -> std::process::Child {
-        let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
-        cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = crate::this_test_again(test);
+        cmd.envs(env.iter().copied());
         cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("a child")
     }
 

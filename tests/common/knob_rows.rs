@@ -75,6 +75,16 @@ pub const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),
 ];
 
+/// The recipe `base` with one variant that sets `settings` (dotted key, YAML value); `base` itself without.
+pub fn with_variant(base: &str, settings: &[(String, String)]) -> String {
+    let mut text = base.to_string();
+    if !settings.is_empty() {
+        let body: Vec<String> = settings.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        text.push_str(&format!("variants:\n  - {{{}}}\n", body.join(", ")));
+    }
+    text
+}
+
 /// A row's value: as written, or the kind's default flipped.
 pub fn knob_value(key: &str, value: Option<&str>, defaults: &ablate::recipe::Config) -> String {
     if let Some(v) = value {
