@@ -349,3 +349,292 @@ fn ablate_export_writes_a_run_that_transformers_loads_with_its_tokenizer() {
 fn python_script(script: &Path) -> String {
     python(script, Path::new(""))
 }
+
+/// One checkpoint `transformers` builds by itself for the import test: its model type, its config, and
+/// whether ablate reads it (else the word the one-line refusal names).
+struct Foreign {
+    name: &'static str,
+    model_type: &'static str,
+    config: serde_json::Value,
+    refused_naming: Option<&'static str>,
+}
+
+fn foreign_checkpoints() -> Vec<Foreign> {
+    use serde_json::json;
+    let gpt2 = |extra: serde_json::Value| {
+        let mut c = json!({"vocab_size": VOCAB, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 40,
+                           "activation_function": "gelu"});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    let opt = |extra: serde_json::Value| {
+        let mut c = json!({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "ffn_dim": 64, "max_position_embeddings": 40});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    let llama = |extra: serde_json::Value| {
+        let mut c = json!({"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 40,
+                           "rms_norm_eps": 1e-5});
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        c
+    };
+    let read = |name, model_type, config| Foreign { name, model_type, config, refused_naming: None };
+    vec![
+        read("gpt2, tied", "gpt2", gpt2(json!({}))),
+        read(
+            "gpt2, untied, unscaled scores, relu",
+            "gpt2",
+            gpt2(json!({"tie_word_embeddings": false, "scale_attn_weights": false, "activation_function": "relu"})),
+        ),
+        read("opt, post-LN", "opt", opt(json!({"do_layer_norm_before": false}))),
+        read("opt, pre-LN, untied", "opt", opt(json!({"tie_word_embeddings": false}))),
+        read("llama, GQA, no biases", "llama", llama(json!({}))),
+        read(
+            "llama, MQA, biases, GeGLU, tied, θ=500000",
+            "llama",
+            llama(
+                json!({"num_key_value_heads": 1, "attention_bias": true, "mlp_bias": true, "hidden_act": "gelu", "tie_word_embeddings": true, "rope_theta": 500000.0}),
+            ),
+        ),
+        Foreign {
+            name: "gpt2's tanh GELU",
+            model_type: "gpt2",
+            config: gpt2(json!({"activation_function": "gelu_new"})),
+            refused_naming: Some("activation_function"),
+        },
+        Foreign {
+            name: "llama's ε 1e-6",
+            model_type: "llama",
+            config: llama(json!({"rms_norm_eps": 1e-6})),
+            refused_naming: Some("rms_norm_eps"),
+        },
+    ]
+}
+
+/// The weights of a checkpoint file, by name, on the CPU.
+fn safetensors(path: &Path) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(path).unwrap().into_iter().collect()
+}
+
+/// The other direction (issue 68): checkpoints that `transformers` builds and saves by itself, with every
+/// parameter drawn at random, read into ablate's decoder through `ablate import`'s reading: ablate's logits
+/// equal transformers' to 1e-5 relative, ablate's export of the loaded model gives back every tensor of the
+/// file bit for bit (OPT's two rows before position 0, read only at padded positions, which ablate never
+/// has, excepted), and reading that export again gives ablate's tensors bit for bit. A config ablate does not
+/// compute is refused in one line naming its key, and a run whose model differs is refused naming the key.
+#[test]
+fn a_transformers_checkpoint_reads_into_ablate_with_its_logits_and_exports_back_bit_for_bit() {
+    use ablate::tasks::import;
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<Vec<i64>> = (0..2).map(|r| (0..40).map(|j| (j * 7 + 3 * r + 1) % VOCAB).collect()).collect();
+    let foreign = foreign_checkpoints();
+    let manifest: Vec<serde_json::Value> = foreign
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            serde_json::json!({"dir": dir.path().join(i.to_string()), "model_type": f.model_type, "config": f.config, "ids": ids, "seed": i})
+        })
+        .collect();
+    let manifest_path = dir.path().join("make.json");
+    std::fs::write(&manifest_path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    python(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/hf_make.py"), &manifest_path);
+
+    let ids = Tensor::from_slice(&ids.concat()).view([2, 40]);
+    let mut failures = Vec::new();
+    for (i, f) in foreign.iter().enumerate() {
+        let source = dir.path().join(i.to_string());
+        let checkpoint = import::read(&source).unwrap();
+        let section = checkpoint.transformer_section();
+        let cfg = section.as_ref().ok().map(|s| {
+            parse(&format!("kind: lm\ntransformer: {s}\n"), "import.yaml", "import", false).unwrap().runs[0]
+                .config
+                .clone()
+        });
+        let matches = cfg.as_ref().map(|cfg| checkpoint.check_matches(cfg, VOCAB));
+        if let Some(key) = f.refused_naming {
+            let said = match (section, matches) {
+                (Err(e), _) | (_, Some(Err(e))) => e.to_string(),
+                _ => String::new(),
+            };
+            if !(said.contains(key) && said.lines().count() == 1) {
+                failures.push(format!("{}: expected one line refusing {key}, got {said:?}", f.name));
+            }
+            continue;
+        }
+        let cfg = cfg.unwrap();
+        if let Some(Err(e)) = matches {
+            failures.push(format!("{}: {e}", f.name));
+            continue;
+        }
+        let vs = nn::VarStore::new(Device::Cpu);
+        let model = task(cfg.kind).build(&cfg, &vs.root(), VOCAB);
+        checkpoint.load_into(&vs, &cfg).unwrap();
+        let ours: Vec<f32> =
+            tch::no_grad(|| Vec::try_from(model.gpt().unwrap().forward(&ids, false).reshape([-1]))).unwrap();
+        let theirs: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(source.join("parity.json")).unwrap()).unwrap();
+        let theirs: Vec<f32> =
+            theirs["logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let deviation = ours.iter().zip(&theirs).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+        if ours.len() != theirs.len() || deviation.is_nan() || deviation > 1e-5 {
+            failures.push(format!("{}: ablate's logits deviate from transformers' by {deviation:.2e}", f.name));
+        }
+        // Back out: every tensor of the file, bit for bit.
+        let exported = export::convert(checkpoint.layout, &cfg, &vs.variables(), VOCAB).unwrap();
+        let written: std::collections::HashMap<String, Tensor> = exported.tensors.into_iter().collect();
+        let file = safetensors(&source.join("model.safetensors"));
+        for (name, tensor) in &file {
+            let Some(back) = written.get(name) else {
+                failures.push(format!("{}: the export lacks {name}", f.name));
+                continue;
+            };
+            let (tensor, back) = match name.as_str() {
+                "model.decoder.embed_positions.weight" => (tensor.narrow(0, 2, 40), back.narrow(0, 2, 40)),
+                _ => (tensor.shallow_clone(), back.shallow_clone()),
+            };
+            if !tensor.equal(&back) {
+                failures.push(format!("{}: {name} comes back different", f.name));
+            }
+        }
+        for (name, back) in &written {
+            if !file.contains_key(name) && back.abs().max().double_value(&[]) != 0.0 {
+                failures.push(format!("{}: the export adds {name}, which is not zeros", f.name));
+            }
+        }
+        // And in again: ablate's tensors bit for bit.
+        let again_dir = dir.path().join(format!("{i}-again"));
+        let exported = export::convert(checkpoint.layout, &cfg, &vs.variables(), VOCAB).unwrap();
+        export::write(&again_dir, &exported).unwrap();
+        let again = import::read(&again_dir).unwrap();
+        assert_eq!(again.transformer_section().unwrap(), checkpoint.transformer_section().unwrap(), "{}", f.name);
+        let vs_again = nn::VarStore::new(Device::Cpu);
+        let _model = task(cfg.kind).build(&cfg, &vs_again.root(), VOCAB);
+        again.load_into(&vs_again, &cfg).unwrap();
+        let first = vs.variables();
+        for (name, t) in vs_again.variables() {
+            if !t.equal(&first[&name]) {
+                failures.push(format!("{}: {name} differs after load → export → load", f.name));
+            }
+        }
+        // A run whose model is another: refused naming the key.
+        let other = parse(
+            &format!("kind: lm\ntransformer: {}\n", {
+                let mut s = checkpoint.transformer_section().unwrap();
+                s["heads"] = serde_json::json!(2);
+                if let Some(a) = s["attention"].as_object_mut() {
+                    a.remove("kv_heads");
+                }
+                if let Some(t) = s.as_object_mut() {
+                    t.remove("head_dim");
+                }
+                s
+            }),
+            "other.yaml",
+            "other",
+            false,
+        )
+        .unwrap()
+        .runs[0]
+            .config
+            .clone();
+        let said = checkpoint.check_matches(&other, VOCAB).map(|_| String::new()).unwrap_or_else(|e| e.to_string());
+        if !(said.contains("head") && said.lines().count() == 1) {
+            failures.push(format!("{}: a two-head run against a four-head checkpoint: {said:?}", f.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `ablate import` and `train.init_from` from the command line: a Llama that `transformers` built and saved
+/// becomes a recipe, an ablate run starts from its weights (a learning rate of 1e-30 moves no weight of
+/// magnitude above 1e-23 by a bit, so the run's checkpoint is the weights it started from), and `ablate
+/// export` of that run gives back every tensor of the file bit for bit. A run whose data has another
+/// vocabulary is refused before training, in one line.
+#[test]
+fn ablate_import_starts_a_run_from_a_transformers_checkpoint_and_export_gives_it_back() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.txt");
+    // Eleven letters and the newline: a twelve-token character vocabulary.
+    std::fs::write(&corpus, "abcdefghijk\nkjihgfedcba\n".repeat(150)).unwrap();
+    let source = dir.path().join("llama");
+    let manifest = serde_json::json!([{
+        "dir": source, "model_type": "llama", "ids": [[0, 1]],
+        "config": {"vocab_size": 12, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 48, "max_position_embeddings": 16, "rms_norm_eps": 1e-5},
+    }]);
+    let manifest_path = dir.path().join("make.json");
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    python(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/hf_make.py"), &manifest_path);
+
+    let ablate = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ablate")).args(args).output().unwrap()
+    };
+    let os = |s: String| std::ffi::OsString::from(s);
+    let recipe = dir.path().join("from_llama.yaml");
+    let done = ablate(&[&os("import".into()), source.as_os_str(), &os("--out".into()), recipe.as_os_str()]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    assert!(text.contains("init_from") && text.contains("rms_norm"), "{text}");
+    let train = |out: &Path, data: &str| {
+        let mut args: Vec<std::ffi::OsString> =
+            vec![recipe.clone().into(), os("--quiet".into()), os("--threads".into()), os("1".into())];
+        args.extend([os("--out".into()), out.as_os_str().to_owned(), os("--seeds".into()), os("0".into())]);
+        for set in [
+            data.to_string(),
+            "train.steps=1".into(),
+            "train.lr=1e-30".into(),
+            "train.min_lr=0".into(),
+            "train.warmup_steps=0".into(),
+            "train.batch_size=2".into(),
+            "train.eval_interval=1".into(),
+            "train.eval_batches=1".into(),
+            "train.test_batches=1".into(),
+            "train.checkpoint=true".into(),
+        ] {
+            args.push(os(set));
+        }
+        let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        ablate(&refs)
+    };
+    // Thirteen characters: refused before any run trains.
+    let other = dir.path().join("other.txt");
+    std::fs::write(&other, "abcdefghijkl\n".repeat(150)).unwrap();
+    let refused = train(&dir.path().join("refused"), &format!("data.path={}", other.display()));
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success() && said.contains("vocab_size") && said.contains("init_from"), "{said}");
+    assert!(!dir.path().join("refused/runs.csv").exists());
+
+    let out = dir.path().join("run");
+    let done = train(&out, &format!("data.path={}", corpus.display()));
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let back = dir.path().join("back");
+    let run_id = "seed=0";
+    let done = ablate(&[
+        &os("export".into()),
+        out.as_os_str(),
+        &os("--run".into()),
+        &os(run_id.into()),
+        &os("--out".into()),
+        back.as_os_str(),
+    ]);
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
+    let (file, exported) =
+        (safetensors(&source.join("model.safetensors")), safetensors(&back.join("model.safetensors")));
+    for (name, tensor) in &file {
+        assert!(exported.get(name).is_some_and(|t| t.equal(tensor)), "{name} does not come back bit for bit");
+    }
+    // The FFN biases ablate's decoder always has start at zero for a Llama without them and train like any
+    // other weight: the step moved them by about the learning rate, and the export writes them.
+    for (name, t) in &exported {
+        let moved = t.abs().max().double_value(&[]);
+        assert!(
+            file.contains_key(name) || (name.contains(".mlp.") && name.ends_with(".bias") && moved < 1e-28),
+            "the export adds {name} (largest |value| {moved:e})"
+        );
+    }
+}

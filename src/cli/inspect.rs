@@ -223,6 +223,34 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(clap::Args)]
+pub struct ImportArgs {
+    /// A Hugging Face model directory: config.json, model.safetensors (and tokenizer.json, if any).
+    source: PathBuf,
+    /// The recipe to write (`-`: standard output).
+    #[arg(long, default_value = "-")]
+    out: PathBuf,
+}
+
+/// `ablate import`: the recipe that starts from a Hugging Face decoder.
+pub fn import(args: &ImportArgs) -> anyhow::Result<()> {
+    let checkpoint = ablate::tasks::import::read(&args.source)?;
+    let recipe = ablate::tasks::import::recipe(&checkpoint, &args.source.display().to_string())?;
+    if args.out.as_os_str() == "-" {
+        print!("{recipe}");
+        return Ok(());
+    }
+    ablate::files::write_atomically(&args.out, recipe.as_bytes())?;
+    eprintln!(
+        "ablate: wrote {} ({} layout, {} tokens): set its data section, then `ablate {}`",
+        args.out.display(),
+        checkpoint.layout.name(),
+        checkpoint.vocab()?,
+        args.out.display()
+    );
+    Ok(())
+}
+
 /// `ablate heads-importance`.
 pub fn heads_importance(args: &HeadsImportanceArgs) -> anyhow::Result<()> {
     let device = target::device(&args.device)?;

@@ -124,6 +124,10 @@ enum Command {
     /// OPT or Llama: model.safetensors, config.json, tokenizer.json and a model card) that `transformers`
     /// loads with the same logits; a setting the layout cannot express is refused in one line.
     Export(inspect::ExportArgs),
+    /// Write the recipe that starts from a Hugging Face decoder directory (GPT-2, OPT or Llama layout): its
+    /// transformer section is the checkpoint's model and `train.init_from` loads its weights; a config ablate
+    /// cannot compute exactly is refused in one line.
+    Import(inspect::ImportArgs),
     /// Head importance and pruning (Michel et al. 2019) of decoder checkpoints: the validation loss change
     /// when each head is removed alone (a layer × head heatmap per checkpoint), then heads removed least
     /// important first (the pruning curve of all of them).
@@ -196,6 +200,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Describe(args)) => inspect::describe(&args),
         Some(Command::Generate(args)) => inspect::generate(&args),
         Some(Command::Export(args)) => inspect::export(&args),
+        Some(Command::Import(args)) => inspect::import(&args),
         Some(Command::HeadsImportance(args)) => inspect::heads_importance(&args),
         Some(Command::Attention(args)) => inspect::attention(&args),
         Some(Command::Embed(args)) => inspect::embed(&args),

@@ -1175,6 +1175,12 @@ pub struct TrainConfig {
     pub probe_outliers: bool,
     /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
     pub seed: u64,
+    /// kind lm: start from a Hugging Face decoder's weights instead of random ones: a local directory
+    /// (`config.json`, `model.safetensors`, optionally `tokenizer.json`) in the GPT-2, OPT or Llama layout,
+    /// as `ablate export` or `transformers`' `save_pretrained` writes it. The transformer section must build
+    /// the checkpoint's model and the data give its token ids: both checked before training, one line naming
+    /// the first difference. `ablate import DIR` writes a recipe that does. `null`: random initialisation.
+    pub init_from: Option<String>,
     /// Save each trained model to `<out>/checkpoints/`.
     pub checkpoint: bool,
     /// Save the whole training state every this many steps under `<out>/checkpoints/`; a killed run
@@ -1308,6 +1314,7 @@ impl Default for TrainConfig {
             log_interval: 10,
             probe_attention: false,
             probe_outliers: false,
+            init_from: None,
             seed: 0,
             checkpoint: false,
             checkpoint_every: None,

@@ -447,6 +447,18 @@ impl Config {
         if !(0.0..1.0).contains(&t.muon_momentum) {
             return Err(invalid("train.muon_momentum", format!("must be in [0, 1), got {}", t.muon_momentum)));
         }
+        if let Some(path) = &t.init_from {
+            let dir = std::path::Path::new(path);
+            if let Some(missing) = ["config.json", "model.safetensors"].into_iter().find(|f| !dir.join(f).is_file()) {
+                return Err(invalid(
+                    "train.init_from",
+                    format!("{path} holds no {missing}: name a Hugging Face model directory"),
+                ));
+            }
+            if let Err(e) = crate::tasks::import::read(dir).and_then(|c| c.transformer_section().map(drop)) {
+                return Err(invalid("train.init_from", e.to_string()));
+            }
+        }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(invalid("train.lr", format!("must be a positive number, got {}", t.lr)));
         }

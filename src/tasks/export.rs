@@ -213,6 +213,134 @@ pub struct Exported {
     pub tensors: Vec<(String, Tensor)>,
 }
 
+/// How one of ablate's tensors becomes one or more of a layout's, and back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Op {
+    /// The same tensor under another name.
+    Same,
+    /// GPT-2's `Conv1D` stores (in, out), the transpose of a linear layer's (out, in).
+    Transpose,
+    /// ablate's fused projection is the layout's separate ones stacked by rows (Q, K, V).
+    Stack,
+    /// OPT's learned position table starts this many rows late (its `OPTLearnedPositionalEmbedding`).
+    Offset(i64),
+}
+
+/// One correspondence between ablate's variables and a layout's tensors.
+#[derive(Debug, Clone)]
+pub(super) struct Link {
+    pub(super) ours: String,
+    pub(super) theirs: Vec<String>,
+    pub(super) op: Op,
+    /// The tensor's shape when it may be missing on one side and then means zeros: a bias ablate was built
+    /// without is written as zeros in a layout that always has one, and a layout's missing bias (Llama's
+    /// `mlp_bias: false`) is read as ablate's zero bias.
+    pub(super) zero_if_absent: Option<Vec<i64>>,
+}
+
+/// Every correspondence of the decoder `t` in `layout` (positions a table computes, not a variable, are
+/// written apart by [`convert`]).
+pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
+    let a = &t.attention;
+    let [wq, wk, wv] = a.projection_widths();
+    let (d, ffn) = (t.d_model, t.ffn_hidden);
+    let mut out = Vec::new();
+    let mut link = |ours: String, theirs: Vec<String>, op: Op, zero: Option<Vec<i64>>| {
+        out.push(Link { ours, theirs, op, zero_if_absent: zero })
+    };
+    let one = |name: String| vec![name];
+    let three = |f: &dyn Fn(&str) -> String| ["q_proj", "k_proj", "v_proj"].iter().map(|r| f(r)).collect::<Vec<_>>();
+    for i in 0..t.layers {
+        let l = |rest: &str| format!("layers.{i}.{rest}");
+        match layout {
+            Layout::Gpt2 => {
+                let h = |rest: &str| format!("transformer.h.{i}.{rest}");
+                link(l("norm_attn.weight"), one(h("ln_1.weight")), Op::Same, None);
+                link(l("norm_attn.bias"), one(h("ln_1.bias")), Op::Same, None);
+                link(l("attn.qkv.weight"), one(h("attn.c_attn.weight")), Op::Transpose, None);
+                link(l("attn.qkv.bias"), one(h("attn.c_attn.bias")), Op::Same, Some(vec![wq + wk + wv]));
+                link(l("attn.out.weight"), one(h("attn.c_proj.weight")), Op::Transpose, None);
+                link(l("attn.out.bias"), one(h("attn.c_proj.bias")), Op::Same, Some(vec![d]));
+                link(l("norm_ffn.weight"), one(h("ln_2.weight")), Op::Same, None);
+                link(l("norm_ffn.bias"), one(h("ln_2.bias")), Op::Same, None);
+                link(l("ffn.up.weight"), one(h("mlp.c_fc.weight")), Op::Transpose, None);
+                link(l("ffn.up.bias"), one(h("mlp.c_fc.bias")), Op::Same, None);
+                link(l("ffn.down.weight"), one(h("mlp.c_proj.weight")), Op::Transpose, None);
+                link(l("ffn.down.bias"), one(h("mlp.c_proj.bias")), Op::Same, None);
+            }
+            Layout::Opt => {
+                let h = |rest: &str| format!("model.decoder.layers.{i}.{rest}");
+                let attn = |part: &str| three(&|role| h(&format!("self_attn.{role}.{part}")));
+                link(l("attn.qkv.weight"), attn("weight"), Op::Stack, None);
+                link(l("attn.qkv.bias"), attn("bias"), Op::Stack, Some(vec![wq + wk + wv]));
+                link(l("attn.out.weight"), one(h("self_attn.out_proj.weight")), Op::Same, None);
+                link(l("attn.out.bias"), one(h("self_attn.out_proj.bias")), Op::Same, Some(vec![d]));
+                link(l("norm_attn.weight"), one(h("self_attn_layer_norm.weight")), Op::Same, None);
+                link(l("norm_attn.bias"), one(h("self_attn_layer_norm.bias")), Op::Same, None);
+                link(l("ffn.up.weight"), one(h("fc1.weight")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("fc1.bias")), Op::Same, None);
+                link(l("ffn.down.weight"), one(h("fc2.weight")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("fc2.bias")), Op::Same, None);
+                link(l("norm_ffn.weight"), one(h("final_layer_norm.weight")), Op::Same, None);
+                link(l("norm_ffn.bias"), one(h("final_layer_norm.bias")), Op::Same, None);
+            }
+            Layout::Llama => {
+                let h = |rest: &str| format!("model.layers.{i}.{rest}");
+                let attn = |part: &str| three(&|role| h(&format!("self_attn.{role}.{part}")));
+                link(l("attn.qkv.weight"), attn("weight"), Op::Stack, None);
+                if a.bias {
+                    link(l("attn.qkv.bias"), attn("bias"), Op::Stack, None);
+                    link(l("attn.out.bias"), one(h("self_attn.o_proj.bias")), Op::Same, None);
+                }
+                link(l("attn.out.weight"), one(h("self_attn.o_proj.weight")), Op::Same, None);
+                // ablate's gated FFN is down(act(up x) ⊙ gate x); Llama's down(act(gate_proj x) ⊙ up_proj x).
+                link(l("ffn.up.weight"), one(h("mlp.gate_proj.weight")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("mlp.gate_proj.bias")), Op::Same, Some(vec![ffn]));
+                link(l("ffn.gate.weight"), one(h("mlp.up_proj.weight")), Op::Same, None);
+                link(l("ffn.gate.bias"), one(h("mlp.up_proj.bias")), Op::Same, Some(vec![ffn]));
+                link(l("ffn.down.weight"), one(h("mlp.down_proj.weight")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("mlp.down_proj.bias")), Op::Same, Some(vec![d]));
+                link(l("norm_attn.weight"), one(h("input_layernorm.weight")), Op::Same, None);
+                link(l("norm_ffn.weight"), one(h("post_attention_layernorm.weight")), Op::Same, None);
+            }
+        }
+    }
+    let learned = t.position.encoding == PositionEncoding::Learned;
+    let final_norm = |suffix: &str| format!("final_norm.{suffix}");
+    match layout {
+        Layout::Gpt2 => {
+            link("token_embedding.weight".into(), one("transformer.wte.weight".into()), Op::Same, None);
+            if learned {
+                link("position.table".into(), one("transformer.wpe.weight".into()), Op::Same, None);
+            }
+            link(final_norm("weight"), one("transformer.ln_f.weight".into()), Op::Same, None);
+            link(final_norm("bias"), one("transformer.ln_f.bias".into()), Op::Same, None);
+        }
+        Layout::Opt => {
+            link("token_embedding.weight".into(), one("model.decoder.embed_tokens.weight".into()), Op::Same, None);
+            if learned {
+                let name = one("model.decoder.embed_positions.weight".into());
+                link("position.table".into(), name, Op::Offset(OPT_POSITION_OFFSET), None);
+            }
+            if t.final_norm {
+                link(final_norm("weight"), one("model.decoder.final_layer_norm.weight".into()), Op::Same, None);
+                link(final_norm("bias"), one("model.decoder.final_layer_norm.bias".into()), Op::Same, None);
+            }
+        }
+        Layout::Llama => {
+            link("token_embedding.weight".into(), one("model.embed_tokens.weight".into()), Op::Same, None);
+            link(final_norm("weight"), one("model.norm.weight".into()), Op::Same, None);
+        }
+    }
+    if !t.tie_embeddings {
+        link("lm_head.weight".into(), one("lm_head.weight".into()), Op::Same, None);
+    }
+    out
+}
+
+/// Rows OPT's learned position table holds before position 0.
+const OPT_POSITION_OFFSET: i64 = 2;
+
 /// The weights of a decoder (its VarStore's variables by name) in `layout`, with the config that describes
 /// them; refused in one line when the layout cannot express the model.
 pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, vocab: i64) -> Result<Exported> {
@@ -220,134 +348,43 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
         bail!("ablate export: {why}");
     }
     let t = cfg.transformer_spec();
-    let get = |name: &str| -> Result<Tensor> {
-        weights
-            .get(name)
-            .map(|w| w.detach().to_device(Device::Cpu).to_kind(Kind::Float))
-            .with_context(|| format!("the checkpoint has no `{name}`"))
-    };
-    // A bias ablate was built without is a zero bias in the layouts that always have one.
-    let bias_or_zero = |name: &str, width: i64| -> Result<Tensor> {
-        match weights.get(name) {
-            Some(_) => get(name),
-            None => Ok(Tensor::zeros([width], (Kind::Float, Device::Cpu))),
-        }
-    };
-    let a = &t.attention;
-    let [wq, wk, wv] = a.projection_widths();
+    let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
     let mut out: Vec<(String, Tensor)> = Vec::new();
-    let mut put = |name: String, tensor: Tensor| out.push((name, tensor.contiguous()));
-    let table = || -> Result<Tensor> {
-        Ok(match t.position.encoding {
-            PositionEncoding::Learned => get("position.table")?,
+    for link in links(layout, &t) {
+        let ours = match (weights.get(&link.ours), &link.zero_if_absent) {
+            (Some(w), _) => w.detach().to_device(Device::Cpu).to_kind(Kind::Float),
+            (None, Some(shape)) => zeros(shape),
+            (None, None) => bail!("the checkpoint has no `{}`", link.ours),
+        };
+        let theirs: Vec<Tensor> = match link.op {
+            Op::Same => vec![ours],
+            Op::Transpose => vec![ours.tr()],
+            Op::Stack => ours.split_with_sizes(t.attention.projection_widths(), 0),
+            Op::Offset(rows) => vec![Tensor::cat(&[zeros(&[rows, ours.size()[1]]), ours], 0)],
+        };
+        out.extend(link.theirs.into_iter().zip(theirs).map(|(name, w)| (name, w.contiguous())));
+    }
+    // A sinusoidal table, or none, is written as the learned table it equals.
+    if matches!(layout, Layout::Gpt2 | Layout::Opt) && t.position.encoding != PositionEncoding::Learned {
+        let table = match t.position.encoding {
             PositionEncoding::Sinusoidal => {
                 crate::transformer::positions::sinusoidal_table(t.block_size, t.d_model, Device::Cpu)
             }
-            _ => Tensor::zeros([t.block_size, t.d_model], (Kind::Float, Device::Cpu)),
-        })
-    };
-    for i in 0..t.layers {
-        let l = |rest: &str| format!("layers.{i}.{rest}");
-        let qkv = get(&l("attn.qkv.weight"))?;
-        let qkv_bias = bias_or_zero(&l("attn.qkv.bias"), wq + wk + wv)?;
-        let (out_w, out_b) = (get(&l("attn.out.weight"))?, bias_or_zero(&l("attn.out.bias"), t.d_model)?);
-        let split = |w: &Tensor| w.split_with_sizes([wq, wk, wv], 0);
-        match layout {
-            Layout::Gpt2 => {
-                let h = |rest: &str| format!("transformer.h.{i}.{rest}");
-                put(h("ln_1.weight"), get(&l("norm_attn.weight"))?);
-                put(h("ln_1.bias"), get(&l("norm_attn.bias"))?);
-                // Conv1D: (in, out), the transpose of a linear layer's (out, in).
-                put(h("attn.c_attn.weight"), qkv.tr());
-                put(h("attn.c_attn.bias"), qkv_bias);
-                put(h("attn.c_proj.weight"), out_w.tr());
-                put(h("attn.c_proj.bias"), out_b);
-                put(h("ln_2.weight"), get(&l("norm_ffn.weight"))?);
-                put(h("ln_2.bias"), get(&l("norm_ffn.bias"))?);
-                put(h("mlp.c_fc.weight"), get(&l("ffn.up.weight"))?.tr());
-                put(h("mlp.c_fc.bias"), get(&l("ffn.up.bias"))?);
-                put(h("mlp.c_proj.weight"), get(&l("ffn.down.weight"))?.tr());
-                put(h("mlp.c_proj.bias"), get(&l("ffn.down.bias"))?);
+            _ => zeros(&[t.block_size, t.d_model]),
+        };
+        out.push(match layout {
+            Layout::Gpt2 => ("transformer.wpe.weight".into(), table),
+            _ => {
+                let padded = Tensor::cat(&[zeros(&[OPT_POSITION_OFFSET, t.d_model]), table], 0);
+                ("model.decoder.embed_positions.weight".into(), padded)
             }
-            Layout::Opt => {
-                let h = |rest: &str| format!("model.decoder.layers.{i}.{rest}");
-                let (w, b) = (split(&qkv), split(&qkv_bias));
-                for (j, role) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
-                    put(h(&format!("self_attn.{role}.weight")), w[j].shallow_clone());
-                    put(h(&format!("self_attn.{role}.bias")), b[j].shallow_clone());
-                }
-                put(h("self_attn.out_proj.weight"), out_w);
-                put(h("self_attn.out_proj.bias"), out_b);
-                put(h("self_attn_layer_norm.weight"), get(&l("norm_attn.weight"))?);
-                put(h("self_attn_layer_norm.bias"), get(&l("norm_attn.bias"))?);
-                put(h("fc1.weight"), get(&l("ffn.up.weight"))?);
-                put(h("fc1.bias"), get(&l("ffn.up.bias"))?);
-                put(h("fc2.weight"), get(&l("ffn.down.weight"))?);
-                put(h("fc2.bias"), get(&l("ffn.down.bias"))?);
-                put(h("final_layer_norm.weight"), get(&l("norm_ffn.weight"))?);
-                put(h("final_layer_norm.bias"), get(&l("norm_ffn.bias"))?);
-            }
-            Layout::Llama => {
-                let h = |rest: &str| format!("model.layers.{i}.{rest}");
-                let w = split(&qkv);
-                for (j, role) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
-                    put(h(&format!("self_attn.{role}.weight")), w[j].shallow_clone());
-                }
-                if a.bias {
-                    let b = split(&qkv_bias);
-                    for (j, role) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
-                        put(h(&format!("self_attn.{role}.bias")), b[j].shallow_clone());
-                    }
-                    put(h("self_attn.o_proj.bias"), out_b);
-                }
-                put(h("self_attn.o_proj.weight"), out_w);
-                // ablate's gated FFN is down(act(up x) ⊙ gate x); Llama's down(act(gate_proj x) ⊙ up_proj x).
-                put(h("mlp.gate_proj.weight"), get(&l("ffn.up.weight"))?);
-                put(h("mlp.gate_proj.bias"), get(&l("ffn.up.bias"))?);
-                put(h("mlp.up_proj.weight"), get(&l("ffn.gate.weight"))?);
-                put(h("mlp.up_proj.bias"), get(&l("ffn.gate.bias"))?);
-                put(h("mlp.down_proj.weight"), get(&l("ffn.down.weight"))?);
-                put(h("mlp.down_proj.bias"), get(&l("ffn.down.bias"))?);
-                put(h("input_layernorm.weight"), get(&l("norm_attn.weight"))?);
-                put(h("post_attention_layernorm.weight"), get(&l("norm_ffn.weight"))?);
-            }
-        }
-    }
-    let embedding = get("token_embedding.weight")?;
-    let final_norm = |suffix: &str| get(&format!("final_norm.{suffix}"));
-    let head_name = match layout {
-        Layout::Gpt2 => {
-            put("transformer.wte.weight".into(), embedding);
-            put("transformer.wpe.weight".into(), table()?);
-            put("transformer.ln_f.weight".into(), final_norm("weight")?);
-            put("transformer.ln_f.bias".into(), final_norm("bias")?);
-            "lm_head.weight"
-        }
-        Layout::Opt => {
-            put("model.decoder.embed_tokens.weight".into(), embedding);
-            // OPT's learned positions are looked up two rows on (its `OPTLearnedPositionalEmbedding`).
-            let padded = Tensor::cat(&[Tensor::zeros([2, t.d_model], (Kind::Float, Device::Cpu)), table()?], 0);
-            put("model.decoder.embed_positions.weight".into(), padded);
-            if t.final_norm {
-                put("model.decoder.final_layer_norm.weight".into(), final_norm("weight")?);
-                put("model.decoder.final_layer_norm.bias".into(), final_norm("bias")?);
-            }
-            "lm_head.weight"
-        }
-        Layout::Llama => {
-            put("model.embed_tokens.weight".into(), embedding);
-            put("model.norm.weight".into(), final_norm("weight")?);
-            "lm_head.weight"
-        }
-    };
-    if !t.tie_embeddings {
-        put(head_name.into(), get("lm_head.weight")?);
+        });
     }
     Ok(Exported { layout, config: hf_config(layout, &t, vocab), tensors: out })
 }
 
 /// `config.json` of `layout` for the decoder `t` over `vocab` tokens.
-fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serde_json::Value {
+pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serde_json::Value {
     let a = &t.attention;
     // No special tokens: ablate's vocabularies have none of GPT-2's or Llama's ids.
     let common = json!({

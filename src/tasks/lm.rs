@@ -2,7 +2,7 @@
 //! evaluated during training on fixed validation batches, and once at the end on fixed test batches (and,
 //! with `train.eval_lengths`, on longer test windows than it trained on), with attention probes when asked
 //! and a sample at the end.
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::borrow::Cow;
 use std::time::Instant;
 use tch::{nn, Device, Kind as DType, Tensor};
@@ -22,6 +22,11 @@ pub struct LanguageModel;
 /// The data a run reads: its data section (the copy task or a corpus with its tokenizer).
 fn data_key(cfg: &Config) -> String {
     serde_yaml::to_string(&cfg.data).unwrap_or_default()
+}
+
+/// The Hugging Face checkpoint a run starts from (`train.init_from`), if any.
+fn init_checkpoint(cfg: &Config) -> Result<Option<super::import::HfCheckpoint>> {
+    cfg.train.init_from.as_deref().map(|dir| super::import::read(std::path::Path::new(dir))).transpose()
 }
 
 /// Mean loss and accuracy of `model` over held-out batches (targets `IGNORE` are not scored); in a
@@ -220,7 +225,15 @@ impl Task for LanguageModel {
 
     fn prepare(&self, cfg: &Config, data: &mut DataCache) -> Result<()> {
         let set = DataCache::get_or_load(&mut data.text, data_key(cfg), || Dataset::load(&cfg.data))?;
-        set.check_block_size(cfg.longest_window())
+        set.check_block_size(cfg.longest_window())?;
+        if let Some(checkpoint) = init_checkpoint(cfg)? {
+            let vocab = set.tokenizer().vocab_size();
+            checkpoint.check_matches(cfg, vocab).context("train.init_from")?;
+            if let Dataset::Text(_) = set {
+                checkpoint.check_vocabulary(set.tokenizer()).context("train.init_from")?;
+            }
+        }
+        Ok(())
     }
 
     fn vocab(&self, cfg: &Config, data: &DataCache) -> Result<i64> {
@@ -249,6 +262,9 @@ impl Task for LanguageModel {
         let started = Instant::now();
         let mut vs = nn::VarStore::new(device);
         let model = Gpt::new(&vs.root(), &cfg.transformer_spec(), vocab);
+        if let Some(checkpoint) = init_checkpoint(cfg)? {
+            checkpoint.load_into(&vs, cfg).context("train.init_from")?;
+        }
         let objective = NextTokenObjective {
             model: &model,
             data,

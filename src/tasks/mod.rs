@@ -27,6 +27,7 @@ pub mod checkpoint;
 pub mod classify;
 pub mod export;
 pub mod imagegpt;
+pub mod import;
 pub mod lm;
 pub mod memory;
 pub mod pretrained;
