@@ -203,18 +203,20 @@ ablate_build() {
 # Chromium from Debian (it renders the HTML report). Installed once, like torch; ablate itself needs neither.
 ABLATE_TENSORBOARD_VERSION=2.21.0
 
-# Installs the pinned PyPI package SPEC (with its dependencies) into DIR through DIR.partial and a rename;
-# WHY says in the message what it is for. Called under ablate_locked; a peer may have finished meanwhile.
+# Installs pinned PyPI packages (pip's arguments ARGS: a spec, with its dependencies, or --no-deps and a
+# list) into DIR through DIR.partial and a rename; PACKAGE is the module that marks it done, WHY says in the
+# message what it is for. Called under ablate_locked; a peer may have finished meanwhile.
 ablate_pip_into() {
-  local dir="$1" package="$2" spec="$3" why="$4"
+  local dir="$1" package="$2" why="$3"
+  shift 3
   [[ -d "$dir/$package" ]] && return 0
-  echo "ablate: installing $spec ($why) into $dir" >&2
+  echo "ablate: installing $package ($why) into $dir" >&2
   rm -rf "$dir.partial"
   mkdir -p "$(dirname "$dir")"
   if ! python3 -m pip install --disable-pip-version-check --no-cache-dir --quiet \
-      --target "$dir.partial" "$spec" >&2; then
+      --target "$dir.partial" "$@" >&2; then
     rm -rf "$dir.partial"
-    ablate_die "installing $spec from PyPI failed (see pip's message above)"
+    ablate_die "installing $package from PyPI failed (see pip's message above)"
   fi
   mv "$dir.partial" "$dir"
 }
@@ -222,7 +224,7 @@ ablate_pip_into() {
 ablate_setup_tensorboard() {
   local dir="${ABLATE_TENSORBOARD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/tensorboard-$ABLATE_TENSORBOARD_VERSION}"
   [[ -d "$dir/tensorboard" ]] || ablate_locked "$dir.lock" "tensorboard" ablate_pip_into "$dir" tensorboard \
-    "tensorboard==$ABLATE_TENSORBOARD_VERSION" "the reader the event-file test checks against"
+    "the reader the event-file test checks against" "tensorboard==$ABLATE_TENSORBOARD_VERSION"
   export ABLATE_TENSORBOARD_PYTHONPATH="$dir"
 }
 
@@ -233,8 +235,27 @@ ABLATE_TRANSFORMERS_VERSION=5.25.0
 ablate_setup_hf_reference() {
   local dir="${ABLATE_HF_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/transformers-$ABLATE_TRANSFORMERS_VERSION}"
   [[ -d "$dir/transformers" ]] || ablate_locked "$dir.lock" "transformers" ablate_pip_into "$dir" transformers \
-    "transformers==$ABLATE_TRANSFORMERS_VERSION" "the reference the export test loads ablate's models with"
+    "the reference the export test loads ablate's models with" "transformers==$ABLATE_TRANSFORMERS_VERSION"
   export ABLATE_HF_PYTHONPATH="$dir"
+}
+
+# TransformerLens (its TransformerBridge over transformers) for the interop test's attention patterns. Its
+# requirements would pull a second torch and transformers, so it is installed without dependencies beside
+# the pinned list of the modules it imports (it runs on the cached transformers and torch above).
+ABLATE_TRANSFORMER_LENS_VERSION=4.3.0
+ABLATE_TRANSFORMER_LENS_IMPORTS=(
+  einops==0.8.2 fancy-einsum==0.0.3 jaxtyping==0.3.11 wadler-lindig==0.1.8 beartype==0.23.1 typeguard==4.6.1
+  datasets==5.2.0 pyarrow==26.0.1 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 pandas==3.1.1
+  requests==2.34.2 urllib3==2.8.0 charset-normalizer==3.5.3 certifi==2026.10.19.post1 accelerate==1.16.0
+  psutil==7.2.2 tqdm==4.70.1 sentencepiece==0.2.3 transformers-stream-generator==0.0.5
+)
+
+ablate_setup_transformer_lens() {
+  local dir="${ABLATE_TL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/transformer-lens-$ABLATE_TRANSFORMER_LENS_VERSION}"
+  [[ -d "$dir/transformer_lens" ]] || ablate_locked "$dir.lock" "TransformerLens" ablate_pip_into "$dir" \
+    transformer_lens "the interop test's attention patterns" --no-deps \
+    "transformer-lens==$ABLATE_TRANSFORMER_LENS_VERSION" "${ABLATE_TRANSFORMER_LENS_IMPORTS[@]}"
+  export ABLATE_TL_PYTHONPATH="$dir"
 }
 
 ablate_setup_chromium() {
