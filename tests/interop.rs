@@ -28,6 +28,8 @@ fn base(layout: Layout) -> &'static str {
             "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40, pre_ln: true, norm: rms_norm, \
              pe: rope, activation: swiglu, attention: {bias: false}}\n"
         }
+        // ablate's ViT (pre-LN, learned positions, a <cls> token) on 28×28 grey images in 4×4 patches.
+        Layout::Vit => "kind: vit\ntransformer: {d_model: 32, layers: 2, heads: 4}\n",
     }
 }
 
@@ -38,8 +40,8 @@ fn recipe(layout: Layout, settings: &[(String, String)]) -> String {
     with_variant(base(layout), settings)
 }
 
-/// The run's decoder with every parameter drawn at random (so that zero biases and unit gains count too).
-fn random_decoder(cfg: &ablate::recipe::Config) -> (nn::VarStore, Box<dyn Built>) {
+/// The run's model with every parameter drawn at random (so that zero biases and unit gains count too).
+fn random_model(cfg: &ablate::recipe::Config) -> (nn::VarStore, Box<dyn Built>) {
     tch::manual_seed(7);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = task(cfg.kind).build(cfg, &vs.root(), VOCAB);
@@ -126,27 +128,43 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
                 rows.push(Row { knob, flipped, layout, outcome: Err(why), logits: Vec::new(), greedy: Vec::new() });
                 continue;
             }
-            let (vs, model) = random_decoder(&cfg);
-            let gpt = model.gpt().expect("a decoder");
-            let block = cfg.transformer.block_size;
-            let ids =
-                Tensor::from_slice(&(0..2 * block).map(|j| (j * 7 + 3) % VOCAB).collect::<Vec<_>>()).view([2, block]);
-            let logits: Vec<f32> = tch::no_grad(|| Vec::try_from(gpt.forward(&ids, false).reshape([-1]))).unwrap();
-            let n = new_tokens(block);
-            let sequence = ablate::models::decode::generate(
-                model.decoder().expect("a decoder"),
-                &PROMPT,
-                n,
-                ablate::models::decode::Decoding::Greedy,
-                true,
-            );
-            let greedy = sequence[sequence.len() - n..].to_vec();
+            let (vs, model) = random_model(&cfg);
             let out = dir.path().join(format!("{}-{i}", layout.name()));
+            let (logits, greedy) = match model.gpt() {
+                Some(gpt) => {
+                    let block = cfg.transformer.block_size;
+                    let ids = Tensor::from_slice(&(0..2 * block).map(|j| (j * 7 + 3) % VOCAB).collect::<Vec<_>>())
+                        .view([2, block]);
+                    let logits: Vec<f32> =
+                        tch::no_grad(|| Vec::try_from(gpt.forward(&ids, false).reshape([-1]))).unwrap();
+                    let n = new_tokens(block);
+                    let sequence = ablate::models::decode::generate(
+                        model.decoder().expect("a decoder"),
+                        &PROMPT,
+                        n,
+                        ablate::models::decode::Decoding::Greedy,
+                        true,
+                    );
+                    entries.push(serde_json::json!({
+                        "dir": out, "ids": Vec::<Vec<i64>>::try_from(&ids).unwrap(), "prompt": PROMPT, "new_tokens": n,
+                    }));
+                    (logits, sequence[sequence.len() - n..].to_vec())
+                }
+                // An image classifier: its class scores on the fixed example images every model of a shape reads.
+                None => {
+                    let image = cfg.image();
+                    let images = ablate::tasks::example_images(2, image.channels, image.size, Device::Cpu);
+                    let logits: Vec<f32> =
+                        tch::no_grad(|| Vec::try_from(model.forward_example(2, false, Device::Cpu).reshape([-1])))
+                            .unwrap();
+                    entries.push(serde_json::json!({
+                        "dir": out, "images": Vec::<f32>::try_from(images.reshape([-1])).unwrap(), "shape": images.size(),
+                    }));
+                    (logits, Vec::new())
+                }
+            };
             let exported = export::convert(layout, &cfg, &vs.variables(), VOCAB).unwrap();
             export::write(&out, &exported).unwrap();
-            entries.push(serde_json::json!({
-                "dir": out, "ids": Vec::<Vec<i64>>::try_from(&ids).unwrap(), "prompt": PROMPT, "new_tokens": n,
-            }));
             rows.push(Row { knob, flipped, layout, outcome: Ok(out), logits, greedy });
         }
     }
@@ -212,7 +230,7 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
         table
             .iter()
             .find(|(k, l, _)| k == knob && *l == layout)
-            .map_or("— (ablate refuses this decoder)".to_string(), |(_, _, c)| c.clone())
+            .map_or("— (ablate refuses this model)".to_string(), |(_, _, c)| c.clone())
     };
     let mut doc = String::from(
         "# Opening ablate's models in other tools\n\n\
@@ -220,7 +238,8 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          when a cell's outcome (a deviation or a refusal) differs from this file's.\n\n\
          `ablate export` writes a trained decoder in a Hugging Face layout (`--layout auto` takes the first that \
          expresses the model exactly, in this order): `gpt2` (`GPT2LMHeadModel`), `opt` (`OPTForCausalLM`, which \
-         also has post-LN layers) or `llama` (`LlamaForCausalLM`). For each layout, a small decoder (d_model 32, two \
+         also has post-LN layers) or `llama` (`LlamaForCausalLM`); a ViT (kind vit) in `vit` \
+         (`ViTForImageClassification`, whose class scores are compared on the same images). For each layout, a small decoder (d_model 32, two \
          layers, four heads, every weight drawn at random) is built with its base settings and then with each row of \
          the knob matrix (`tests/common/knob_rows.rs`) set on top; every export is loaded by the pinned \
          `transformers` (5.25.0) and its fp32 logits on the same tokens compared with ablate's: each cell is the \
@@ -229,10 +248,14 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          token. A setting the layout cannot express is refused in one line, never written as another model.\n\n\
          The bases: gpt2 is pre-LN with learned positions, LayerNorm and GELU; opt is ablate's default decoder \
          (post-LN) without its final LayerNorm (a post-LN stack ending in a second norm, ablate's default, has no \
-         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases. The \
+         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases; vit is \
+         ablate's default ViT (pre-LN, learned positions, a `<cls>` token the classifier reads) at d_model 32 on 28×28 \
+         grey images in 4×4 patches. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
+         Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), ViT's two LayerNorm \
+         gains swapped (0.38). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
-    doc.push_str("| knob | gpt2 | opt | llama |\n|---|---|---|---|\n");
+    doc.push_str("| knob | gpt2 | opt | llama | vit |\n|---|---|---|---|---|\n");
     for knob in &knobs {
         let cells: Vec<String> = Layout::ALL.iter().map(|&l| cell(knob, l)).collect();
         doc.push_str(&format!("| `{knob}` | {} |\n", cells.join(" | ")));
@@ -698,7 +721,7 @@ fn an_exported_decoder_opens_in_transformer_lens_with_ablates_attention_patterns
     // (`bsz, tgt_len, _ = hidden_states.size()`: not enough values to unpack), before any comparison.
     for layout in [Layout::Gpt2, Layout::Llama] {
         let cfg = parse(&recipe(layout, &[]), "lens.yaml", "lens", false).unwrap().runs[0].config.clone();
-        let (vs, model) = random_decoder(&cfg);
+        let (vs, model) = random_model(&cfg);
         let tokens = Tensor::from_slice(&ids).unsqueeze(0);
         let maps = tch::no_grad(|| model.attention_on_tokens(&tokens)).expect("a decoder's maps");
         let maps: Vec<Vec<f32>> = maps.iter().map(|m| Vec::try_from(m.reshape([-1])).unwrap()).collect();

@@ -1,6 +1,6 @@
-//! A trained decoder in the layouts researchers' tools read: Hugging Face's GPT-2, OPT and Llama
-//! (`model.safetensors`, `config.json`, the tokenizer), so that `transformers` (and TransformerLens through
-//! it) opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
+//! A trained decoder or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT and Llama
+//! (`model.safetensors`, `config.json`, the tokenizer) and ViT (`ViTForImageClassification`), so that
+//! `transformers` (and TransformerLens through it) opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
 //! compares its logits with ablate's own (`docs/interop.md`).
@@ -13,6 +13,9 @@
 //!   pre-LN without a final norm; its learned position table starts two rows late (OPT's offset).
 //! - `llama`: pre-LN with RMSNorm, RoPE (Hugging Face's rotate-half layout, which is ablate's), a gated FFN
 //!   (SwiGLU or GeGLU), grouped-query attention and any head width.
+//! - `vit` (kind vit): pre-LN with a final LayerNorm, a stride-p convolution for the patches, a `<cls>` token
+//!   the classifier reads, a learned table over `<cls>` and the patches (sinusoids or none as the table they
+//!   are), a two-matrix FFN.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::collections::HashMap;
@@ -24,22 +27,34 @@ use crate::transformer::spec::{
     AbsoluteAt, Activation, Combine, Norm, OutputGate, PositionEncoding, QkNorm, Scale, Scoring, TransformerSpec,
 };
 
-/// A Hugging Face model layout an ablate decoder can be written in.
+/// A Hugging Face model layout an ablate model can be written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     Gpt2,
     Opt,
     Llama,
+    Vit,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 3] = [Layout::Gpt2, Layout::Opt, Layout::Llama];
+    pub const ALL: [Layout; 4] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Vit];
+    /// The decoder layouts (kind lm), the plainest first.
+    pub const DECODERS: [Layout; 3] = [Layout::Gpt2, Layout::Opt, Layout::Llama];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::Gpt2 => "gpt2",
             Layout::Opt => "opt",
             Layout::Llama => "llama",
+            Layout::Vit => "vit",
+        }
+    }
+
+    /// The kind of run whose models the layout holds.
+    pub fn kind(self) -> RunKind {
+        match self {
+            Layout::Vit => RunKind::Vit,
+            _ => RunKind::Lm,
         }
     }
 
@@ -56,14 +71,15 @@ impl Layout {
             Layout::Gpt2 => "GPT2LMHeadModel",
             Layout::Opt => "OPTForCausalLM",
             Layout::Llama => "LlamaForCausalLM",
+            Layout::Vit => "ViTForImageClassification",
         }
     }
 }
 
 /// The first setting of `cfg` that `layout` cannot express, as `key=value: why` (None: it expresses all).
 pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
-    if cfg.kind != RunKind::Lm {
-        return Some(format!("kind={}: only decoders (kind lm) have a Hugging Face layout here", cfg.kind));
+    if cfg.kind != layout.kind() {
+        return Some(format!("kind={}: the {} layout holds kind {} models", cfg.kind, layout.name(), layout.kind()));
     }
     let t = cfg.transformer_spec();
     let a = &t.attention;
@@ -133,8 +149,20 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if p.encoding.is_absolute() && p.combine == Combine::Concat {
         return no("position.combine", "concat".into(), "positions are added, not concatenated");
     }
+    if layout == Layout::Vit {
+        let v = cfg.vision();
+        if v.pool != crate::models::spec::Pool::Cls {
+            return Some(format!(
+                "vision.pool={}: the classifier reads the <cls> token in the vit layout",
+                serde_name(v.pool)
+            ));
+        }
+        if v.registers > 0 {
+            return Some(format!("vision.registers={}: there are no register tokens in the vit layout", v.registers));
+        }
+    }
     match layout {
-        Layout::Gpt2 | Layout::Opt => {
+        Layout::Gpt2 | Layout::Opt | Layout::Vit => {
             if t.norm != Norm::LayerNorm {
                 return no("norm", serde_name(t.norm), "the norm is LayerNorm");
             }
@@ -168,8 +196,10 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match (layout, t.pre_ln, t.final_norm) {
-        (Layout::Gpt2 | Layout::Llama, false, _) => no("pre_ln", "false".into(), "layers are pre-LN"),
-        (Layout::Gpt2 | Layout::Llama, true, false) => no("final_norm", "false".into(), "the stack ends with a norm"),
+        (Layout::Gpt2 | Layout::Llama | Layout::Vit, false, _) => no("pre_ln", "false".into(), "layers are pre-LN"),
+        (Layout::Gpt2 | Layout::Llama | Layout::Vit, true, false) => {
+            no("final_norm", "false".into(), "the stack ends with a norm")
+        }
         (Layout::Opt, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
         _ => match (layout, a.scale) {
             (_, Scale::SqrtDk) | (Layout::Gpt2, Scale::None) => None,
@@ -182,11 +212,15 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
 /// The plainest layout that expresses `cfg` exactly, or one line naming why each refuses.
 pub fn choose(cfg: &Config) -> std::result::Result<Layout, String> {
     let mut why = Vec::new();
-    for layout in Layout::ALL {
+    for layout in Layout::ALL.into_iter().filter(|l| l.kind() == cfg.kind) {
         match refusal(layout, cfg) {
             None => return Ok(layout),
             Some(line) => why.push(line),
         }
+    }
+    if why.is_empty() {
+        let held: Vec<String> = Layout::ALL.iter().map(|l| format!("{} ({})", l.name(), l.kind())).collect();
+        return Err(format!("kind {} has no Hugging Face layout here; the layouts: {}", cfg.kind, held.join(", ")));
     }
     Err(format!("no Hugging Face layout expresses this model: {}", why.join("; ")))
 }
@@ -224,6 +258,8 @@ pub(super) enum Op {
     Stack,
     /// OPT's learned position table starts this many rows late (its `OPTLearnedPositionalEmbedding`).
     Offset(i64),
+    /// ViT's position table has a leading batch dimension of one.
+    Batch,
 }
 
 /// One correspondence between ablate's variables and a layout's tensors.
@@ -250,8 +286,10 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     };
     let one = |name: String| vec![name];
     let three = |f: &dyn Fn(&str) -> String| ["q_proj", "k_proj", "v_proj"].iter().map(|r| f(r)).collect::<Vec<_>>();
+    // ablate's ViT keeps its blocks under `blocks`, its decoders under `layers`.
+    let stack = if layout == Layout::Vit { "blocks" } else { "layers" };
     for i in 0..t.layers {
-        let l = |rest: &str| format!("layers.{i}.{rest}");
+        let l = |rest: &str| format!("{stack}.{i}.{rest}");
         match layout {
             Layout::Gpt2 => {
                 let h = |rest: &str| format!("transformer.h.{i}.{rest}");
@@ -303,6 +341,24 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_attn.weight"), one(h("input_layernorm.weight")), Op::Same, None);
                 link(l("norm_ffn.weight"), one(h("post_attention_layernorm.weight")), Op::Same, None);
             }
+            Layout::Vit => {
+                let h = |rest: &str| format!("vit.layers.{i}.{rest}");
+                let attn = |part: &str| three(&|role| h(&format!("attention.{role}.{part}")));
+                link(l("attn.qkv.weight"), attn("weight"), Op::Stack, None);
+                if a.bias {
+                    link(l("attn.qkv.bias"), attn("bias"), Op::Stack, None);
+                }
+                link(l("attn.out.weight"), one(h("attention.o_proj.weight")), Op::Same, None);
+                link(l("attn.out.bias"), one(h("attention.o_proj.bias")), Op::Same, Some(vec![d]));
+                link(l("norm_attn.weight"), one(h("layernorm_before.weight")), Op::Same, None);
+                link(l("norm_attn.bias"), one(h("layernorm_before.bias")), Op::Same, None);
+                link(l("norm_ffn.weight"), one(h("layernorm_after.weight")), Op::Same, None);
+                link(l("norm_ffn.bias"), one(h("layernorm_after.bias")), Op::Same, None);
+                link(l("ffn.up.weight"), one(h("mlp.fc1.weight")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("mlp.fc1.bias")), Op::Same, None);
+                link(l("ffn.down.weight"), one(h("mlp.fc2.weight")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("mlp.fc2.bias")), Op::Same, None);
+            }
         }
     }
     let learned = t.position.encoding == PositionEncoding::Learned;
@@ -330,6 +386,20 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
         Layout::Llama => {
             link("token_embedding.weight".into(), one("model.embed_tokens.weight".into()), Op::Same, None);
             link(final_norm("weight"), one("model.norm.weight".into()), Op::Same, None);
+        }
+        Layout::Vit => {
+            let e = |rest: &str| vec![format!("vit.embeddings.{rest}")];
+            link("patch_embed.weight".into(), e("patch_embeddings.projection.weight"), Op::Same, None);
+            link("patch_embed.bias".into(), e("patch_embeddings.projection.bias"), Op::Same, None);
+            link("cls_token".into(), e("cls_token"), Op::Same, None);
+            if learned {
+                link("pos_embed.table".into(), e("position_embeddings"), Op::Batch, None);
+            }
+            link("norm.weight".into(), one("vit.layernorm.weight".into()), Op::Same, None);
+            link("norm.bias".into(), one("vit.layernorm.bias".into()), Op::Same, None);
+            link("head.weight".into(), one("classifier.weight".into()), Op::Same, None);
+            link("head.bias".into(), one("classifier.bias".into()), Op::Same, None);
+            return out;
         }
     }
     if !t.tie_embeddings {
@@ -361,26 +431,43 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
             Op::Transpose => vec![ours.tr()],
             Op::Stack => ours.split_with_sizes(t.attention.projection_widths(), 0),
             Op::Offset(rows) => vec![Tensor::cat(&[zeros(&[rows, ours.size()[1]]), ours], 0)],
+            Op::Batch => vec![ours.unsqueeze(0)],
         };
         out.extend(link.theirs.into_iter().zip(theirs).map(|(name, w)| (name, w.contiguous())));
     }
     // A sinusoidal table, or none, is written as the learned table it equals.
-    if matches!(layout, Layout::Gpt2 | Layout::Opt) && t.position.encoding != PositionEncoding::Learned {
+    if layout != Layout::Llama && t.position.encoding != PositionEncoding::Learned {
+        // ViT's table covers the <cls> token and the patches.
+        let rows = match layout {
+            Layout::Vit => cfg.vit_spec().grid().pow(2) + 1,
+            _ => t.block_size,
+        };
         let table = match t.position.encoding {
             PositionEncoding::Sinusoidal => {
-                crate::transformer::positions::sinusoidal_table(t.block_size, t.d_model, Device::Cpu)
+                crate::transformer::positions::sinusoidal_table(rows, t.d_model, Device::Cpu)
             }
-            _ => zeros(&[t.block_size, t.d_model]),
+            _ => zeros(&[rows, t.d_model]),
         };
         out.push(match layout {
             Layout::Gpt2 => ("transformer.wpe.weight".into(), table),
+            Layout::Vit => ("vit.embeddings.position_embeddings".into(), table.unsqueeze(0)),
             _ => {
                 let padded = Tensor::cat(&[zeros(&[OPT_POSITION_OFFSET, t.d_model]), table], 0);
                 ("model.decoder.embed_positions.weight".into(), padded)
             }
         });
     }
-    Ok(Exported { layout, config: hf_config(layout, &t, vocab), tensors: out })
+    let mut config = hf_config(layout, &t, vocab);
+    if layout == Layout::Vit {
+        let (image, classes) = (cfg.image(), cfg.vision().classes);
+        let labels: serde_json::Map<String, serde_json::Value> =
+            (0..classes).map(|c| (c.to_string(), json!(c.to_string()))).collect();
+        let ids: serde_json::Map<String, serde_json::Value> = (0..classes).map(|c| (c.to_string(), json!(c))).collect();
+        let extra = json!({"image_size": image.size, "patch_size": image.patch, "num_channels": image.channels,
+                           "id2label": labels, "label2id": ids});
+        config.as_object_mut().expect("a JSON object").extend(extra.as_object().expect("a JSON object").clone());
+    }
+    Ok(Exported { layout, config, tensors: out })
 }
 
 /// `config.json` of `layout` for the decoder `t` over `vocab` tokens.
@@ -427,6 +514,18 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
             "layer_norm_elementwise_affine": true,
             "dropout": t.dropout,
             "attention_dropout": a.dropout,
+        }),
+        Layout::Vit => json!({
+            "model_type": "vit",
+            "hidden_size": t.d_model,
+            "num_hidden_layers": t.layers,
+            "num_attention_heads": a.heads,
+            "intermediate_size": t.ffn_hidden,
+            "hidden_act": hf_activation(t.activation),
+            "layer_norm_eps": 1e-5,
+            "qkv_bias": a.bias,
+            "hidden_dropout_prob": t.dropout,
+            "attention_probs_dropout_prob": a.dropout,
         }),
         Layout::Llama => json!({
             "model_type": "llama",
@@ -522,9 +621,15 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         }
         card.push('\n');
     }
-    card.push_str(
-        "```python\nfrom transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\nmodel = \
-         AutoModelForCausalLM.from_pretrained(\"DIR\")\ntokenizer = PreTrainedTokenizerFast(tokenizer_file=\"DIR/tokenizer.json\")\n```\n",
-    );
+    card.push_str(match layout.kind() {
+        RunKind::Lm => {
+            "```python\nfrom transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\nmodel = \
+             AutoModelForCausalLM.from_pretrained(\"DIR\")\ntokenizer = PreTrainedTokenizerFast(tokenizer_file=\"DIR/tokenizer.json\")\n```\n"
+        }
+        _ => {
+            "```python\nfrom transformers import AutoModelForImageClassification\nmodel = \
+             AutoModelForImageClassification.from_pretrained(\"DIR\")  # pixel_values as ablate reads its images\n```\n"
+        }
+    });
     crate::files::write_atomically(&dir.join("README.md"), card.as_bytes())
 }

@@ -1,17 +1,28 @@
 """The transformers side of tests/interop.rs: loads each exported directory of the manifest with the pinned
-PyPI transformers (fp32, eager CPU), and writes <dir>/parity.json: its logits on the manifest's token ids
-(flattened) and its greedy continuation of the prompt. One process for every export: importing transformers
+PyPI transformers (fp32, eager CPU), and writes <dir>/parity.json: a decoder's logits on the manifest's token
+ids (flattened) and its greedy continuation of the prompt, or an image classifier's class scores on the
+manifest's images. One process for every export: importing transformers
 takes seconds."""
 import json
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageClassification
 
 
 def main(manifest_path):
     torch.manual_seed(0)
     for entry in json.load(open(manifest_path)):
+        if "images" in entry:
+            # An image classifier: its class scores on the images ablate read.
+            model = AutoModelForImageClassification.from_pretrained(entry["dir"], dtype=torch.float32)
+            model.eval()
+            images = torch.tensor(entry["images"], dtype=torch.float32).view(entry["shape"])
+            with torch.no_grad():
+                logits = model(pixel_values=images).logits
+            with open(entry["dir"] + "/parity.json", "w") as f:
+                json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
+            continue
         model = AutoModelForCausalLM.from_pretrained(entry["dir"], dtype=torch.float32)
         model.eval()
         ids = torch.tensor(entry["ids"], dtype=torch.long)
