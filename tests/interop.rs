@@ -28,6 +28,10 @@ fn base(layout: Layout) -> &'static str {
             "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40, pre_ln: true, norm: rms_norm, \
              pe: rope, activation: swiglu, attention: {bias: false}}\n"
         }
+        // ablate's BERT (post-LN, learned positions, the MLM head tied to the word embeddings).
+        Layout::Bert => {
+            "kind: bert\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40}\ndata: {tokenizer: wordpiece, vocab_size: 50}\n"
+        }
         // ablate's ViT (pre-LN, learned positions, a <cls> token) on 28×28 grey images in 4×4 patches.
         Layout::Vit => "kind: vit\ntransformer: {d_model: 32, layers: 2, heads: 4}\n",
     }
@@ -150,6 +154,18 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
                     }));
                     (logits, sequence[sequence.len() - n..].to_vec())
                 }
+                // BERT: its masked-LM logits on the fixed example tokens.
+                None if cfg.kind == ablate::recipe::Kind::Bert => {
+                    let block = cfg.transformer.block_size;
+                    let ids = ablate::tasks::example_tokens(2, block, VOCAB, Device::Cpu);
+                    let logits: Vec<f32> =
+                        tch::no_grad(|| Vec::try_from(model.forward_example(2, false, Device::Cpu).reshape([-1])))
+                            .unwrap();
+                    entries.push(serde_json::json!({
+                        "dir": out, "ids": Vec::<Vec<i64>>::try_from(&ids).unwrap(), "masked": true,
+                    }));
+                    (logits, Vec::new())
+                }
                 // An image classifier: its class scores on the fixed example images every model of a shape reads.
                 None => {
                     let image = cfg.image();
@@ -238,7 +254,8 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          when a cell's outcome (a deviation or a refusal) differs from this file's.\n\n\
          `ablate export` writes a trained decoder in a Hugging Face layout (`--layout auto` takes the first that \
          expresses the model exactly, in this order): `gpt2` (`GPT2LMHeadModel`), `opt` (`OPTForCausalLM`, which \
-         also has post-LN layers) or `llama` (`LlamaForCausalLM`); a ViT (kind vit) in `vit` \
+         also has post-LN layers) or `llama` (`LlamaForCausalLM`); a BERT pre-trained by masked LM (kind bert) in \
+         `bert` (`BertForMaskedLM`, its masked-LM logits compared); a ViT (kind vit) in `vit` \
          (`ViTForImageClassification`, whose class scores are compared on the same images). For each layout, a small decoder (d_model 32, two \
          layers, four heads, every weight drawn at random) is built with its base settings and then with each row of \
          the knob matrix (`tests/common/knob_rows.rs`) set on top; every export is loaded by the pinned \
@@ -248,14 +265,15 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          token. A setting the layout cannot express is refused in one line, never written as another model.\n\n\
          The bases: gpt2 is pre-LN with learned positions, LayerNorm and GELU; opt is ablate's default decoder \
          (post-LN) without its final LayerNorm (a post-LN stack ending in a second norm, ablate's default, has no \
-         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases; vit is \
+         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases; bert is \
+         ablate's default BERT (post-LN, learned positions, the MLM head tied to the word embeddings); vit is \
          ablate's default ViT (pre-LN, learned positions, a `<cls>` token the classifier reads) at d_model 32 on 28×28 \
          grey images in 4×4 patches. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
-         Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), ViT's two LayerNorm \
-         gains swapped (0.38). The \
+         Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
+         gains of a layer swapped (0.44), ViT's (0.38). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
-    doc.push_str("| knob | gpt2 | opt | llama | vit |\n|---|---|---|---|---|\n");
+    doc.push_str("| knob | gpt2 | opt | llama | bert | vit |\n|---|---|---|---|---|---|\n");
     for knob in &knobs {
         let cells: Vec<String> = Layout::ALL.iter().map(|&l| cell(knob, l)).collect();
         doc.push_str(&format!("| `{knob}` | {} |\n", cells.join(" | ")));

@@ -120,8 +120,8 @@ enum Command {
     Plot(results::PlotArgs),
     /// Generate text from a checkpoint saved by a run with `train.checkpoint: true`.
     Generate(inspect::GenerateArgs),
-    /// Write a trained decoder or ViT (a checkpoint, or a results directory's run) in a Hugging Face layout
-    /// (GPT-2, OPT, Llama or ViT: model.safetensors, config.json, tokenizer.json and a model card) that
+    /// Write a trained decoder, BERT or ViT (a checkpoint, or a results directory's run) in a Hugging Face
+    /// layout (GPT-2, OPT, Llama, BERT or ViT: model.safetensors, config.json, tokenizer.json, a model card) that
     /// `transformers` loads with the same logits; a setting the layout cannot express is refused in one line.
     Export(inspect::ExportArgs),
     /// Write the recipe that starts from a Hugging Face decoder directory (GPT-2, OPT or Llama layout): its

@@ -1,5 +1,6 @@
-//! A trained decoder or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT and Llama
-//! (`model.safetensors`, `config.json`, the tokenizer) and ViT (`ViTForImageClassification`), so that
+//! A trained decoder, BERT or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT and Llama
+//! (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`) and ViT
+//! (`ViTForImageClassification`), so that
 //! `transformers` (and TransformerLens through it) opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
@@ -13,6 +14,9 @@
 //!   pre-LN without a final norm; its learned position table starts two rows late (OPT's offset).
 //! - `llama`: pre-LN with RMSNorm, RoPE (Hugging Face's rotate-half layout, which is ablate's), a gated FFN
 //!   (SwiGLU or GeGLU), grouped-query attention and any head width.
+//! - `bert` (kind bert, masked-LM pre-training): post-LN, learned positions (or the table sinusoids or none
+//!   are), segment embeddings, the embedding LayerNorm, GELU (transformers' MLM head applies the FFN's
+//!   nonlinearity, ablate's is GELU), the MLM head's bias under both names `transformers` ties.
 //! - `vit` (kind vit): pre-LN with a final LayerNorm, a stride-p convolution for the patches, a `<cls>` token
 //!   the classifier reads, a learned table over `<cls>` and the patches (sinusoids or none as the table they
 //!   are), a two-matrix FFN.
@@ -33,11 +37,12 @@ pub enum Layout {
     Gpt2,
     Opt,
     Llama,
+    Bert,
     Vit,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 4] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Vit];
+    pub const ALL: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Bert, Layout::Vit];
     /// The decoder layouts (kind lm), the plainest first.
     pub const DECODERS: [Layout; 3] = [Layout::Gpt2, Layout::Opt, Layout::Llama];
 
@@ -46,6 +51,7 @@ impl Layout {
             Layout::Gpt2 => "gpt2",
             Layout::Opt => "opt",
             Layout::Llama => "llama",
+            Layout::Bert => "bert",
             Layout::Vit => "vit",
         }
     }
@@ -54,6 +60,7 @@ impl Layout {
     pub fn kind(self) -> RunKind {
         match self {
             Layout::Vit => RunKind::Vit,
+            Layout::Bert => RunKind::Bert,
             _ => RunKind::Lm,
         }
     }
@@ -71,6 +78,7 @@ impl Layout {
             Layout::Gpt2 => "GPT2LMHeadModel",
             Layout::Opt => "OPTForCausalLM",
             Layout::Llama => "LlamaForCausalLM",
+            Layout::Bert => "BertForMaskedLM",
             Layout::Vit => "ViTForImageClassification",
         }
     }
@@ -149,6 +157,29 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if p.encoding.is_absolute() && p.combine == Combine::Concat {
         return no("position.combine", "concat".into(), "positions are added, not concatenated");
     }
+    if layout == Layout::Bert {
+        let b = cfg.bert();
+        if b.task != crate::recipe::BertTask::Pretrain {
+            return Some(format!(
+                "bert.task={}: the bert layout holds the masked-LM model (pretrain)",
+                serde_name(b.task)
+            ));
+        }
+        if b.objective != crate::recipe::PretrainObjective::Masked {
+            return Some(format!(
+                "bert.objective={}: attention is bidirectional in the bert layout",
+                serde_name(b.objective)
+            ));
+        }
+        // transformers' MLM transform applies the FFN's nonlinearity; ablate's is always GELU.
+        if t.activation != Activation::Gelu {
+            return no(
+                "activation",
+                serde_name(t.activation),
+                "the MLM head's nonlinearity is the FFN's (ablate's is GELU)",
+            );
+        }
+    }
     if layout == Layout::Vit {
         let v = cfg.vision();
         if v.pool != crate::models::spec::Pool::Cls {
@@ -162,7 +193,7 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match layout {
-        Layout::Gpt2 | Layout::Opt | Layout::Vit => {
+        Layout::Gpt2 | Layout::Opt | Layout::Bert | Layout::Vit => {
             if t.norm != Norm::LayerNorm {
                 return no("norm", serde_name(t.norm), "the norm is LayerNorm");
             }
@@ -201,6 +232,8 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
             no("final_norm", "false".into(), "the stack ends with a norm")
         }
         (Layout::Opt, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
+        (Layout::Bert, true, _) => no("pre_ln", "true".into(), "layers are post-LN"),
+        (Layout::Bert, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
         _ => match (layout, a.scale) {
             (_, Scale::SqrtDk) | (Layout::Gpt2, Scale::None) => None,
             (_, Scale::None) => no("attention.scale", "none".into(), "scores are scaled by 1/√d_head"),
@@ -260,6 +293,8 @@ pub(super) enum Op {
     Offset(i64),
     /// ViT's position table has a leading batch dimension of one.
     Batch,
+    /// One tensor the layout stores under several names (BERT's tied MLM bias).
+    Copies,
 }
 
 /// One correspondence between ablate's variables and a layout's tensors.
@@ -287,7 +322,11 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     let one = |name: String| vec![name];
     let three = |f: &dyn Fn(&str) -> String| ["q_proj", "k_proj", "v_proj"].iter().map(|r| f(r)).collect::<Vec<_>>();
     // ablate's ViT keeps its blocks under `blocks`, its decoders under `layers`.
-    let stack = if layout == Layout::Vit { "blocks" } else { "layers" };
+    let stack = match layout {
+        Layout::Vit => "blocks",
+        Layout::Bert => "bert.layers",
+        _ => "layers",
+    };
     for i in 0..t.layers {
         let l = |rest: &str| format!("{stack}.{i}.{rest}");
         match layout {
@@ -341,6 +380,27 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_attn.weight"), one(h("input_layernorm.weight")), Op::Same, None);
                 link(l("norm_ffn.weight"), one(h("post_attention_layernorm.weight")), Op::Same, None);
             }
+            Layout::Bert => {
+                let h = |rest: &str| format!("bert.encoder.layer.{i}.{rest}");
+                let attn = |part: &str| {
+                    ["query", "key", "value"]
+                        .iter()
+                        .map(|r| h(&format!("attention.self.{r}.{part}")))
+                        .collect::<Vec<_>>()
+                };
+                link(l("attn.qkv.weight"), attn("weight"), Op::Stack, None);
+                link(l("attn.qkv.bias"), attn("bias"), Op::Stack, Some(vec![wq + wk + wv]));
+                link(l("attn.out.weight"), one(h("attention.output.dense.weight")), Op::Same, None);
+                link(l("attn.out.bias"), one(h("attention.output.dense.bias")), Op::Same, Some(vec![d]));
+                link(l("norm_attn.weight"), one(h("attention.output.LayerNorm.weight")), Op::Same, None);
+                link(l("norm_attn.bias"), one(h("attention.output.LayerNorm.bias")), Op::Same, None);
+                link(l("ffn.up.weight"), one(h("intermediate.dense.weight")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("intermediate.dense.bias")), Op::Same, None);
+                link(l("ffn.down.weight"), one(h("output.dense.weight")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("output.dense.bias")), Op::Same, None);
+                link(l("norm_ffn.weight"), one(h("output.LayerNorm.weight")), Op::Same, None);
+                link(l("norm_ffn.bias"), one(h("output.LayerNorm.bias")), Op::Same, None);
+            }
             Layout::Vit => {
                 let h = |rest: &str| format!("vit.layers.{i}.{rest}");
                 let attn = |part: &str| three(&|role| h(&format!("attention.{role}.{part}")));
@@ -387,6 +447,27 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
             link("token_embedding.weight".into(), one("model.embed_tokens.weight".into()), Op::Same, None);
             link(final_norm("weight"), one("model.norm.weight".into()), Op::Same, None);
         }
+        Layout::Bert => {
+            let e = |rest: &str| vec![format!("bert.embeddings.{rest}")];
+            link("bert.word_embedding.weight".into(), e("word_embeddings.weight"), Op::Same, None);
+            link("bert.segment_embedding.weight".into(), e("token_type_embeddings.weight"), Op::Same, None);
+            if learned {
+                link("bert.position.table".into(), e("position_embeddings.weight"), Op::Same, None);
+            }
+            link("bert.embedding_norm.weight".into(), e("LayerNorm.weight"), Op::Same, None);
+            link("bert.embedding_norm.bias".into(), e("LayerNorm.bias"), Op::Same, None);
+            let p = |rest: &str| vec![format!("cls.predictions.{rest}")];
+            link("mlm.dense.weight".into(), p("transform.dense.weight"), Op::Same, None);
+            link("mlm.dense.bias".into(), p("transform.dense.bias"), Op::Same, None);
+            link("mlm.norm.weight".into(), p("transform.LayerNorm.weight"), Op::Same, None);
+            link("mlm.norm.bias".into(), p("transform.LayerNorm.bias"), Op::Same, None);
+            // One bias, stored under both of the names `transformers` ties together.
+            link("mlm.bias".into(), [p("bias"), p("decoder.bias")].concat(), Op::Copies, None);
+            if !t.tie_embeddings {
+                link("mlm.decoder".into(), p("decoder.weight"), Op::Same, None);
+            }
+            return out;
+        }
         Layout::Vit => {
             let e = |rest: &str| vec![format!("vit.embeddings.{rest}")];
             link("patch_embed.weight".into(), e("patch_embeddings.projection.weight"), Op::Same, None);
@@ -432,6 +513,7 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
             Op::Stack => ours.split_with_sizes(t.attention.projection_widths(), 0),
             Op::Offset(rows) => vec![Tensor::cat(&[zeros(&[rows, ours.size()[1]]), ours], 0)],
             Op::Batch => vec![ours.unsqueeze(0)],
+            Op::Copies => link.theirs.iter().map(|_| ours.shallow_clone()).collect(),
         };
         out.extend(link.theirs.into_iter().zip(theirs).map(|(name, w)| (name, w.contiguous())));
     }
@@ -450,6 +532,7 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
         };
         out.push(match layout {
             Layout::Gpt2 => ("transformer.wpe.weight".into(), table),
+            Layout::Bert => ("bert.embeddings.position_embeddings.weight".into(), table),
             Layout::Vit => ("vit.embeddings.position_embeddings".into(), table.unsqueeze(0)),
             _ => {
                 let padded = Tensor::cat(&[zeros(&[OPT_POSITION_OFFSET, t.d_model]), table], 0);
@@ -514,6 +597,20 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
             "layer_norm_elementwise_affine": true,
             "dropout": t.dropout,
             "attention_dropout": a.dropout,
+        }),
+        Layout::Bert => json!({
+            "model_type": "bert",
+            "hidden_size": t.d_model,
+            "num_hidden_layers": t.layers,
+            "num_attention_heads": a.heads,
+            "intermediate_size": t.ffn_hidden,
+            "hidden_act": hf_activation(t.activation),
+            "max_position_embeddings": t.block_size,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "position_embedding_type": "absolute",
+            "hidden_dropout_prob": t.dropout,
+            "attention_probs_dropout_prob": a.dropout,
         }),
         Layout::Vit => json!({
             "model_type": "vit",
@@ -625,6 +722,10 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         RunKind::Lm => {
             "```python\nfrom transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\nmodel = \
              AutoModelForCausalLM.from_pretrained(\"DIR\")\ntokenizer = PreTrainedTokenizerFast(tokenizer_file=\"DIR/tokenizer.json\")\n```\n"
+        }
+        RunKind::Bert => {
+            "```python\nfrom transformers import AutoModelForMaskedLM, PreTrainedTokenizerFast\nmodel = \
+             AutoModelForMaskedLM.from_pretrained(\"DIR\")\ntokenizer = PreTrainedTokenizerFast(tokenizer_file=\"DIR/tokenizer.json\")\n```\n"
         }
         _ => {
             "```python\nfrom transformers import AutoModelForImageClassification\nmodel = \

@@ -46,7 +46,7 @@ fn class_defaults(layout: Layout) -> Value {
             "num_key_value_heads": null, "head_dim": null, "hidden_act": "silu", "rms_norm_eps": 1e-6,
             "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
         }),
-        Layout::Vit => json!({}),
+        Layout::Bert | Layout::Vit => json!({}),
     }
 }
 
@@ -107,7 +107,7 @@ pub fn read(dir: &Path) -> Result<HfCheckpoint> {
                 config.insert("rope_parameters".into(), json!({"rope_type": kind, "rope_theta": theta}));
             }
         }
-        Layout::Vit => {}
+        Layout::Bert | Layout::Vit => {}
     }
     Ok(HfCheckpoint { dir: dir.to_path_buf(), layout, config })
 }
@@ -192,7 +192,7 @@ impl HfCheckpoint {
                     "attention": {"bias": true, "dropout": self.number("attention_dropout")},
                 })
             }
-            Layout::Vit => bail!("{}: ablate imports decoders", self.dir.display()),
+            Layout::Bert | Layout::Vit => bail!("{}: ablate imports decoders", self.dir.display()),
             Layout::Llama => {
                 let act = self.key("hidden_act");
                 let act = activation(act.as_str().unwrap_or(""), true).ok_or_else(|| {
@@ -234,7 +234,7 @@ impl HfCheckpoint {
                 ("layer_norm_elementwise_affine", json!(true), "ablate's LayerNorm has a gain and a bias"),
             ],
             Layout::Llama => &[("rms_norm_eps", json!(1e-5), "ablate's RMSNorm ε is 1e-5")],
-            Layout::Vit => &[],
+            Layout::Bert | Layout::Vit => &[],
         };
         for (key, value, why) in neutral {
             if !same(&self.key(key), value) {
@@ -304,6 +304,7 @@ impl HfCheckpoint {
                             Op::Stack => Tensor::cat(&parts, 0),
                             Op::Offset(rows) => parts[0].narrow(0, rows, parts[0].size()[0] - rows),
                             Op::Batch => parts[0].squeeze_dim(0),
+                            Op::Copies => parts[0].shallow_clone(),
                         }
                     }
                     (false, Some(shape)) if parts.iter().all(Option::is_none) => {

@@ -1,13 +1,13 @@
 """The transformers side of tests/interop.rs: loads each exported directory of the manifest with the pinned
 PyPI transformers (fp32, eager CPU), and writes <dir>/parity.json: a decoder's logits on the manifest's token
-ids (flattened) and its greedy continuation of the prompt, or an image classifier's class scores on the
-manifest's images. One process for every export: importing transformers
+ids (flattened) and its greedy continuation of the prompt, a masked LM's logits on the ids, or an image
+classifier's class scores on the manifest's images. One process for every export: importing transformers
 takes seconds."""
 import json
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForImageClassification
+from transformers import AutoModelForCausalLM, AutoModelForImageClassification, AutoModelForMaskedLM
 
 
 def main(manifest_path):
@@ -20,6 +20,16 @@ def main(manifest_path):
             images = torch.tensor(entry["images"], dtype=torch.float32).view(entry["shape"])
             with torch.no_grad():
                 logits = model(pixel_values=images).logits
+            with open(entry["dir"] + "/parity.json", "w") as f:
+                json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
+            continue
+        if entry.get("masked"):
+            # A masked LM: its logits at every position of the manifest's ids.
+            model = AutoModelForMaskedLM.from_pretrained(entry["dir"], dtype=torch.float32)
+            model.eval()
+            ids = torch.tensor(entry["ids"], dtype=torch.long)
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
             with open(entry["dir"] + "/parity.json", "w") as f:
                 json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
             continue
