@@ -370,7 +370,8 @@ pub fn reproductions() -> anyhow::Result<()> {
          the committed results: do not edit by hand; a test fails when this file and the command's output \
          differ. Each prediction has a *role*: a *control* is a large published effect that checks the \
          implementation and the regime, a *test* a genuine question (tallied apart below; a role given after \
-         the results were made is marked so in the outcome). Each metric is marked *primary* (the recipe's `compare.primary`, whose verdicts answer its \
+         the results were made is marked so in the outcome, and such outcomes, like post hoc ones, are tallied \
+         apart from the predictions that preceded their results). Each metric is marked *primary* (the recipe's `compare.primary`, whose verdicts answer its \
          question) or *secondary*. *reproduced*: the predicted direction after Holm (beyond δ where predicted \
          so); *consistent*: equivalent within ±δ where no \
          effect was predicted; *not reproduced*: equivalence where an effect was predicted, the opposite \
@@ -524,12 +525,28 @@ fn role_meaning(role: &str) -> &'static str {
     }
 }
 
-/// "k of n reproduced" for a role's outcomes, with the other outcomes counted (post hoc ones apart).
+/// "k of n reproduced" for a role's outcomes, with the other outcomes counted. An outcome whose prediction or
+/// role came after its results (post hoc, or a role given after the run) is tallied apart, never among the
+/// predictions that preceded their results.
 fn tally(outcomes: &[String]) -> String {
+    let after_the_results = |o: &&String| o.contains("post hoc") || o.contains("its role given after the run");
+    let (apart, predicted): (Vec<&String>, Vec<&String>) = outcomes.iter().partition(after_the_results);
+    let mut text = counted(&predicted);
+    if !apart.is_empty() {
+        text.push_str(&format!(
+            "; tallied apart, {} whose prediction or role came after its results: {}",
+            apart.len(),
+            counted(&apart)
+        ));
+    }
+    text
+}
+
+/// "k of n run reproduced, … consistent, … not reproduced, … inconclusive" (and those not yet run).
+fn counted(outcomes: &[&String]) -> String {
     let first = |o: &String| o.split(" (").next().unwrap_or_default().to_string();
     let decided = outcomes.iter().filter(|o| !o.starts_with("not yet run")).count();
     let count = |word: &str| outcomes.iter().filter(|o| first(o) == word).count();
-    let post_hoc = outcomes.iter().filter(|o| o.contains("post hoc")).count();
     let mut text = format!(
         "{} of {decided} run reproduced, {} consistent, {} not reproduced, {} inconclusive",
         count("reproduced"),
@@ -540,9 +557,6 @@ fn tally(outcomes: &[String]) -> String {
     let waiting = outcomes.len() - decided;
     if waiting > 0 {
         text.push_str(&format!("; {waiting} not yet run"));
-    }
-    if post_hoc > 0 {
-        text.push_str(&format!(" ({post_hoc} of them post hoc)"));
     }
     text
 }
@@ -740,4 +754,31 @@ pub fn fit(args: &FitArgs) -> anyhow::Result<()> {
     ablate::judge::plot::loglog_chart(&args.dir.join(format!("{stem}.png")), &[runs_series], &[fitted], &axes)?;
     eprintln!("ablate: wrote {}/{stem}.png and .csv", args.dir.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tally;
+
+    /// A role given after the run, or a post hoc prediction, never counts among the reproduced predictions
+    /// (issue 69: four such controls were in "13 of 21").
+    #[test]
+    fn outcomes_whose_role_came_after_the_results_are_tallied_apart() {
+        let outcomes: Vec<String> = [
+            "reproduced",
+            "reproduced (its role given after the run)",
+            "not reproduced (the opposite direction)",
+            "inconclusive",
+            "reproduced (post hoc: not the prediction these results ran against)",
+            "not yet run",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            tally(&outcomes),
+            "1 of 3 run reproduced, 0 consistent, 1 not reproduced, 1 inconclusive; 1 not yet run; tallied apart, 2 \
+             whose prediction or role came after its results: 2 of 2 run reproduced, 0 consistent, 0 not reproduced, \
+             0 inconclusive"
+        );
+    }
 }

@@ -455,9 +455,8 @@ impl Config {
                     format!("{path} holds no {missing}: name a Hugging Face model directory"),
                 ));
             }
-            if let Err(e) = crate::tasks::import::read(dir).and_then(|c| c.transformer_section().map(drop)) {
-                return Err(invalid("train.init_from", e.to_string()));
-            }
+            // What the checkpoint holds is read by the decoder's task before training (the layer that knows
+            // the layouts), against the run's model and data.
         }
         if !(t.lr > 0.0 && t.lr.is_finite()) {
             return Err(invalid("train.lr", format!("must be a positive number, got {}", t.lr)));
