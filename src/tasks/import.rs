@@ -139,28 +139,28 @@ impl HfCheckpoint {
         )
     }
 
+    /// ablate's name for the FFN nonlinearity `config.json` gives under `key` (a gated FFN's for `gated`),
+    /// or the one line refusing it.
+    fn activation(&self, key: &str, gated: bool) -> Result<&'static str> {
+        Ok(match (self.key(key).as_str().unwrap_or(""), gated) {
+            ("gelu", false) => "gelu",
+            ("relu", false) => "relu",
+            ("relu2", false) => "relu2",
+            ("silu" | "swish", true) => "swiglu",
+            ("gelu", true) => "geglu",
+            (_, false) => {
+                return Err(self.refuse(key, "ablate's FFN nonlinearities are exact GELU, ReLU and squared ReLU"))
+            }
+            (_, true) => return Err(self.refuse(key, "ablate's gated FFNs are SwiGLU (silu) and GeGLU (gelu)")),
+        })
+    }
+
     /// The recipe's transformer section that builds this checkpoint's model (checked by [`check_matches`]:
     /// the section's own config must be the checkpoint's).
     pub fn transformer_section(&self) -> Result<Value> {
-        let activation = |name: &str, gated: bool| -> Option<&'static str> {
-            Some(match (name, gated) {
-                ("gelu", false) => "gelu",
-                ("relu", false) => "relu",
-                ("relu2", false) => "relu2",
-                ("silu" | "swish", true) => "swiglu",
-                ("gelu", true) => "geglu",
-                _ => return None,
-            })
-        };
         Ok(match self.layout {
             Layout::Gpt2 => {
-                let act = self.key("activation_function");
-                let act = activation(act.as_str().unwrap_or(""), false).ok_or_else(|| {
-                    self.refuse(
-                        "activation_function",
-                        "ablate's FFN nonlinearities are exact GELU, ReLU and squared ReLU",
-                    )
-                })?;
+                let act = self.activation("activation_function", false)?;
                 json!({
                     "d_model": self.int("n_embd")?, "layers": self.int("n_layer")?, "heads": self.int("n_head")?,
                     "ffn_hidden": self.int("n_inner")?, "block_size": self.int("n_positions")?,
@@ -174,13 +174,7 @@ impl HfCheckpoint {
                 })
             }
             Layout::Opt => {
-                let act = self.key("activation_function");
-                let act = activation(act.as_str().unwrap_or(""), false).ok_or_else(|| {
-                    self.refuse(
-                        "activation_function",
-                        "ablate's FFN nonlinearities are exact GELU, ReLU and squared ReLU",
-                    )
-                })?;
+                let act = self.activation("activation_function", false)?;
                 let pre_ln = self.key("do_layer_norm_before") != json!(false);
                 let final_norm = pre_ln && self.key("_remove_final_layer_norm") != json!(true);
                 json!({
@@ -194,10 +188,7 @@ impl HfCheckpoint {
             }
             Layout::Bert | Layout::Vit => bail!("{}: ablate imports decoders", self.dir.display()),
             Layout::Llama => {
-                let act = self.key("hidden_act");
-                let act = activation(act.as_str().unwrap_or(""), true).ok_or_else(|| {
-                    self.refuse("hidden_act", "ablate's gated FFNs are SwiGLU (silu) and GeGLU (gelu)")
-                })?;
+                let act = self.activation("hidden_act", true)?;
                 let rope = self.key("rope_parameters");
                 json!({
                     "d_model": self.int("hidden_size")?, "layers": self.int("num_hidden_layers")?,
