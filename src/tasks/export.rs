@@ -84,15 +84,77 @@ impl Layout {
     }
 }
 
+/// The keys of the Transformer section that [`refusal`] and the layouts' tables know: each is mapped by a
+/// layout or refused by name. A key not listed here (a knob added after the layouts were written) is
+/// refused by every layout whenever a run sets it away from its default (`recipe::columns` leaves a key
+/// out at its silent default), so a new mechanism is never exported as a silently different model. Map
+/// a new knob by listing it here with its correspondence and its refusals.
+const KNOWN_KEYS: &[&str] = &[
+    "activation",
+    "attention.bias",
+    "attention.differential",
+    "attention.dropout",
+    "attention.implementation",
+    "attention.kv_heads",
+    "attention.layer_patterns",
+    "attention.output_gate",
+    "attention.pattern.dilation",
+    "attention.pattern.global_every",
+    "attention.pattern.global_tokens",
+    "attention.pattern.window_schedule",
+    "attention.pattern.window",
+    "attention.qk_dim",
+    "attention.qk_norm",
+    "attention.scale",
+    "attention.scoring",
+    "attention.softcap",
+    "block_size",
+    "d_model",
+    "dropout",
+    "ffn_hidden",
+    "final_norm",
+    "head_dim",
+    "heads",
+    "layers",
+    "logit_softcap",
+    "mup_base_width",
+    "norm",
+    "output_init",
+    "parallel",
+    "parametrisation",
+    "pe",
+    "position.at",
+    "position.combine",
+    "position.concat_dim",
+    "position.rope_fraction",
+    "position.rope_theta",
+    "position.shaw_max_distance",
+    "position.t5_buckets",
+    "position.t5_max_distance",
+    "pre_ln",
+    "residual",
+    "scale_embeddings",
+    "tie_embeddings",
+    "unet_skips",
+    "value_embeddings",
+    "value_residual",
+];
+
 /// The first setting of `cfg` that `layout` cannot express, as `key=value: why` (None: it expresses all).
 pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if cfg.kind != layout.kind() {
         return Some(format!("kind={}: the {} layout holds kind {} models", cfg.kind, layout.name(), layout.kind()));
     }
+    let name = layout.name();
+    let unknown = crate::recipe::columns(cfg)
+        .into_iter()
+        .find(|(key, _)| key.strip_prefix("transformer.").is_some_and(|rest| !KNOWN_KEYS.contains(&rest)));
+    if let Some((key, value)) = unknown {
+        return Some(format!("{key}={value}: no layout maps this key yet, so the {name} layout does not express it"));
+    }
     let t = cfg.transformer_spec();
     let a = &t.attention;
     let p = &t.position;
-    let name = layout.name();
     let no =
         |key: &str, value: String, why: &str| Some(format!("transformer.{key}={value}: {why} in the {name} layout"));
     // What no layout here expresses.
@@ -733,4 +795,20 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         }
     });
     crate::files::write_atomically(&dir.join("README.md"), card.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KNOWN_KEYS;
+
+    /// A key renamed in the schema but not here would leave its old name listed and its new one refused: every
+    /// listed key must be a key of the Transformer section.
+    #[test]
+    fn every_key_the_layouts_know_is_a_key_of_the_transformer_section() {
+        let keys: Vec<String> = crate::recipe::keys::reference().into_iter().map(|k| k.key).collect();
+        for known in KNOWN_KEYS {
+            let key = format!("transformer.{known}");
+            assert!(keys.iter().any(|k| k == &key || k.starts_with(&format!("{key}[]"))), "{key} is not a recipe key");
+        }
+    }
 }

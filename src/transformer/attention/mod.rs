@@ -443,6 +443,11 @@ impl MultiHeadAttention {
         }
     }
 
+    /// The score path of this unit's calls (`train`: with attention dropout).
+    fn score_path(&self, train: bool) -> ScorePath {
+        ScorePath { map: self.scores, dropout: self.dropout, train }
+    }
+
     /// How many learned values [`Self::new`] creates over a `d_model`-wide stream: the stacked Q/K/V and output
     /// projections, QK-norm's gains, the additive score vectors, the output gate and the relative position
     /// scheme's tables. The memory estimate counts with it; `tests/knobs.rs` holds it to the built unit, so a
@@ -676,7 +681,7 @@ impl MultiHeadAttention {
         let (q, k, v) = self.split_qkv(&parts[0], &parts[1], &parts[2]);
         let t = |x: &Tensor| x.transpose(-2, -1);
         count(1);
-        let path = ScorePath { map: self.scores, dropout: self.dropout, train };
+        let path = self.score_path(train);
         let (out, weights) = explicit_attention(&t(&k), &t(&v), &t(&q), None, &path);
         // (B, H, C_g, N) -> (B, H, N, C_g): each head's output per token, as every other path gives it.
         let heads_out = t(&out);
@@ -731,7 +736,7 @@ impl MultiHeadAttention {
         if is_self {
             record_logits(q, k, self.scores.scale, mask.causal);
         }
-        let path = ScorePath { map: self.scores, dropout: self.dropout, train };
+        let path = self.score_path(train);
         // The sparse kernel's blocks take q·kᵀ products: additive scores and a model's own dense bias (Swin's
         // window table) are not blockwise, and weights are asked for as the whole N × N matrix.
         let sparse_kernel = is_self
@@ -892,13 +897,16 @@ impl ScoreMap {
     }
 }
 
-/// The one path from scores to probabilities. Every implementation takes it — the explicit and additive
-/// paths, the sparse kernel's blocks, its global keys and its global rows, the one-query decoding step — and
-/// the fused kernel wherever it can express it: the raw scores through the [`ScoreMap`] (scale, soft cap),
-/// plus the additive bias (masks, relative positions, a model's own), the softmax over the keys, then
-/// attention dropout on the weights in training. A mechanism on the scores or on the softmax is written here
-/// once; [`ScorePath::fused_cannot`] says, in one place, which stages libtorch's fused kernel cannot compute,
-/// and those calls take the explicit route.
+/// The one path from scores to probabilities, and the one description of what the softmax sees. Every
+/// implementation takes it: the explicit and additive paths, channel attention, the sparse kernel's blocks,
+/// its global keys and rows, the one-query decoding step through [`ScorePath::probabilities`]; both calls of
+/// libtorch's fused kernel (dense attention and the sparse kernel's fused blocks) through
+/// [`ScorePath::fused`], which builds the kernel's operands (extra keys, mask columns) from the same fields.
+/// The stages: the raw scores through the [`ScoreMap`] (scale, soft cap), plus the additive bias (masks,
+/// relative positions, a model's own), the softmax, then attention dropout
+/// on the weights in training. A mechanism on the scores or on the softmax is written here once;
+/// [`ScorePath::fused_cannot`] says, in one place, which stages the fused kernel cannot compute, and those
+/// calls take the explicit route.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScorePath {
     pub map: ScoreMap,
@@ -958,6 +966,49 @@ impl ScorePath {
             0.0
         }
     }
+
+    /// softmax(map(q kᵀ) + mask) v through libtorch's fused kernel, for a path it can express
+    /// ([`ScorePath::fused_cannot`]): the one call of the kernel. q: (B', H, N_q, d), k and v: (B', H, N_k, ·),
+    /// `mask` additive and broadcastable to (B', H, N_q, N_k); `is_causal` asks for the kernel's own causal
+    /// mask (square scores, no `mask`). The operands come from [`Self::fused_operands`].
+    pub fn fused(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, is_causal: bool) -> Tensor {
+        assert!(self.fused_cannot().is_none(), "the fused kernel cannot compute this path: {:?}", self.fused_cannot());
+        let operands = self.fused_operands(q, k, v, mask, is_causal);
+        let mask = operands.mask.as_ref().or(mask);
+        let (k, v) = (operands.k.as_ref().unwrap_or(k), operands.v.as_ref().unwrap_or(v));
+        Tensor::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            mask,
+            self.dropout_now(),
+            operands.is_causal,
+            Some(self.map.scale),
+            false,
+        )
+    }
+
+    /// What the fused kernel must be given beyond the caller's q, k, v and mask for this path: a mechanism
+    /// that adds keys, values or mask columns builds them here, from the path's own fields.
+    fn fused_operands(
+        &self,
+        _q: &Tensor,
+        _k: &Tensor,
+        _v: &Tensor,
+        _mask: Option<&Tensor>,
+        is_causal: bool,
+    ) -> FusedOperands {
+        FusedOperands { k: None, v: None, mask: None, is_causal }
+    }
+}
+
+/// The fused kernel's operands that a [`ScorePath`] replaces: keys and values with extra positions, the
+/// additive mask with their columns (`None`: the caller's), and whether the kernel applies its own causal mask.
+struct FusedOperands {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    mask: Option<Tensor>,
+    is_causal: bool,
 }
 
 /// softmax(map(q kᵀ) + bias) v, written out along the [`ScorePath`]. q: (B, H, N_q, d), k and v:
@@ -996,9 +1047,8 @@ fn split_heads(t: &Tensor, heads: i64) -> Tensor {
     t.view([b, n, heads, width / heads]).transpose(1, 2)
 }
 
-/// The same maths through libtorch's fused kernel, for a [`ScorePath`] it can express
-/// ([`ScorePath::fused_cannot`]). `is_causal` asks the kernel for its own causal mask (square scores, no
-/// `bias`).
+/// The same maths through libtorch's fused kernel ([`ScorePath::fused`]), for a path it can express.
+/// `is_causal` asks the kernel for its own causal mask (square scores, no `bias`).
 pub fn fused_attention(
     q: &Tensor,
     k: &Tensor,
@@ -1007,8 +1057,7 @@ pub fn fused_attention(
     is_causal: bool,
     path: &ScorePath,
 ) -> Tensor {
-    assert!(path.fused_cannot().is_none(), "the fused kernel cannot compute this path: {:?}", path.fused_cannot());
-    Tensor::scaled_dot_product_attention(q, k, v, bias, path.dropout_now(), is_causal, Some(path.map.scale), false)
+    path.fused(q, k, v, bias, is_causal)
 }
 
 /// Mean entropy (nats) of the attention rows and mean of each row's largest weight: how peaked the softmax is.

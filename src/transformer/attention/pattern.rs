@@ -83,7 +83,7 @@ pub fn sliding_window_attention(q: &Tensor, k: &Tensor, v: &Tensor, pattern: &Pa
 
 /// How a call scores and weighs keys beyond q·k: causality, the one score-to-probability path (scale, soft
 /// cap, softmax, dropout: [`ScorePath`]), the relative position scheme and the keys that are padding.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct ScoreRules<'a> {
     pub causal: bool,
     pub path: ScorePath,
@@ -125,13 +125,13 @@ fn windowed(
     chunk_bytes: i64,
     fused: bool,
 ) -> Tensor {
-    let ScoreRules { causal, path, relative, key_padding } = *rules;
+    let ScoreRules { causal, ref path, relative, key_padding } = *rules;
     let (b, h, n, dh) = q.size4().unwrap();
     let globals = pattern.global_positions(n);
     let geometry = Blocks::new(pattern, n, causal);
     let dropping = path.train && path.dropout > 0.0;
     if fused && globals.is_empty() && !relative.biases_scores() && !dropping && path.fused_cannot().is_none() {
-        return windowed_fused(q, k, v, &geometry, path.map.scale, key_padding, chunk_bytes);
+        return windowed_fused(q, k, v, &geometry, path, key_padding, chunk_bytes);
     }
     let Blocks { w, d, m, blocks, m_pad, span, pad_right, .. } = geometry;
     let dv = v.size()[3];
@@ -211,7 +211,7 @@ fn global_key_scores(
     geometry: &Blocks,
     rules: &ScoreRules,
 ) -> (Tensor, Tensor) {
-    let ScoreRules { causal, path, relative, key_padding } = *rules;
+    let ScoreRules { causal, ref path, relative, key_padding } = *rules;
     let (b, _, n, _) = q.size4().unwrap();
     let (w, d, g) = (geometry.w, geometry.d, g_idx.size()[0]);
     let (k_glob, v_glob) = (k.index_select(2, g_idx), v.index_select(2, g_idx)); // (B, H, g, dh)
@@ -236,7 +236,7 @@ fn global_key_scores(
 /// The outputs (B, H, g, dv) of the global queries `g_idx`: each a dense row over every key (up to itself
 /// when causal, real keys only under padding).
 fn global_rows(q: &Tensor, k: &Tensor, v: &Tensor, g_idx: &Tensor, rules: &ScoreRules) -> Tensor {
-    let ScoreRules { causal, path, relative, key_padding } = *rules;
+    let ScoreRules { causal, ref path, relative, key_padding } = *rules;
     let n = k.size()[2];
     let q_glob = q.index_select(2, g_idx);
     let j = Tensor::arange(n, (Kind::Int64, q.device())).view([1, n]);
@@ -314,8 +314,8 @@ impl Blocks {
     }
 }
 
-/// The window kernel through libtorch's fused attention, for patterns without global positions, a relative
-/// score bias or dropout: each block of w queries is plain attention over its span of keys under an additive
+/// The window kernel through libtorch's fused attention ([`ScorePath::fused`], which adds what the path puts
+/// beside the keys), for patterns without global positions, a relative score bias or dropout: each block of w queries is plain attention over its span of keys under an additive
 /// mask, computed without materialising the scores, forward and backward. The blocks are the fused kernel's
 /// batch and the heads stay its heads, so queries and the output keep the projection's (B, N, H, ·) memory
 /// layout: for a contiguous window no copy of either is made.
@@ -324,7 +324,7 @@ fn windowed_fused(
     k: &Tensor,
     v: &Tensor,
     geometry: &Blocks,
-    scale: f64,
+    path: &ScorePath,
     key_padding: Option<&Tensor>,
     chunk_bytes: i64,
 ) -> Tensor {
@@ -383,16 +383,8 @@ fn windowed_fused(
             };
             let qb = q_chunks[i].reshape([b * d * cb, w, h, dh]).transpose(1, 2);
             let mask = mask_chunks[i].expand([b, d, cb, w, span * w], false).reshape([b * d * cb, 1, w, span * w]);
-            let out = Tensor::scaled_dot_product_attention(
-                &qb,
-                &spans(&k_shifted),
-                &spans(&v_shifted),
-                Some(mask),
-                0.0,
-                false,
-                Some(scale),
-                false,
-            ); // (B·d·cb, H, w, dv), laid out as (B·d·cb, w, H, dv)
+            let out = path.fused(&qb, &spans(&k_shifted), &spans(&v_shifted), Some(&mask), false);
+            // (B·d·cb, H, w, dv), laid out as (B·d·cb, w, H, dv)
             out.transpose(1, 2).reshape([b, d, cb * w, h, dv])
         })
         .collect();
