@@ -123,6 +123,63 @@ fn fused_and_explicit_paths_agree_on_every_mask_and_scale() {
     }
 }
 
+/// Attention sinks written out by hand: w_ij = exp(l_ij) / (Σ_j' exp(l_ij') + exp(s_h)), out_i = Σ_j w_ij v_j,
+/// with l = q·k·scale + mask; the explicit path, the fused kernel (its sink a zero key with the logit as
+/// its mask column, under every mask, and its own causal mask written out) and their gradients with respect
+/// to the sink logits agree with it.
+#[test]
+fn attention_sinks_join_every_softmax_with_a_zero_value_in_every_implementation() {
+    let _serial = common::serial();
+    tch::manual_seed(31);
+    let opts = (Kind::Double, Device::Cpu);
+    let (b, h, n, d) = (2, 3, 5, 4);
+    let (q, k, v) =
+        (Tensor::randn([b, h, n, d], opts), Tensor::randn([b, h, n, d], opts), Tensor::randn([b, h, n, d], opts));
+    let scale = 0.6;
+    let keep = Tensor::from_slice(&[1i64, 1, 1, 0, 0, 1, 1, 1, 1, 1]).view([2, 5]).to_kind(Kind::Bool);
+    let cases = [
+        ("none", Mask::default()),
+        ("padding", Mask { causal: false, key_padding: Some(&keep), offset: 0, bias: None }),
+        ("causal", Mask::causal()),
+    ];
+    for (name, mask) in cases {
+        let sink = Tensor::from_slice(&[-1.0f64, 0.5, 2.0]).set_requires_grad(true);
+        let bias = mask.additive_bias(n, n, Device::Cpu, Kind::Double);
+        // By hand, one row at a time.
+        let logits = q.matmul(&k.transpose(-2, -1)) * scale
+            + bias.as_ref().map_or(Tensor::zeros([1], opts), |b| b.shallow_clone());
+        let e = logits.exp();
+        let denominator = e.sum_dim_intlist(-1, true, Kind::Double) + sink.exp().view([1, h, 1, 1]);
+        let by_hand_weights = &e / denominator;
+        let by_hand = by_hand_weights.matmul(&v);
+        let path = ScorePath::eval(ScoreMap::scaled(scale)).with_sink(Some(&sink));
+        let (explicit, weights) = explicit_attention(&q, &k, &v, bias.as_ref(), &path);
+        assert!(max_abs_diff(&weights, &by_hand_weights) < 1e-12, "{name}: the weights");
+        let row_sums = weights.sum_dim_intlist(-1, false, Kind::Double);
+        assert!(row_sums.max().double_value(&[]) < 1.0 - 1e-3, "{name}: the sink takes a share of every row");
+        assert!(max_abs_diff(&explicit, &by_hand) < 1e-12, "{name}: explicit");
+        let fused = fused_attention(&q, &k, &v, bias.as_ref(), false, &path);
+        assert!(max_abs_diff(&fused, &by_hand) < 1e-10, "{name}: fused");
+        // The gradient reaches the sink through both, equal to the hand-written one's.
+        let grad = |out: &Tensor| {
+            let g = Tensor::run_backward(&[out.sum(Kind::Double)], &[&sink], false, false);
+            g[0].shallow_clone()
+        };
+        let (g_hand, g_explicit, g_fused) = (grad(&by_hand), grad(&explicit), grad(&fused));
+        assert!(g_hand.abs().sum(Kind::Double).double_value(&[]) > 1e-3, "{name}: a gradient to follow");
+        assert!(max_abs_diff(&g_explicit, &g_hand) < 1e-10, "{name}: explicit's sink gradient");
+        assert!(max_abs_diff(&g_fused, &g_hand) < 1e-10, "{name}: fused's sink gradient");
+        if mask.causal && mask.key_padding.is_none() {
+            // The kernel's own causal mask cannot stretch over the sink's column: the path writes it out.
+            let own_causal = fused_attention(&q, &k, &v, None, true, &path);
+            assert!(max_abs_diff(&own_causal, &by_hand) < 1e-10, "the kernel's causal call with a sink");
+        }
+    }
+    // A sink whose logit dwarfs every score takes all the weight: the heads' outputs vanish.
+    let path = ScorePath::eval(ScoreMap::scaled(scale)).with_sink(Some(&Tensor::from_slice(&[60.0f64, 60.0, 60.0])));
+    assert!(explicit_attention(&q, &k, &v, None, &path).0.abs().max().double_value(&[]) < 1e-12);
+}
+
 #[test]
 fn module_level_fused_and_explicit_agree_for_self_and_cross_attention() {
     let _serial = common::serial();

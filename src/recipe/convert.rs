@@ -72,6 +72,7 @@ impl Config {
                 softcap: a.softcap,
                 output_gate: a.output_gate,
                 differential: a.differential.then_some(0),
+                sink: a.sink,
                 init_std: 0.02 / t.mup_width_mult().unwrap_or(1.0).sqrt(),
             },
             position: t.position.spec(t.pe),

@@ -3,8 +3,8 @@
 //! config hash, so `runs.csv` never records a setting that did nothing. The knob matrix test walks this
 //! table: every key a kind reads must change that kind's model.
 use super::schema::{
-    BertTask, BlockKind, Config, ImageDataset, Kind, LraTask, Norm, PositionEncoding, PretrainObjective, Scoring, Task,
-    Tokenizer,
+    BertTask, BlockKind, Config, ImageDataset, Kind, LraTask, Norm, PositionEncoding, PretrainObjective, Scoring, Sink,
+    Task, Tokenizer,
 };
 
 /// Why `key` (a dotted config leaf, as in `runs.csv`) does nothing in this run; `None` when it is read.
@@ -141,6 +141,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.attention.softcap" => t.attention.softcap.is_none(),
         "transformer.attention.output_gate" => t.attention.output_gate == crate::recipe::OutputGate::None,
         "transformer.attention.differential" => !t.attention.differential,
+        "transformer.attention.sink" => t.attention.sink == Sink::None,
         "transformer.logit_softcap" => t.logit_softcap.is_none(),
         "transformer.output_init" => t.output_init == crate::recipe::OutputInit::Model,
         "transformer.parallel" => !t.parallel,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::models::spec::{BlockKind, Pool};
 pub use crate::transformer::spec::{
     AbsoluteAt, Activation, Combine, Implementation, Norm, OutputGate, OutputInit, Parametrisation, PositionEncoding,
-    QkNorm, Scale, Scoring,
+    QkNorm, Scale, Scoring, Sink,
 };
 
 fn unit_scale() -> f64 {
@@ -516,6 +516,13 @@ pub struct AttentionConfig {
     /// `heads` for that). Needs an even qk_dim.
     #[schemars(extend("x-after-udl" = 15))]
     pub differential: bool,
+    /// Attention sinks (Xiao et al. 2024; gpt-oss): `learned` adds one learned logit per head (starting at 0)
+    /// to every query's softmax, with a zero value, so a head can put weight on nothing instead of parking it
+    /// on a real key; a row's weights on the keys then sum to less than 1. Every implementation computes it
+    /// (the fused kernel as an extra zero key whose mask column is the logit), and cached decoding alike;
+    /// DaViT's channel blocks take it over channels. One vector per layer (AdamW, no weight decay). `none`: off.
+    #[schemars(extend("x-after-udl" = 16))]
+    pub sink: Sink,
     /// A pattern per layer: layer i takes entry i mod the list's length (`[]`: every layer takes `pattern`).
     /// GPT-3's alternating dense and locally banded layers are `[{}, {window: 128}]`; a reach that grows with
     /// depth, `[{window: 4}, {window: 4, dilation: 5}]`. Global tokens stay the stack's (`pattern.global_tokens`).
@@ -556,6 +563,7 @@ impl Default for AttentionConfig {
             softcap: None,
             output_gate: OutputGate::None,
             differential: false,
+            sink: Sink::None,
         }
     }
 }

@@ -48,6 +48,16 @@ pub enum OutputGate {
     Elementwise,
 }
 
+/// An extra logit in every query's softmax whose value is zero (attention sinks: Xiao et al. 2024's learned
+/// sink, gpt-oss's per-head sinks): a head can put weight on "nothing" instead of on a real key.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Sink {
+    None,
+    /// One learned logit per head (starting at 0), joining the softmax of every query of that head.
+    Learned,
+}
+
 /// How weights scale with the width (Yang et al., Tensor Programs V).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -373,6 +383,8 @@ pub struct AttentionSpec {
     /// RMS-normalised per head and scaled by 1 − λ_init. `None`: off; `Some(depth)`: on, in the layer at
     /// `depth` (0-based, set by [`TransformerSpec::for_layer`]), where λ_init = 0.8 − 0.6·exp(−0.3·depth).
     pub differential: Option<i64>,
+    /// Attention sinks: an extra per-head logit in each softmax, with a zero value.
+    pub sink: Sink,
     /// The Q/K/V projection's initial std (0.02; smaller under muP at widths above the base).
     pub init_std: f64,
 }
@@ -395,6 +407,7 @@ impl AttentionSpec {
             softcap: None,
             output_gate: OutputGate::None,
             differential: None,
+            sink: Sink::None,
             init_std: 0.02,
         }
     }

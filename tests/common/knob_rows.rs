@@ -70,6 +70,7 @@ pub const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.attention.output_gate", Some("headwise"), ""),
     ("transformer.attention.output_gate", Some("elementwise"), ""),
     ("transformer.attention.differential", Some("true"), ""),
+    ("transformer.attention.sink", Some("learned"), ""),
     // muP: with the same weights, the readout multiplier (base/width) and 1/d_head attention scores act.
     ("transformer.parametrisation", Some("mup"), ""),
     ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),

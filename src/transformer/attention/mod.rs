@@ -21,7 +21,7 @@ use tch::{Kind, Tensor};
 
 use super::norm::{softcap, NormLayer};
 use super::spec::{
-    AttentionSpec, Implementation, Norm, OutputGate, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring,
+    AttentionSpec, Implementation, Norm, OutputGate, Pattern, PositionEncoding, PositionSpec, QkNorm, Scoring, Sink,
 };
 
 pub mod pattern;
@@ -133,7 +133,15 @@ pub const ROLES: Roles = Roles {
         "attn.relative_position_bias_table",
         "cross.score_vector",
     ],
-    vectors: &["q_norm.weight", "k_norm.weight", "value_mix", "embedding_mix", "diff_lambda", "diff_norm.weight"],
+    vectors: &[
+        "q_norm.weight",
+        "k_norm.weight",
+        "value_mix",
+        "embedding_mix",
+        "diff_lambda",
+        "diff_norm.weight",
+        "sink",
+    ],
 };
 
 /// What restricts which keys a query may attend to, besides the layer's own pattern. Every part becomes an
@@ -219,6 +227,8 @@ pub struct MultiHeadAttention {
     output_gate: Option<(OutputGate, nn::Linear)>,
     /// Differential attention's λ and per-head norm, when each head computes two maps.
     differential: Option<Differential>,
+    /// Attention sinks' logits (H), when every softmax has a sink.
+    sink: Option<Tensor>,
 }
 
 /// Differential attention (Ye et al. 2024): a head's queries and keys are two halves (sub-heads 2h and
@@ -440,12 +450,13 @@ impl MultiHeadAttention {
                 (spec.output_gate, nn::linear(&vs / "output_gate", d_model, width, config))
             }),
             differential: Differential::new(&vs, spec),
+            sink: (spec.sink == Sink::Learned).then(|| vs.var("sink", &[spec.heads], nn::Init::Const(0.0))),
         }
     }
 
     /// The score path of this unit's calls (`train`: with attention dropout).
     fn score_path(&self, train: bool) -> ScorePath {
-        ScorePath { map: self.scores, dropout: self.dropout, train }
+        ScorePath { map: self.scores, dropout: self.dropout, train, sink: None }.with_sink(self.sink.as_ref())
     }
 
     /// How many learned values [`Self::new`] creates over a `d_model`-wide stream: the stacked Q/K/V and output
@@ -465,7 +476,8 @@ impl MultiHeadAttention {
         let additive = if spec.scoring == Scoring::Additive { spec.heads * score_dim } else { 0 };
         let gate = spec.output_gate_width().map_or(0, |w| (d_model + 1) * w);
         let relative = Relative::parameters(position, spec.heads, score_dim, grid);
-        projections + qk_norm + additive + gate + relative + Differential::parameters(spec)
+        let sink = if spec.sink == Sink::Learned { spec.heads } else { 0 };
+        projections + qk_norm + additive + gate + relative + Differential::parameters(spec) + sink
     }
 
     /// [`Self::parameters`] of [`Self::plain`].
@@ -903,22 +915,50 @@ impl ScoreMap {
 /// libtorch's fused kernel (dense attention and the sparse kernel's fused blocks) through
 /// [`ScorePath::fused`], which builds the kernel's operands (extra keys, mask columns) from the same fields.
 /// The stages: the raw scores through the [`ScoreMap`] (scale, soft cap), plus the additive bias (masks,
-/// relative positions, a model's own), the softmax, then attention dropout
+/// relative positions, a model's own), any sink logit joining the keys, the softmax, then attention dropout
 /// on the weights in training. A mechanism on the scores or on the softmax is written here once;
 /// [`ScorePath::fused_cannot`] says, in one place, which stages the fused kernel cannot compute, and those
-/// calls take the explicit route.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// calls take the explicit route. Learned tensors ride on the path by value (shallow clones sharing storage
+/// and gradient), so the kernels' rules carry no lifetime for them.
+#[derive(Debug)]
 pub struct ScorePath {
     pub map: ScoreMap,
     /// Attention dropout's rate, applied to the weights when `train`.
     pub dropout: f64,
     pub train: bool,
+    /// Attention sinks' logits, one per head (H): an extra key per softmax whose value is zero.
+    pub sink: Option<Tensor>,
+}
+
+impl Clone for ScorePath {
+    fn clone(&self) -> Self {
+        Self { sink: self.sink.as_ref().map(Tensor::shallow_clone), ..*self }
+    }
 }
 
 impl ScorePath {
     /// Evaluation (no dropout) under `map`.
     pub fn eval(map: ScoreMap) -> Self {
-        Self { map, dropout: 0.0, train: false }
+        Self { map, dropout: 0.0, train: false, sink: None }
+    }
+
+    /// With attention sinks' per-head logits `sink` (H).
+    pub fn with_sink(self, sink: Option<&Tensor>) -> Self {
+        Self { sink: sink.map(Tensor::shallow_clone), ..self }
+    }
+
+    /// The sink's logits shaped for `logits` (heads on axis 1, the key axis last, of length 1) and of its
+    /// kind: the extra column that joins the keys.
+    fn sink_column(&self, logits_size: &[i64], kind: Kind) -> Option<Tensor> {
+        self.sink.as_ref().map(|sink| {
+            let heads = sink.size()[0];
+            assert_eq!(logits_size[1], heads, "the score path's tensors keep the heads on axis 1");
+            let mut shape = vec![1; logits_size.len()];
+            shape[1] = heads;
+            let mut column = logits_size.to_vec();
+            *column.last_mut().unwrap() = 1;
+            sink.to_kind(kind).view(shape.as_slice()).expand(column.as_slice(), false)
+        })
     }
 
     /// The logits: the mapped raw scores plus `bias` (broadcast).
@@ -930,9 +970,17 @@ impl ScorePath {
         }
     }
 
-    /// The attention weights: the softmax of `logits` over the keys (the last axis), before dropout.
+    /// The attention weights: the softmax of `logits` over the keys (the last axis), before dropout. With a
+    /// sink its logit joins the softmax and its weight is dropped (its value is zero): a row then sums to
+    /// less than 1.
     pub fn probabilities(&self, logits: &Tensor) -> Tensor {
-        logits.softmax(-1, logits.kind())
+        match self.sink_column(&logits.size(), logits.kind()) {
+            None => logits.softmax(-1, logits.kind()),
+            Some(column) => {
+                let n_k = logits.size()[logits.dim() - 1];
+                Tensor::cat(&[logits, &column], -1).softmax(-1, logits.kind()).narrow(-1, 0, n_k)
+            }
+        }
     }
 
     /// The weights as they multiply the values: after dropout in training.
@@ -988,17 +1036,36 @@ impl ScorePath {
         )
     }
 
-    /// What the fused kernel must be given beyond the caller's q, k, v and mask for this path: a mechanism
-    /// that adds keys, values or mask columns builds them here, from the path's own fields.
+    /// What the fused kernel must be given beyond the caller's q, k, v and mask for this path (`None`: the
+    /// caller's own). A sink is a key of zeros (its score q·0 = 0 after any scale) with a zero value, whose
+    /// mask column is the sink's logit; the kernel's own causal mask cannot stretch over it, so a causal call
+    /// gets the mask written out.
     fn fused_operands(
         &self,
-        _q: &Tensor,
-        _k: &Tensor,
-        _v: &Tensor,
-        _mask: Option<&Tensor>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
         is_causal: bool,
     ) -> FusedOperands {
-        FusedOperands { k: None, v: None, mask: None, is_causal }
+        let (n_q, n_k) = (q.size()[2], k.size()[2]);
+        let lead = q.size()[..2].to_vec();
+        let Some(column) = self.sink_column(&[lead[0], lead[1], n_q, 1], q.kind()) else {
+            return FusedOperands { k: None, v: None, mask: None, is_causal };
+        };
+        let zero_position = |t: &Tensor| {
+            let mut size = t.size();
+            size[2] = 1;
+            Tensor::cat(&[t, &Tensor::zeros(size.as_slice(), (t.kind(), t.device()))], 2)
+        };
+        let written = match (mask, is_causal) {
+            (Some(m), _) => m.to_kind(q.kind()),
+            (None, true) => Tensor::zeros([n_q, n_k], (q.kind(), q.device()))
+                .masked_fill(&causal_allowed(n_q, n_k, q.device()).logical_not(), f64::NEG_INFINITY),
+            (None, false) => Tensor::zeros([1, 1, 1, 1], (q.kind(), q.device())),
+        };
+        let mask = Tensor::cat(&[&written.expand([lead[0], lead[1], n_q, n_k], false), &column], -1);
+        FusedOperands { k: Some(zero_position(k)), v: Some(zero_position(v)), mask: Some(mask), is_causal: false }
     }
 }
 
