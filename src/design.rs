@@ -120,6 +120,7 @@ impl Stages {
     pub fn interval(&self) -> Option<(f64, f64)> {
         match self.analysis() {
             Analysis::Incomplete => None,
+            Analysis::Fixed if no_spread(&self.pilot) => None,
             Analysis::Fixed => {
                 let e = Estimate::of(&self.pilot);
                 e.half_width.map(|h| (e.mean - h, e.mean + h))
@@ -150,36 +151,31 @@ fn standard_normal() -> Normal {
     Normal::new(0.0, 1.0).expect("a standard normal")
 }
 
-/// The one-sided p-value of H₀: μ ≤ shift from a paired t-test over `d` (NaN below two values; with no
-/// spread, 0 above the shift, 1 below it and ½ on it).
+/// Whether the differences `d` are all equal (to far below the 6 decimals runs.csv records): a sample with
+/// no estimate of its noise. Its t is infinite at every shift but one (or, with the rounding of the recorded
+/// values, astronomically large), so a test on it would decide alone and shrink the interval to a point
+/// (two seeds that happen to differ by the same number of correctly predicted test tokens). It carries no
+/// test, in a fixed design as in either stage of two: the comparison is *untested*.
+fn no_spread(d: &[f64]) -> bool {
+    d.len() >= 2 && d.iter().all(|&x| (x - d[0]).abs() <= 1e-9 * (1.0 + d[0].abs()))
+}
+
+/// The one-sided p-value of H₀: μ ≤ shift from a paired t-test over `d`: NaN below two values or with no
+/// spread ([`no_spread`]).
 fn upper_t_p(d: &[f64], shift: f64) -> f64 {
-    if d.len() < 2 {
+    if d.len() < 2 || no_spread(d) {
         return f64::NAN;
     }
     let e = Estimate::of(d);
     let se = e.std / (e.n as f64).sqrt();
-    if se == 0.0 {
-        return match (e.mean - shift).partial_cmp(&0.0) {
-            Some(std::cmp::Ordering::Greater) => 0.0,
-            Some(std::cmp::Ordering::Less) => 1.0,
-            _ => 0.5,
-        };
-    }
     let t = StudentsT::new(0.0, 1.0, e.n as f64 - 1.0).expect("df > 0");
     t.sf((e.mean - shift) / se)
 }
 
 /// One stage's evidence against H₀: μ ≤ shift as a standard normal deviate, Φ⁻¹(1 − p), computed from the
-/// smaller tail so that it stays exact far out (p is floored at 1e-300: a stage with no spread gives ±37).
+/// smaller tail so that it stays exact far out (p is floored at 1e-300); NaN for a stage with no spread.
 fn stage_z(d: &[f64], shift: f64) -> f64 {
-    // A stage whose differences are all equal (two added seeds that happen to differ by the same number of
-    // correctly predicted test tokens) has no estimate of its noise: its t is infinite at every shift but
-    // one (or, with the rounding of the recorded values, astronomically large), so it would decide the
-    // combination alone and shrink the interval to a point. It carries no test; the comparison stays open.
-    // Equal means equal to far below the 6 decimals runs.csv records.
-    if d.len() >= 2 && d.iter().all(|&x| (x - d[0]).abs() <= 1e-9 * (1.0 + d[0].abs())) {
-        return f64::NAN;
-    }
+    // A stage with no spread carries no test (`no_spread`): upper_t_p says NaN, and the comparison stays open.
     let upper = upper_t_p(d, shift);
     if upper.is_nan() {
         return f64::NAN;
@@ -460,7 +456,8 @@ mod tests {
         assert!(close(d.equivalence_p(0.01), 0.01867008507923033, 1e-6));
         assert!(close(d.equivalence_p(0.02), 0.004544882459784162, 1e-6));
         assert!(one(vec![0.1]).equivalence_p(0.5).is_nan());
-        assert_eq!((one(vec![0.1, 0.1]).equivalence_p(0.5), one(vec![0.6, 0.6]).equivalence_p(0.5)), (0.0, 1.0));
+        // No spread: no test (it used to decide, 0 inside the margin and 1 outside), as a stage of two.
+        assert!(one(vec![0.1, 0.1]).equivalence_p(0.5).is_nan() && one(vec![0.6, 0.6]).equivalence_p(0.5).is_nan());
     }
 
     // The combination by hand: stage p-values from scipy.stats.t.sf, z = norm.isf(p),
@@ -496,6 +493,17 @@ mod tests {
         assert!(flat.interval().is_none());
         let pilot_only = Stages { pilot: vec![0.3, 0.5, 0.1], added: vec![], planned: true };
         assert_eq!(pilot_only.analysis(), Analysis::Incomplete, "a planned second stage that did not run");
+        // A fixed design with no spread is untested alike (results/lra: two seeds with the same accuracy
+        // difference, 0, were called equivalent with the interval [0, 0]); at zero and away from it.
+        for d in [0.0, 0.0042] {
+            let fixed = Stages { pilot: vec![d, d], added: vec![], planned: false };
+            assert_eq!(fixed.analysis(), Analysis::Fixed);
+            assert!(fixed.difference_p().is_nan() && fixed.equivalence_p(0.005).is_nan(), "{d}");
+            assert!(fixed.beyond_margin_p(0.001, true).is_nan() && fixed.interval().is_none(), "{d}");
+            let e = Evidence::of(&fixed, 0.005);
+            let (_, verdicts) = judge_family(&[e], true, &[None]);
+            assert_eq!(verdicts[0], crate::stats::Verdict::Untested, "{d}");
+        }
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn count_line(counted: [usize; 6], what: &str) -> String {
     let total = better + worse + equivalent + inconclusive + untested + incomplete;
     let tested = better + worse + equivalent + inconclusive;
     if tested == 0 && incomplete == 0 {
-        return format!("{total} comparison(s) of {what}, all untested (one seed per variant: no paired test)");
+        return format!("{total} comparison(s) of {what}, all untested (one seed per variant, or differences with no spread: no paired test)");
     }
     let share = if tested > 0 { 100.0 * inconclusive as f64 / tested as f64 } else { 0.0 };
     let mut line = format!(
@@ -67,7 +67,7 @@ fn count_line(counted: [usize; 6], what: &str) -> String {
         line.push_str(&format!(", {incomplete} incomplete (the plan's second stage not run)"));
     }
     if untested > 0 {
-        line.push_str(&format!(", {untested} untested (one seed)"));
+        line.push_str(&format!(", {untested} untested (one seed, or differences with no spread)"));
     }
     line
 }
