@@ -27,7 +27,9 @@ fn write_pilot(dir: &Path, base: [f64; 3], differences: [f64; 3]) {
     let mut csv = String::from("run_id,label,seed,config_hash,status,transformer.heads,test_loss,test_accuracy\n");
     for (seed, (b, d)) in base.iter().zip(differences).enumerate() {
         csv.push_str(&format!("transformer.heads=1 seed={seed},heads=1,{seed},x,ok,1,{b},0.5\n"));
-        csv.push_str(&format!("transformer.heads=2 seed={seed},heads=2,{seed},x,ok,2,{},0.5\n", b + d));
+        // The accuracies differ by a little, differently per seed: equal differences carry no test.
+        let accuracy = 0.5 + [0.001, -0.002, 0.0015][seed];
+        csv.push_str(&format!("transformer.heads=2 seed={seed},heads=2,{seed},x,ok,2,{},{accuracy}\n", b + d));
     }
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("runs.csv"), csv).unwrap();
@@ -203,12 +205,20 @@ fn predictions_are_set_against_the_verdicts_and_one_edited_after_the_run_is_mark
     // These rows predate the recorded plan: the block says the plan was set after the pilot. A plan recorded
     // when a fresh directory's pilot started, then changed in the recipe, is named as the pilot's.
     assert!(block.contains("**set after the pilot** (its runs predate recorded plans)"), "{block}");
+    // Where no plan was recorded, the recipe may date it from its git history (`compare.plan_written_after`);
+    // beside a recorded plan the key is refused in one line.
+    let mut dated = recipe.clone();
+    dated.compare.as_mut().unwrap().plan_written_after = Some(ablate::recipe::compare::PlanWrittenAfter::SecondStage);
+    let dated_block = ablate::judge::verdicts::block(&Results::open(&out, &dated, None).unwrap(), "test").unwrap();
+    assert!(dated_block.contains("**set after the second stage's results** (its runs predate"), "{dated_block}");
     let fresh = dir.join("fresh");
     std::fs::create_dir_all(&fresh).unwrap();
     ablate::run::results::write_resolved(&recipe, &fresh.join("recipe.resolved.yaml")).unwrap();
     write_pilot(&fresh, [2.0, 2.1, 1.9], [-0.30, -0.31, -0.29]);
     let same = ablate::judge::verdicts::block(&Results::open(&fresh, &recipe, None).unwrap(), "test").unwrap();
     assert!(same.contains("fixed before the pilot"), "{same}");
+    let refused = ablate::judge::verdicts::block(&Results::open(&fresh, &dated, None).unwrap(), "test").unwrap_err();
+    assert!(refused.to_string().contains("compare.plan_written_after: these results record the plan"), "{refused}");
     let mut replanned = recipe.clone();
     replanned.compare.as_mut().unwrap().max_seeds = Some(7);
     let after = ablate::judge::verdicts::block(&Results::open(&fresh, &replanned, None).unwrap(), "test").unwrap();

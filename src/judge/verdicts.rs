@@ -96,6 +96,9 @@ pub fn block(results: &Results, command: &str) -> Result<String> {
             recipe.file
         );
     };
+    if let Some(refusal) = plan_written_after_refusal(results) {
+        bail!("{}: {refusal}", recipe.file);
+    }
     let primary = j.rows.iter().find(|r| r.primary).and_then(|r| r.metric.column_name().map(String::from));
     let mut text = render(&j, command, &plan_line(results, primary.as_deref()));
     if let Some(compare) = recipe.compare.as_ref().filter(|c| !c.predict.is_empty()) {
@@ -249,6 +252,17 @@ fn ordered(rows: &[JudgedRow]) -> Vec<&JudgedRow> {
     out
 }
 
+/// Why the recipe's `compare.plan_written_after` cannot be read with these results: they record the plan
+/// their pilot started under, which decides (`None`: readable, or not given).
+fn plan_written_after_refusal(results: &Results) -> Option<String> {
+    let compare = results.recipe.compare.as_ref()?;
+    (compare.plan_written_after.is_some() && results.recorded.pilot_plan.is_some()).then(|| {
+        "compare.plan_written_after: these results record the plan their pilot started under, which decides \
+         when the plan was set; drop the key"
+            .to_string()
+    })
+}
+
 /// The block's sentence on the settling plan: as the recipe states it, and whether it is the one recorded
 /// when the results' pilot started.
 pub fn plan_line(results: &Results, primary: Option<&str>) -> String {
@@ -273,12 +287,21 @@ pub fn plan_line(results: &Results, primary: Option<&str>) -> String {
     } else {
         format!("a fixed design of the recipe's {} per arm, judged by the paired t-test", seeds(pilot))
     };
-    let when = match &results.recorded.pilot_plan {
-        Some(p) if *p == plan => {
+    use crate::recipe::compare::PlanWrittenAfter;
+    // A recorded pilot plan decides; `compare.plan_written_after` dates a plan only where none was recorded
+    // (`block` refuses the key beside a record).
+    let when = match (&results.recorded.pilot_plan, compare.plan_written_after) {
+        (Some(p), _) if *p == plan => {
             "fixed before the pilot (recorded in `recipe.resolved.yaml` when it started)".to_string()
         }
-        Some(p) => format!("**set after the pilot**, which started under: {}", p.describe()),
-        None => "**set after the pilot** (its runs predate recorded plans)".to_string(),
+        (Some(p), _) => format!("**set after the pilot**, which started under: {}", p.describe()),
+        (None, None) => "**set after the pilot** (its runs predate recorded plans)".to_string(),
+        (None, Some(PlanWrittenAfter::Pilot)) => {
+            "**set after the pilot** (its runs predate recorded plans; the recipe's git history dates it)".to_string()
+        }
+        (None, Some(PlanWrittenAfter::SecondStage)) => "**set after the second stage's results** (its runs predate \
+             recorded plans; the recipe's git history dates it)"
+            .to_string(),
     };
     format!("**Plan**: {}; {design}; {when}.\n\n", shown.describe())
 }

@@ -38,6 +38,11 @@ pub(super) struct CompareFile {
     /// (at least the recipe's seeds + 2, since a second stage is tested on two or more). Absent, or equal to
     /// the number of seeds: the recipe's seeds are the whole design (a fixed design, nothing added).
     max_seeds: Option<usize>,
+    /// For results whose runs predate recorded plans (before 2026-12-06): when this plan was written, as the
+    /// recipe's git history shows, `pilot` (after the pilot's results) or `second_stage` (after the second
+    /// stage's too). The verdict block says so instead of its generic "set after the pilot"; where the results
+    /// record the plan their pilot started under, that record decides and this key is refused at the summary.
+    plan_written_after: Option<PlanWrittenAfter>,
     /// A swept numeric key (`train.lr`) over which to report each arm's sensitivity of the primary metric
     /// (Wortsman et al. 2023's learning-rate sensitivity, with its interval) and each arm's difference from
     /// the baseline's arm: a description of the curves beside the verdicts, not a verdict.
@@ -205,10 +210,22 @@ pub struct Compare {
     pub primary: Option<String>,
     /// The settling plan's cap on seeds per arm (`None`: a fixed design).
     pub max_seeds: Option<usize>,
+    /// When the plan was written, for results that predate recorded plans.
+    pub plan_written_after: Option<PlanWrittenAfter>,
     /// The swept key over which each arm's sensitivity is reported (`judge::sensitivity`).
     pub sensitivity: Option<String>,
     /// Compute-equivalent gains over a compute ladder (`judge::compute`).
     pub compute: Option<Compute>,
+}
+
+/// When a plan was written relative to results that did not record it (`compare.plan_written_after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanWrittenAfter {
+    /// After the pilot's results, before any second stage.
+    Pilot,
+    /// After the second stage's results too.
+    SecondStage,
 }
 
 /// What a results directory records of its plan when its pilot runs, and what a verdict block compares
@@ -376,6 +393,7 @@ pub(super) fn expand(src: &Source, file: &CompareFile, seeds: usize) -> Result<C
         predict,
         primary: file.primary.clone(),
         max_seeds: file.max_seeds,
+        plan_written_after: file.plan_written_after,
         sensitivity: file.sensitivity.clone(),
         compute,
     })
