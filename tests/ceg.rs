@@ -127,8 +127,9 @@ fn a_frontier_and_a_gain_by_hand() {
 /// The verdict block's compute section read from a results directory: a ladder swept as `train.budget`
 /// (labels `gelu budget={flops:…}`, the rung in the `train.budget.flops` column), the baseline named as
 /// `variant=gelu`. Each seed's baseline lies on L = 2 + 8·(C/C₀)^−0.5 plus a seed offset and the arm on the
-/// baseline's curve at 1.5·C: every seed's gain is 1.5, and the targets (absent: the baseline's two inner
-/// rung means) are inside both ranges; the arms' exponents are equal.
+/// baseline's curve at 1.5·C (its exponent a hair off, differently per seed): every seed's gain is 1.5 to
+/// the printed digit, and the targets (absent: the baseline's two inner rung means) are inside both ranges;
+/// the arms' exponents are equivalent.
 #[test]
 fn the_compute_section_states_each_arms_gain_from_a_results_directory() {
     let dir = std::env::temp_dir().join(format!("ablate-ceg-section-{}", std::process::id()));
@@ -140,10 +141,11 @@ fn the_compute_section_states_each_arms_gain_from_a_results_directory() {
                 seeds: [0, 1, 2]\ncompare:\n  baseline: variant=gelu\n  compute: {ladder: train.budget}\n";
     let recipe = ablate::recipe::parse(text, "c.yaml", "c", false).unwrap();
     let mut csv = String::from("run_id,label,seed,config_hash,status,variant,train.budget.flops,test_loss\n");
-    for (seed, offset) in [0.0, 0.01, -0.01].iter().enumerate() {
+    // The arm's exponent moves by a hair per seed: exponent differences that are all equal carry no test.
+    for (seed, (offset, tilt)) in [(0.0, 1e-4), (0.01, -2e-4), (-0.01, 1.5e-4)].iter().enumerate() {
         for c in [1.0, 2.0, 4.0, 8.0] {
             let base = 2.0 + 8.0 * f64::powf(c, -0.5) + offset;
-            let arm = 2.0 + 8.0 * f64::powf(1.5 * c, -0.5) + offset;
+            let arm = 2.0 + 8.0 * f64::powf(1.5 * c, -0.5 - tilt) + offset;
             for (variant, loss) in [("gelu", base), ("swiglu", arm)] {
                 csv.push_str(&format!(
                     "{variant} {c} {seed},{variant} budget={{flops:{c}e12}},{seed},x,ok,{variant},{c}e12,{loss}\n"
