@@ -103,7 +103,7 @@ fn replicate(cell: &Cell, planner: &Planner, rule: Rule, truth: &dyn Fn(usize) -
         .map(|v| {
             (0..cell.cap)
                 .map(|s| match cell.noise {
-                    Noise::Normal => truth(v) + arm_sd * normal(state) - base[s],
+                    Noise::Normal => truth(v) + arm_sd * Noise::Normal.draw(state) - base[s],
                     other => truth(v) + other.draw(state),
                 })
                 .collect()
