@@ -28,6 +28,16 @@ fn base(layout: Layout) -> &'static str {
             "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40, pre_ln: true, norm: rms_norm, \
              pe: rope, activation: swiglu, attention: {bias: false}}\n"
         }
+        // Llama's base without any bias, each token attending to itself and its four predecessors.
+        Layout::Mistral => {
+            "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40, pre_ln: true, norm: rms_norm, \
+             pe: rope, activation: swiglu, ffn_bias: false, attention: {bias: false, pattern: {window: 4}}}\n"
+        }
+        // Llama's base with QK-norm (RMSNorm over each head's features, before RoPE) and no FFN biases.
+        Layout::Qwen3 => {
+            "kind: lm\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40, pre_ln: true, norm: rms_norm, \
+             pe: rope, activation: swiglu, ffn_bias: false, attention: {bias: false, qk_norm: rms_norm}}\n"
+        }
         // ablate's BERT (post-LN, learned positions, the MLM head tied to the word embeddings).
         Layout::Bert => {
             "kind: bert\ntransformer: {d_model: 32, layers: 2, heads: 4, block_size: 40}\ndata: {tokenizer: wordpiece, vocab_size: 50}\n"
@@ -254,7 +264,9 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          when a cell's outcome (a deviation or a refusal) differs from this file's.\n\n\
          `ablate export` writes a trained decoder in a Hugging Face layout (`--layout auto` takes the first that \
          expresses the model exactly, in this order): `gpt2` (`GPT2LMHeadModel`), `opt` (`OPTForCausalLM`, which \
-         also has post-LN layers) or `llama` (`LlamaForCausalLM`); a BERT pre-trained by masked LM (kind bert) in \
+         also has post-LN layers), `llama` (`LlamaForCausalLM`), `mistral` (`MistralForCausalLM`: no biases, one \
+         sliding window for every layer) or `qwen3` (`Qwen3ForCausalLM`: QK-norm, and a sliding window or full \
+         attention per layer); a BERT pre-trained by masked LM (kind bert) in \
          `bert` (`BertForMaskedLM`, its masked-LM logits compared); a ViT (kind vit) in `vit` \
          (`ViTForImageClassification`, whose class scores are compared on the same images). For each layout, a small decoder (d_model 32, two \
          layers, four heads, every weight drawn at random) is built with its base settings and then with each row of \
@@ -265,36 +277,42 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          token. A setting the layout cannot express is refused in one line, never written as another model.\n\n\
          The bases: gpt2 is pre-LN with learned positions, LayerNorm and GELU; opt is ablate's default decoder \
          (post-LN) without its final LayerNorm (a post-LN stack ending in a second norm, ablate's default, has no \
-         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases; bert is \
+         layout here and is refused: train with `transformer.final_norm: false` or pre-LN to export); llama is pre-LN with RMSNorm, RoPE, SwiGLU and no attention biases; \
+         mistral is llama's without FFN biases, each token attending to itself and its 4 predecessors (ablate's \
+         `pattern.window: 4`, transformers' `sliding_window: 5`, which counts the query); qwen3 is llama's without \
+         FFN biases and with `attention.qk_norm: rms_norm` (a gain over each head's features, before RoPE); bert is \
          ablate's default BERT (post-LN, learned positions, the MLM head tied to the word embeddings); vit is \
          ablate's default ViT (pre-LN, learned positions, a `<cls>` token the classifier reads) at d_model 32 on 28×28 \
          grey images in 4×4 patches. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
          Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
-         gains of a layer swapped (0.44), ViT's (0.38). The \
+         gains of a layer swapped (0.44), ViT's (0.38), Mistral's window written as ablate's width (no query \
+         counted: 0.79 at the base). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
-    doc.push_str("| knob | gpt2 | opt | llama | bert | vit |\n|---|---|---|---|---|---|\n");
+    let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();
+    doc.push_str(&format!("| knob | {} |\n|---|{}\n", names.join(" | "), "---|".repeat(names.len())));
     for knob in &knobs {
         let cells: Vec<String> = Layout::ALL.iter().map(|&l| cell(knob, l)).collect();
         doc.push_str(&format!("| `{knob}` | {} |\n", cells.join(" | ")));
     }
     doc.push_str(
         "\n## The other direction: `ablate import` and `train.init_from`\n\n\
-         `ablate import DIR` reads a Hugging Face decoder directory in one of the three layouts and writes the recipe \
+         `ablate import DIR` reads a Hugging Face decoder directory in one of the five decoder layouts and writes the recipe \
          whose transformer section is its model, with `train.init_from: DIR`; a run of it starts from the \
          checkpoint's weights. Before training, the run's model is checked against `config.json` key by key and the \
          data's token ids against the checkpoint's `tokenizer.json` (one line naming the first difference). Both \
          directions walk one table of correspondences (`export::links`). A config ablate does not compute exactly \
          is refused in one line naming its key: GPT-2's tanh GELU (`gelu_new`, the default of real GPT-2 \
          checkpoints), a LayerNorm or RMSNorm ε other than 1e-5, layer-dependent score scaling, cross-attention, RoPE \
-         scaling, another model type. Two departures, both the same function: a Llama without FFN biases is read \
-         with zero biases (ablate's FFN always has them; they then train, and export as `mlp_bias: true`), and OPT's \
-         two position rows before position 0, which only padded positions read, are not kept.\n\n\
-         `a_transformers_checkpoint_reads_into_ablate_with_its_logits_and_exports_back_bit_for_bit`: six checkpoints \
+         scaling, another model type. Llama's `mlp_bias` is `transformer.ffn_bias`; Mistral's `sliding_window` and \
+         Qwen3's `layer_types` become `pattern.window` or `layer_patterns`, one narrower. One departure, the same \
+         function: OPT's two position rows before position 0, which only padded positions read, are not kept.\n\n\
+         `a_transformers_checkpoint_reads_into_ablate_with_its_logits_and_exports_back_bit_for_bit`: eight checkpoints \
          that `transformers` builds and saves by itself (`tests/reference/hf_make.py`, every parameter drawn at \
          random; GPT-2 tied and untied with unscaled scores and ReLU, OPT post-LN and pre-LN, Llama with GQA and no \
-         biases and with MQA, biases, GeGLU, tied embeddings and θ = 500000) are read into ablate: its logits equal \
-         transformers' to at most 2.5e-7 relative (0 for GPT-2 and the first Llama), ablate's export of the loaded \
+         biases and with MQA, biases, GeGLU, tied embeddings and θ = 500000, Mistral with GQA and a sliding window of \
+         5, Qwen3 with QK-norm, attention biases and its second layer sliding) are read into ablate: its logits equal \
+         transformers' to at most 4.3e-7 relative (0 for GPT-2, the first Llama, Mistral and Qwen3), ablate's export of the loaded \
          model gives back every tensor of the file bit for bit, and reading that export again gives ablate's \
          tensors bit for bit; `gelu_new` and ε = 1e-6 are refused, and a run with two heads against a four-head \
          checkpoint is refused naming the key. Shown failing with Llama's gate and up projections swapped in the \
@@ -469,6 +487,13 @@ fn foreign_checkpoints() -> Vec<Foreign> {
         read("opt, post-LN", "opt", opt(json!({"do_layer_norm_before": false}))),
         read("opt, pre-LN, untied", "opt", opt(json!({"tie_word_embeddings": false}))),
         read("llama, GQA, no biases", "llama", llama(json!({}))),
+        read("mistral, GQA, a sliding window of 5", "mistral", llama(json!({"sliding_window": 5}))),
+        read(
+            "qwen3, QK-norm, biases, layer 1 sliding",
+            "qwen3",
+            llama(json!({"head_dim": 8, "attention_bias": true, "use_sliding_window": true, "sliding_window": 6,
+                         "max_window_layers": 1})),
+        ),
         read(
             "llama, MQA, biases, GeGLU, tied, θ=500000",
             "llama",

@@ -52,6 +52,7 @@ impl Config {
             layers: t.layers,
             ffn_hidden: t.ffn_hidden(),
             activation: t.activation,
+            ffn_bias: t.ffn_bias,
             pre_ln: t.pre_ln,
             norm: t.norm,
             residual: t.residual,

@@ -148,6 +148,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "transformer.value_residual" => !t.value_residual,
         "transformer.value_embeddings" => t.value_embeddings == 0,
         "transformer.unet_skips" => !t.unet_skips,
+        "transformer.ffn_bias" => t.ffn_bias,
         _ => false,
     }
 }

@@ -294,6 +294,10 @@ pub struct TransformerConfig {
     /// its default hidden size is round(8·D/3) instead of 4·D: the same parameter count (2/3 of 4·D, as LLaMA).
     #[schemars(extend("x-after-udl" = 2))]
     pub activation: Activation,
+    /// The FFN's matrices (W1, a gated unit's W3, W2) have biases; false: none, as Llama, PaLM, Qwen and
+    /// Mistral, whose layouts `ablate export` then writes (UDL §12.2's FFN has them).
+    #[schemars(extend("x-after-udl" = 17))]
+    pub ffn_bias: bool,
     /// false: post-LN `LN(x + f(x))` (UDL §12.4); true: pre-LN `x + f(LN(x))` (GPT-2, ViT).
     pub pre_ln: bool,
     /// The branches' normalisation: `layer_norm` (UDL §12.4), `rms_norm` (no centring, no bias),
@@ -371,6 +375,7 @@ impl Default for TransformerConfig {
             head_dim: None,
             ffn_hidden: None,
             activation: Activation::Gelu,
+            ffn_bias: true,
             pre_ln: false,
             norm: Norm::LayerNorm,
             residual: true,

@@ -1,19 +1,23 @@
-//! A trained decoder, BERT or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT and Llama
-//! (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`) and ViT
+//! A trained decoder, BERT or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT, Llama,
+//! Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`) and ViT
 //! (`ViTForImageClassification`), so that
 //! `transformers` (and TransformerLens through it) opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
 //! compares its logits with ablate's own (`docs/interop.md`).
 //!
-//! The three layouts, the plainest first:
+//! The layouts, the plainest first:
 //! - `gpt2`: pre-LN with a final LayerNorm, learned absolute positions (a sinusoidal table or none is
 //!   written as the table it is), LayerNorm, a two-matrix FFN, biases (zeros where ablate has none), heads
 //!   of d_model / heads; GPT-2 stores its projections as `Conv1D`, the transpose of a linear layer's weight.
 //! - `opt`: OPT's decoder, which also has post-LN layers (`do_layer_norm_before: false`, no final norm) and
 //!   pre-LN without a final norm; its learned position table starts two rows late (OPT's offset).
 //! - `llama`: pre-LN with RMSNorm, RoPE (Hugging Face's rotate-half layout, which is ablate's), a gated FFN
-//!   (SwiGLU or GeGLU), grouped-query attention and any head width.
+//!   (SwiGLU or GeGLU), grouped-query attention and any head width; FFN biases or none (`mlp_bias`).
+//! - `mistral`: Llama's without any bias, one causal sliding window for every layer (ablate's window of w
+//!   neighbours is `transformers`' `sliding_window: w + 1`, which counts the query).
+//! - `qwen3`: Llama's without FFN biases, QK-norm (RMSNorm over each head's features, before RoPE), and per
+//!   layer a sliding window or full attention (`layer_types`: ablate's `layer_patterns`).
 //! - `bert` (kind bert, masked-LM pre-training): post-LN, learned positions (or the table sinusoids or none
 //!   are), segment embeddings, the embedding LayerNorm, GELU (transformers' MLM head applies the FFN's
 //!   nonlinearity, ablate's is GELU), the MLM head's bias under both names `transformers` ties.
@@ -37,20 +41,25 @@ pub enum Layout {
     Gpt2,
     Opt,
     Llama,
+    Mistral,
+    Qwen3,
     Bert,
     Vit,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Bert, Layout::Vit];
+    pub const ALL: [Layout; 7] =
+        [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3, Layout::Bert, Layout::Vit];
     /// The decoder layouts (kind lm), the plainest first.
-    pub const DECODERS: [Layout; 3] = [Layout::Gpt2, Layout::Opt, Layout::Llama];
+    pub const DECODERS: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::Gpt2 => "gpt2",
             Layout::Opt => "opt",
             Layout::Llama => "llama",
+            Layout::Mistral => "mistral",
+            Layout::Qwen3 => "qwen3",
             Layout::Bert => "bert",
             Layout::Vit => "vit",
         }
@@ -65,7 +74,7 @@ impl Layout {
         }
     }
 
-    /// The layout named `name` (`gpt2`, `opt`, `llama`).
+    /// The layout named `name` (`gpt2`, `opt`, `llama`, ...).
     pub fn parse(name: &str) -> std::result::Result<Layout, String> {
         Layout::ALL.into_iter().find(|l| l.name() == name).ok_or_else(|| {
             format!("unknown layout `{name}`: expected one of auto, {}", Layout::ALL.map(Layout::name).join(", "))
@@ -78,6 +87,8 @@ impl Layout {
             Layout::Gpt2 => "GPT2LMHeadModel",
             Layout::Opt => "OPTForCausalLM",
             Layout::Llama => "LlamaForCausalLM",
+            Layout::Mistral => "MistralForCausalLM",
+            Layout::Qwen3 => "Qwen3ForCausalLM",
             Layout::Bert => "BertForMaskedLM",
             Layout::Vit => "ViTForImageClassification",
         }
@@ -111,6 +122,7 @@ const KNOWN_KEYS: &[&str] = &[
     "block_size",
     "d_model",
     "dropout",
+    "ffn_bias",
     "ffn_hidden",
     "final_norm",
     "head_dim",
@@ -182,24 +194,19 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if t.unet_skips {
         return no("unet_skips", "true".into(), "layers have no skip connections");
     }
-    if !t.layer_patterns.is_empty() {
-        return no("attention.layer_patterns", "[…]".into(), "every layer attends densely");
-    }
-    let pattern = &a.pattern;
-    if let Some(w) = pattern.window {
-        return no("attention.pattern.window", w.to_string(), "attention is dense");
-    }
-    if let Some(g) = pattern.global_every {
-        return no("attention.pattern.global_every", g.to_string(), "attention is dense");
-    }
-    if pattern.global_tokens > 0 {
-        return no("attention.pattern.global_tokens", pattern.global_tokens.to_string(), "there are no global tokens");
+    if let Some(why) = pattern_refusal(layout, &t) {
+        return Some(why);
     }
     if a.scoring != Scoring::Dot {
         return no("attention.scoring", "additive".into(), "scores are dot products");
     }
-    if a.qk_norm != QkNorm::None {
-        return no("attention.qk_norm", serde_name(a.qk_norm), "queries and keys are not normalised");
+    match (layout, a.qk_norm) {
+        (Layout::Qwen3, QkNorm::RmsNorm) => {}
+        (Layout::Qwen3, q) => {
+            return no("attention.qk_norm", serde_name(q), "queries and keys are RMS-normalised per head")
+        }
+        (_, QkNorm::None) => {}
+        (_, q) => return no("attention.qk_norm", serde_name(q), "queries and keys are not normalised"),
     }
     if let Some(c) = a.softcap {
         return no("attention.softcap", c.to_string(), "scores are not capped");
@@ -273,12 +280,18 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
                 return no("attention.head_dim", a.head_dim.to_string(), "heads are d_model / heads wide");
             }
         }
-        Layout::Llama => {
+        Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
             if t.norm != Norm::RmsNorm {
                 return no("norm", serde_name(t.norm), "the norm is RMSNorm");
             }
             if !t.activation.is_gated() {
                 return no("activation", serde_name(t.activation), "the FFN is gated (swiglu, geglu)");
+            }
+            if layout != Layout::Llama && t.ffn_bias {
+                return no("ffn_bias", "true".into(), "the FFN has no biases");
+            }
+            if layout == Layout::Mistral && a.bias {
+                return no("attention.bias", "true".into(), "the attention projections have no biases");
             }
             if p.encoding != PositionEncoding::Rope {
                 return no("pe", serde_name(p.encoding), "positions are RoPE");
@@ -289,8 +302,10 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match (layout, t.pre_ln, t.final_norm) {
-        (Layout::Gpt2 | Layout::Llama | Layout::Vit, false, _) => no("pre_ln", "false".into(), "layers are pre-LN"),
-        (Layout::Gpt2 | Layout::Llama | Layout::Vit, true, false) => {
+        (Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit, false, _) => {
+            no("pre_ln", "false".into(), "layers are pre-LN")
+        }
+        (Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit, true, false) => {
             no("final_norm", "false".into(), "the stack ends with a norm")
         }
         (Layout::Opt, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
@@ -302,6 +317,52 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
             (_, Scale::Factor(f)) => no("attention.scale", f.to_string(), "scores are scaled by 1/√d_head"),
         },
     }
+}
+
+/// Why `layout` cannot express the stack's attention patterns (None: it can). Mistral's one sliding window
+/// for every layer and Qwen3's per-layer choice between a sliding window and full attention are ablate's
+/// causal window of `w` neighbours (`transformers`' `sliding_window` is w + 1, the query counted); every
+/// other layout attends densely.
+fn pattern_refusal(layout: Layout, t: &TransformerSpec) -> Option<String> {
+    let name = layout.name();
+    let no =
+        |key: &str, value: String, why: &str| Some(format!("transformer.{key}={value}: {why} in the {name} layout"));
+    let windowed = matches!(layout, Layout::Mistral | Layout::Qwen3);
+    if !t.layer_patterns.is_empty() && layout != Layout::Qwen3 {
+        return no("attention.layer_patterns", "[…]".into(), "every layer attends alike");
+    }
+    for i in 0..t.layers {
+        let p = t.for_layer(i).attention.pattern;
+        let key = |leaf: &str| match t.layer_patterns.is_empty() {
+            true => format!("attention.pattern.{leaf}"),
+            false => "attention.layer_patterns".into(),
+        };
+        if p.global_tokens > 0 {
+            return no(&key("global_tokens"), p.global_tokens.to_string(), "there are no global tokens");
+        }
+        if let Some(g) = p.global_every {
+            return no(&key("global_every"), g.to_string(), "no position is global");
+        }
+        if let Some(w) = p.window {
+            if !windowed {
+                return no(&key("window"), w.to_string(), "attention is dense");
+            }
+            if p.dilation != 1 {
+                return no(&key("dilation"), p.dilation.to_string(), "a window is contiguous");
+            }
+        }
+    }
+    let mut widths: Vec<i64> = layer_windows(t).into_iter().flatten().collect();
+    widths.sort_unstable();
+    widths.dedup();
+    (widths.len() > 1).then(|| {
+        format!("transformer.attention.layer_patterns=[…]: the windowed layers share one width in the {name} layout")
+    })
+}
+
+/// Each layer's causal window (None: dense).
+fn layer_windows(t: &TransformerSpec) -> Vec<Option<i64>> {
+    (0..t.layers).map(|i| t.for_layer(i).attention.pattern.window).collect()
 }
 
 /// The plainest layout that expresses `cfg` exactly, or one line naming why each refuses.
@@ -403,9 +464,9 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_ffn.weight"), one(h("ln_2.weight")), Op::Same, None);
                 link(l("norm_ffn.bias"), one(h("ln_2.bias")), Op::Same, None);
                 link(l("ffn.up.weight"), one(h("mlp.c_fc.weight")), Op::Transpose, None);
-                link(l("ffn.up.bias"), one(h("mlp.c_fc.bias")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("mlp.c_fc.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("mlp.c_proj.weight")), Op::Transpose, None);
-                link(l("ffn.down.bias"), one(h("mlp.c_proj.bias")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("mlp.c_proj.bias")), Op::Same, Some(vec![d]));
             }
             Layout::Opt => {
                 let h = |rest: &str| format!("model.decoder.layers.{i}.{rest}");
@@ -417,13 +478,13 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_attn.weight"), one(h("self_attn_layer_norm.weight")), Op::Same, None);
                 link(l("norm_attn.bias"), one(h("self_attn_layer_norm.bias")), Op::Same, None);
                 link(l("ffn.up.weight"), one(h("fc1.weight")), Op::Same, None);
-                link(l("ffn.up.bias"), one(h("fc1.bias")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("fc1.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("fc2.weight")), Op::Same, None);
-                link(l("ffn.down.bias"), one(h("fc2.bias")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("fc2.bias")), Op::Same, Some(vec![d]));
                 link(l("norm_ffn.weight"), one(h("final_layer_norm.weight")), Op::Same, None);
                 link(l("norm_ffn.bias"), one(h("final_layer_norm.bias")), Op::Same, None);
             }
-            Layout::Llama => {
+            Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
                 let h = |rest: &str| format!("model.layers.{i}.{rest}");
                 let attn = |part: &str| three(&|role| h(&format!("self_attn.{role}.{part}")));
                 link(l("attn.qkv.weight"), attn("weight"), Op::Stack, None);
@@ -432,13 +493,19 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                     link(l("attn.out.bias"), one(h("self_attn.o_proj.bias")), Op::Same, None);
                 }
                 link(l("attn.out.weight"), one(h("self_attn.o_proj.weight")), Op::Same, None);
+                if layout == Layout::Qwen3 {
+                    link(l("attn.q_norm.weight"), one(h("self_attn.q_norm.weight")), Op::Same, None);
+                    link(l("attn.k_norm.weight"), one(h("self_attn.k_norm.weight")), Op::Same, None);
+                }
                 // ablate's gated FFN is down(act(up x) ⊙ gate x); Llama's down(act(gate_proj x) ⊙ up_proj x).
                 link(l("ffn.up.weight"), one(h("mlp.gate_proj.weight")), Op::Same, None);
-                link(l("ffn.up.bias"), one(h("mlp.gate_proj.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.gate.weight"), one(h("mlp.up_proj.weight")), Op::Same, None);
-                link(l("ffn.gate.bias"), one(h("mlp.up_proj.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("mlp.down_proj.weight")), Op::Same, None);
-                link(l("ffn.down.bias"), one(h("mlp.down_proj.bias")), Op::Same, Some(vec![d]));
+                if t.ffn_bias {
+                    link(l("ffn.up.bias"), one(h("mlp.gate_proj.bias")), Op::Same, None);
+                    link(l("ffn.gate.bias"), one(h("mlp.up_proj.bias")), Op::Same, None);
+                    link(l("ffn.down.bias"), one(h("mlp.down_proj.bias")), Op::Same, None);
+                }
                 link(l("norm_attn.weight"), one(h("input_layernorm.weight")), Op::Same, None);
                 link(l("norm_ffn.weight"), one(h("post_attention_layernorm.weight")), Op::Same, None);
             }
@@ -457,9 +524,9 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_attn.weight"), one(h("attention.output.LayerNorm.weight")), Op::Same, None);
                 link(l("norm_attn.bias"), one(h("attention.output.LayerNorm.bias")), Op::Same, None);
                 link(l("ffn.up.weight"), one(h("intermediate.dense.weight")), Op::Same, None);
-                link(l("ffn.up.bias"), one(h("intermediate.dense.bias")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("intermediate.dense.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("output.dense.weight")), Op::Same, None);
-                link(l("ffn.down.bias"), one(h("output.dense.bias")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("output.dense.bias")), Op::Same, Some(vec![d]));
                 link(l("norm_ffn.weight"), one(h("output.LayerNorm.weight")), Op::Same, None);
                 link(l("norm_ffn.bias"), one(h("output.LayerNorm.bias")), Op::Same, None);
             }
@@ -477,9 +544,9 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(l("norm_ffn.weight"), one(h("layernorm_after.weight")), Op::Same, None);
                 link(l("norm_ffn.bias"), one(h("layernorm_after.bias")), Op::Same, None);
                 link(l("ffn.up.weight"), one(h("mlp.fc1.weight")), Op::Same, None);
-                link(l("ffn.up.bias"), one(h("mlp.fc1.bias")), Op::Same, None);
+                link(l("ffn.up.bias"), one(h("mlp.fc1.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("mlp.fc2.weight")), Op::Same, None);
-                link(l("ffn.down.bias"), one(h("mlp.fc2.bias")), Op::Same, None);
+                link(l("ffn.down.bias"), one(h("mlp.fc2.bias")), Op::Same, Some(vec![d]));
             }
         }
     }
@@ -505,7 +572,7 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
                 link(final_norm("bias"), one("model.decoder.final_layer_norm.bias".into()), Op::Same, None);
             }
         }
-        Layout::Llama => {
+        Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
             link("token_embedding.weight".into(), one("model.embed_tokens.weight".into()), Op::Same, None);
             link(final_norm("weight"), one("model.norm.weight".into()), Op::Same, None);
         }
@@ -580,7 +647,8 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
         out.extend(link.theirs.into_iter().zip(theirs).map(|(name, w)| (name, w.contiguous())));
     }
     // A sinusoidal table, or none, is written as the learned table it equals.
-    if layout != Layout::Llama && t.position.encoding != PositionEncoding::Learned {
+    let rotary = matches!(layout, Layout::Llama | Layout::Mistral | Layout::Qwen3);
+    if !rotary && t.position.encoding != PositionEncoding::Learned {
         // ViT's table covers the <cls> token and the patches.
         let rows = match layout {
             Layout::Vit => cfg.vit_spec().grid().pow(2) + 1,
@@ -686,8 +754,8 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
             "hidden_dropout_prob": t.dropout,
             "attention_probs_dropout_prob": a.dropout,
         }),
-        Layout::Llama => json!({
-            "model_type": "llama",
+        Layout::Llama | Layout::Mistral | Layout::Qwen3 => json!({
+            "model_type": layout.name(),
             "hidden_size": t.d_model,
             "num_hidden_layers": t.layers,
             "num_attention_heads": a.heads,
@@ -699,13 +767,29 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
             "rms_norm_eps": 1e-5,
             "rope_parameters": {"rope_type": "default", "rope_theta": t.position.rope_theta},
             "attention_bias": a.bias,
-            "mlp_bias": true,
+            "mlp_bias": t.ffn_bias,
             "attention_dropout": a.dropout,
         }),
     };
     let mut config = common;
     let (Some(c), Some(s)) = (config.as_object_mut(), specific.as_object()) else { unreachable!("JSON objects") };
     c.extend(s.clone());
+    // transformers' sliding_window counts the query itself; ablate's window counts its neighbours.
+    let windows = layer_windows(t);
+    let width = windows.iter().flatten().next().map(|w| w + 1);
+    match layout {
+        Layout::Mistral => {
+            c.insert("sliding_window".into(), json!(width));
+        }
+        Layout::Qwen3 => {
+            let types: Vec<&str> =
+                windows.iter().map(|w| if w.is_some() { "sliding_attention" } else { "full_attention" }).collect();
+            c.insert("use_sliding_window".into(), json!(width.is_some()));
+            c.insert("sliding_window".into(), json!(width));
+            c.insert("layer_types".into(), json!(types));
+        }
+        _ => {}
+    }
     config
 }
 

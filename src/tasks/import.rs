@@ -1,12 +1,13 @@
 //! The other direction of [`super::export`]: a Hugging Face decoder directory (`config.json`,
-//! `model.safetensors`, optionally `tokenizer.json`) in the GPT-2, OPT or Llama layout — as `ablate export`
+//! `model.safetensors`, optionally `tokenizer.json`) in the GPT-2, OPT, Llama, Mistral or Qwen3 layout — as `ablate export`
 //! or `transformers`' `save_pretrained` writes it — read as an ablate decoder. `ablate import` writes the
 //! recipe whose transformer section is the checkpoint's model; `train.init_from` starts a run from its
 //! weights. Both directions walk the same correspondences (`export::links`), so load → export gives back
 //! every tensor bit for bit (`tests/interop.rs`).
 //!
-//! ablate's FFN always has biases: a Llama checkpoint without them (`mlp_bias: false`) is read with zero
-//! biases, the same function, which then train like every other weight (and are exported, `mlp_bias: true`).
+//! Llama's `mlp_bias` is `transformer.ffn_bias`; Mistral and Qwen3 have none. Mistral's `sliding_window` and
+//! Qwen3's per-layer `layer_types` are ablate's causal windows (`pattern.window`, `layer_patterns`), one
+//! narrower: `transformers` counts the query itself. Qwen3's per-head `q_norm`/`k_norm` are ablate's QK-norm.
 //! OPT's position table keeps two rows before position 0 that only padded positions read; ablate has none,
 //! so they are not kept (exported as zeros).
 //!
@@ -45,6 +46,17 @@ fn class_defaults(layout: Layout) -> Value {
         Layout::Llama => json!({
             "num_key_value_heads": null, "head_dim": null, "hidden_act": "silu", "rms_norm_eps": 1e-6,
             "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
+        }),
+        // Mistral's and Qwen3's configs have no mlp_bias (nor Mistral an attention_bias): they have no biases.
+        Layout::Mistral => json!({
+            "num_key_value_heads": 8, "head_dim": null, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
+            "sliding_window": 4096,
+        }),
+        Layout::Qwen3 => json!({
+            "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
+            "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28, "layer_types": null,
         }),
         Layout::Bert | Layout::Vit => json!({}),
     }
@@ -92,7 +104,7 @@ pub fn read(dir: &Path) -> Result<HfCheckpoint> {
             let d = get(&config, "hidden_size");
             fill(&mut config, "word_embed_proj_dim", d);
         }
-        Layout::Llama => {
+        Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
             let heads = get(&config, "num_attention_heads");
             fill(&mut config, "num_key_value_heads", heads);
             let (d, h) = (get(&config, "hidden_size").as_i64(), get(&config, "num_attention_heads").as_i64());
@@ -105,6 +117,22 @@ pub fn read(dir: &Path) -> Result<HfCheckpoint> {
                     scaling => scaling.get("rope_type").or_else(|| scaling.get("type")).cloned().unwrap_or(json!("?")),
                 };
                 config.insert("rope_parameters".into(), json!({"rope_type": kind, "rope_theta": theta}));
+            }
+            // Qwen3Config's own rule: no window unless use_sliding_window, and layers from max_window_layers on
+            // slide when the layer types are not given.
+            if layout == Layout::Qwen3 {
+                if get(&config, "use_sliding_window") != json!(true) {
+                    config.insert("sliding_window".into(), Value::Null);
+                }
+                let (sliding, from) = (!get(&config, "sliding_window").is_null(), get(&config, "max_window_layers"));
+                let layers = get(&config, "num_hidden_layers").as_i64().unwrap_or(0);
+                let types: Vec<&str> = (0..layers)
+                    .map(|i| match sliding && from.as_i64().is_some_and(|m| i >= m) {
+                        true => "sliding_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                fill(&mut config, "layer_types", json!(types));
             }
         }
         Layout::Bert | Layout::Vit => {}
@@ -187,23 +215,63 @@ impl HfCheckpoint {
                 })
             }
             Layout::Bert | Layout::Vit => bail!("{}: ablate imports decoders", self.dir.display()),
-            Layout::Llama => {
+            Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
                 let act = self.activation("hidden_act", true)?;
                 let rope = self.key("rope_parameters");
-                json!({
+                let mut section = json!({
                     "d_model": self.int("hidden_size")?, "layers": self.int("num_hidden_layers")?,
                     "heads": self.int("num_attention_heads")?, "ffn_hidden": self.int("intermediate_size")?,
                     "block_size": self.int("max_position_embeddings")?, "activation": act, "pre_ln": true,
                     "final_norm": true, "norm": "rms_norm", "pe": "rope", "head_dim": self.int("head_dim")?,
                     "position": {"rope_theta": rope.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0)},
                     "tie_embeddings": self.key("tie_word_embeddings"), "dropout": 0.0,
+                    "ffn_bias": self.key("mlp_bias"),
                     "attention": {
                         "bias": self.key("attention_bias"), "dropout": self.number("attention_dropout"),
                         "kv_heads": self.int("num_key_value_heads")?,
                     },
-                })
+                });
+                let attention = &mut section["attention"];
+                if self.layout == Layout::Qwen3 {
+                    attention["qk_norm"] = json!("rms_norm");
+                }
+                self.windows_into(attention)?;
+                section
             }
         })
+    }
+
+    /// Mistral's one sliding window, or Qwen3's per layer, as ablate's causal windows in `attention`
+    /// (`transformers`' width counts the query, ablate's only its neighbours).
+    fn windows_into(&self, attention: &mut Value) -> Result<()> {
+        let width = match self.key("sliding_window") {
+            Value::Null => return Ok(()),
+            w => w
+                .as_i64()
+                .filter(|w| *w >= 1)
+                .ok_or_else(|| self.refuse("sliding_window", "a window is a positive width"))?,
+        };
+        let window = json!({"window": width - 1});
+        match self.layout {
+            Layout::Qwen3 => {
+                let types = self.key("layer_types");
+                let types: Vec<&str> = types.as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+                if types.iter().any(|t| !matches!(*t, "sliding_attention" | "full_attention")) {
+                    return Err(self.refuse("layer_types", "ablate's layers attend fully or in a sliding window"));
+                }
+                if types.iter().all(|t| *t == "sliding_attention") {
+                    attention["pattern"] = window;
+                } else if types.contains(&"sliding_attention") {
+                    let per_layer: Vec<Value> = types
+                        .iter()
+                        .map(|t| if *t == "sliding_attention" { window.clone() } else { json!({}) })
+                        .collect();
+                    attention["layer_patterns"] = json!(per_layer);
+                }
+            }
+            _ => attention["pattern"] = window,
+        }
+        Ok(())
     }
 
     /// Whether `cfg`'s decoder over `vocab` tokens is this checkpoint's model: its layout expresses it, and
@@ -224,7 +292,9 @@ impl HfCheckpoint {
                 ("enable_bias", json!(true), "ablate's OPT layout has biases"),
                 ("layer_norm_elementwise_affine", json!(true), "ablate's LayerNorm has a gain and a bias"),
             ],
-            Layout::Llama => &[("rms_norm_eps", json!(1e-5), "ablate's RMSNorm ε is 1e-5")],
+            Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
+                &[("rms_norm_eps", json!(1e-5), "ablate's RMSNorm ε is 1e-5")]
+            }
             Layout::Bert | Layout::Vit => &[],
         };
         for (key, value, why) in neutral {
@@ -234,8 +304,7 @@ impl HfCheckpoint {
         }
         let t = cfg.transformer_spec();
         let ours = hf_config(self.layout, &t, vocab);
-        // Dropout shapes training, not the function; ablate always writes Llama's FFN biases (zeros stand for
-        // a checkpoint's missing ones); the rest is bookkeeping.
+        // Dropout shapes training, not the function; the rest is bookkeeping.
         let unshaping = [
             "architectures",
             "torch_dtype",
@@ -248,7 +317,6 @@ impl HfCheckpoint {
             "attn_pdrop",
             "dropout",
             "attention_dropout",
-            "mlp_bias",
         ];
         let ours = ours.as_object().expect("a JSON object");
         for (key, value) in ours.iter().filter(|(k, _)| !unshaping.contains(&k.as_str())) {

@@ -141,36 +141,43 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
+    /// A two-matrix or gated FFN with biases, its second layer starting at std `down_init_std`.
     pub fn new(vs: nn::Path, d_model: i64, hidden: i64, activation: Activation, down_init_std: f64) -> Self {
-        Self::with_init(vs, d_model, hidden, activation, 0.02, down_init_std)
+        Self::build(vs, [d_model, hidden], activation, true, [0.02, down_init_std])
     }
 
-    /// With the first layer's (and gate's) initial std `up_init_std` too (muP scales it with the width).
-    pub fn with_init(
+    /// `spec`'s FFN (its width, nonlinearity and biases), the first layer's (and gate's) initial std
+    /// `up_init_std` (muP scales it with the width), the second's `down_init_std`.
+    pub fn of(vs: nn::Path, spec: &TransformerSpec, up_init_std: f64, down_init_std: f64) -> Self {
+        let widths = [spec.d_model, spec.ffn_hidden];
+        Self::build(vs, widths, spec.activation, spec.ffn_bias, [up_init_std, down_init_std])
+    }
+
+    fn build(
         vs: nn::Path,
-        d_model: i64,
-        hidden: i64,
+        [d_model, hidden]: [i64; 2],
         activation: Activation,
-        up_init_std: f64,
-        down_init_std: f64,
+        bias: bool,
+        [up, down]: [f64; 2],
     ) -> Self {
         let lin = |std: f64| nn::LinearConfig {
             ws_init: if std > 0.0 { nn::Init::Randn { mean: 0.0, stdev: std } } else { nn::Init::Const(0.0) },
             bs_init: Some(nn::Init::Const(0.0)),
-            bias: true,
+            bias,
         };
         Self {
-            up: nn::linear(&vs / "up", d_model, hidden, lin(up_init_std)),
-            gate: activation.is_gated().then(|| nn::linear(&vs / "gate", d_model, hidden, lin(up_init_std))),
-            down: nn::linear(&vs / "down", hidden, d_model, lin(down_init_std)),
+            up: nn::linear(&vs / "up", d_model, hidden, lin(up)),
+            gate: activation.is_gated().then(|| nn::linear(&vs / "gate", d_model, hidden, lin(up))),
+            down: nn::linear(&vs / "down", hidden, d_model, lin(down)),
             activation,
         }
     }
 
-    /// How many learned values [`Self::with_init`] creates: W1 (and a gated unit's W3), W2, their biases.
-    pub fn parameters(d_model: i64, hidden: i64, activation: Activation) -> i64 {
-        let up = (d_model + 1) * hidden;
-        up * (1 + i64::from(activation.is_gated())) + (hidden + 1) * d_model
+    /// How many learned values [`Self::of`] creates for `spec`: W1 (and a gated unit's W3), W2, their biases.
+    pub fn parameters(spec: &TransformerSpec) -> i64 {
+        let (d_model, hidden, bias) = (spec.d_model, spec.ffn_hidden, i64::from(spec.ffn_bias));
+        let up = (d_model + bias) * hidden;
+        up * (1 + i64::from(spec.activation.is_gated())) + (hidden + bias) * d_model
     }
 }
 
@@ -211,7 +218,7 @@ impl AttentionBlock {
             attention_branch,
             attn: MultiHeadAttention::new(vs / "attn", d, &spec.attention, &spec.position, grid, out_std),
             ffn_branch: Residual::new(vs / "norm2", d, spec, init.norm_eps),
-            mlp: FeedForward::new(vs / "mlp", d, spec.ffn_hidden, spec.activation, out_std),
+            mlp: FeedForward::of(vs / "mlp", spec, 0.02, out_std),
         }
     }
 
@@ -220,7 +227,7 @@ impl AttentionBlock {
         let d = spec.d_model;
         2 * NormLayer::parameters(d, spec.norm)
             + MultiHeadAttention::parameters(d, &spec.attention, &spec.position, grid)
-            + FeedForward::parameters(d, spec.ffn_hidden, spec.activation)
+            + FeedForward::parameters(spec)
     }
 
     /// The attention branch, `mix` mapping the (normalised) tokens through `self.attn`.
@@ -311,7 +318,7 @@ impl TransformerLayer {
             self_attention,
             norm_attention,
             cross,
-            ffn: FeedForward::with_init(&vs / "ffn", d, spec.ffn_hidden, spec.activation, spec.hidden_std(), out_std),
+            ffn: FeedForward::of(&vs / "ffn", spec, spec.hidden_std(), out_std),
             norm_ffn: (!spec.parallel).then(|| Residual::new(&vs / "norm_ffn", d, spec, init.norm_eps)),
             skip_weight,
         }
@@ -328,7 +335,7 @@ impl TransformerLayer {
             + 2 * i64::from(spec.value_residual && at.index > 0)
             + 2 * i64::from(at.value_table(spec.value_embeddings).is_some());
         let cross = if cross_attention { MultiHeadAttention::plain_parameters(d, &spec.attention) + norm } else { 0 };
-        let ffn = FeedForward::parameters(d, spec.ffn_hidden, spec.activation) + norm * i64::from(!spec.parallel);
+        let ffn = FeedForward::parameters(spec) + norm * i64::from(!spec.parallel);
         attention + norm + cross + ffn + i64::from(spec.unet_skips && at.mirror().is_some())
     }
 

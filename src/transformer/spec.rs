@@ -483,6 +483,8 @@ pub struct TransformerSpec {
     pub layers: i64,
     pub ffn_hidden: i64,
     pub activation: Activation,
+    /// The FFN's matrices have biases (false: none, as Llama, PaLM, Qwen and Mistral).
+    pub ffn_bias: bool,
     /// false: post-LN `norm(x + f(x))` (UDL §12.4, Vaswani et al.); true: pre-LN `x + f(norm(x))`.
     pub pre_ln: bool,
     /// Which normalisation the branches (and the final norm) use.
@@ -610,6 +612,7 @@ impl TransformerSpec {
             layers,
             ffn_hidden: 4 * d_model,
             activation: Activation::Gelu,
+            ffn_bias: true,
             pre_ln: false,
             norm: Norm::LayerNorm,
             residual: true,

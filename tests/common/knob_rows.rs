@@ -71,6 +71,7 @@ pub const KNOBS: &[(&str, Option<&str>, &str)] = &[
     ("transformer.attention.output_gate", Some("elementwise"), ""),
     ("transformer.attention.differential", Some("true"), ""),
     ("transformer.attention.sink", Some("learned"), ""),
+    ("transformer.ffn_bias", None, ""),
     // muP: with the same weights, the readout multiplier (base/width) and 1/d_head attention scores act.
     ("transformer.parametrisation", Some("mup"), ""),
     ("transformer.mup_base_width", Some("16"), "transformer.parametrisation: mup"),
@@ -99,6 +100,7 @@ pub fn knob_value(key: &str, value: Option<&str>, defaults: &ablate::recipe::Con
         "transformer.pre_ln" => (!t.pre_ln).to_string(),
         "transformer.final_norm" => (!defaults.final_norm()).to_string(),
         "transformer.tie_embeddings" => (!t.tie_embeddings).to_string(),
+        "transformer.ffn_bias" => (!t.ffn_bias).to_string(),
         other => panic!("no flip for {other}"),
     }
 }
