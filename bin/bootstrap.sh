@@ -239,6 +239,20 @@ ablate_setup_hf_reference() {
   export ABLATE_HF_PYTHONPATH="$dir"
 }
 
+# timm, the reference the interop test loads Swin exports with. Its requirements would pull a second torch; it
+# is installed without dependencies beside the modules it imports that transformers' cache lacks:
+# torchvision (whose version pairs with torch 2.11) and Pillow, which torchvision imports.
+ABLATE_TIMM_VERSION=1.0.31
+ABLATE_TIMM_IMPORTS=(torchvision==0.26.0 pillow==13.0.0)
+
+ablate_setup_timm() {
+  local dir="${ABLATE_TIMM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ablate/timm-$ABLATE_TIMM_VERSION}"
+  [[ -d "$dir/timm" ]] || ablate_locked "$dir.lock" "timm" ablate_pip_into "$dir" timm \
+    "the reference the export test loads ablate's Swin models with" --no-deps \
+    "timm==$ABLATE_TIMM_VERSION" "${ABLATE_TIMM_IMPORTS[@]}"
+  export ABLATE_TIMM_PYTHONPATH="$dir"
+}
+
 # TransformerLens (its TransformerBridge over transformers) for the interop test's attention patterns. Its
 # requirements would pull a second torch and transformers, so it is installed without dependencies beside
 # the pinned list of the modules it imports (it runs on the cached transformers and torch above).

@@ -44,6 +44,8 @@ fn base(layout: Layout) -> &'static str {
         }
         // ablate's ViT (pre-LN, learned positions, a <cls> token) on 28×28 grey images in 4×4 patches.
         Layout::Vit => "kind: vit\ntransformer: {d_model: 32, layers: 2, heads: 4}\n",
+        // ablate's Swin (two stages of two blocks, 7×7 windows over a 14×14 grid of 2×2 patches, the 2-D bias).
+        Layout::Swin => "kind: swin\n",
     }
 }
 
@@ -185,6 +187,7 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
                             .unwrap();
                     entries.push(serde_json::json!({
                         "dir": out, "images": Vec::<f32>::try_from(images.reshape([-1])).unwrap(), "shape": images.size(),
+                        "timm": layout == Layout::Swin,
                     }));
                     (logits, Vec::new())
                 }
@@ -197,7 +200,9 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
     let manifest = dir.path().join("manifest.json");
     std::fs::write(&manifest, serde_json::to_string(&entries).unwrap()).unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/hf_parity.py");
-    python(&script, &manifest);
+    let timm = std::env::var("ABLATE_TIMM_PYTHONPATH")
+        .expect("ABLATE_TIMM_PYTHONPATH names PyPI's timm (bin/test installs it and sets it)");
+    python_with(&[timm], &script, &manifest);
 
     let mut failures = Vec::new();
     let mut table = Vec::new();
@@ -268,7 +273,9 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          sliding window for every layer) or `qwen3` (`Qwen3ForCausalLM`: QK-norm, and a sliding window or full \
          attention per layer); a BERT pre-trained by masked LM (kind bert) in \
          `bert` (`BertForMaskedLM`, its masked-LM logits compared); a ViT (kind vit) in `vit` \
-         (`ViTForImageClassification`, whose class scores are compared on the same images). For each layout, a small decoder (d_model 32, two \
+         (`ViTForImageClassification`, whose class scores are compared on the same images); a Swin (kind swin) in \
+         `swin`, timm's `SwinTransformer` (its state dict and a `config.json` of its architecture and arguments, \
+         which `timm.create_model(\"local-dir:DIR\", pretrained=True)` rebuilds; the pinned timm 1.0.31 loads it). For each layout, a small decoder (d_model 32, two \
          layers, four heads, every weight drawn at random) is built with its base settings and then with each row of \
          the knob matrix (`tests/common/knob_rows.rs`) set on top; every export is loaded by the pinned \
          `transformers` (5.25.0) and its fp32 logits on the same tokens compared with ablate's: each cell is the \
@@ -283,10 +290,13 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          FFN biases and with `attention.qk_norm: rms_norm` (a gain over each head's features, before RoPE); bert is \
          ablate's default BERT (post-LN, learned positions, the MLM head tied to the word embeddings); vit is \
          ablate's default ViT (pre-LN, learned positions, a `<cls>` token the classifier reads) at d_model 32 on 28×28 \
-         grey images in 4×4 patches. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
+         grey images in 4×4 patches; swin is ablate's default Swin (two stages of two pre-LN blocks, d_model 32 and \
+         2 heads doubling per stage, 7×7 windows shifted every second block over a 14×14 grid of 2×2 patches of \
+         28×28 grey images, a relative bias per window offset, patch merging; ablate merges at the end of a \
+         stage, timm at the start of the next, the same weights). A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
          Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
          gains of a layer swapped (0.44), ViT's (0.38), Mistral's window written as ablate's width (no query \
-         counted: 0.79 at the base). The \
+         counted: 0.79 at the base), Swin's two LayerNorm gains of a block swapped (0.49). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
     let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();

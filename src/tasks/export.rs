@@ -1,7 +1,7 @@
-//! A trained decoder, BERT or ViT in the layouts researchers' tools read: Hugging Face's GPT-2, OPT, Llama,
-//! Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`) and ViT
-//! (`ViTForImageClassification`), so that
-//! `transformers` (and TransformerLens through it) opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
+//! A trained decoder, BERT, ViT or Swin in the layouts researchers' tools read: Hugging Face's GPT-2, OPT,
+//! Llama, Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`),
+//! ViT (`ViTForImageClassification`) and timm's `SwinTransformer`, so that `transformers` (and
+//! TransformerLens through it) or timm opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
 //! compares its logits with ablate's own (`docs/interop.md`).
@@ -24,6 +24,10 @@
 //! - `vit` (kind vit): pre-LN with a final LayerNorm, a stride-p convolution for the patches, a `<cls>` token
 //!   the classifier reads, a learned table over `<cls>` and the patches (sinusoids or none as the table they
 //!   are), a two-matrix FFN.
+//! - `swin` (kind swin): timm's `SwinTransformer` state dict and a timm `config.json` (its architecture and
+//!   the arguments that rebuild it): pre-LN blocks, exact GELU, the relative bias per window offset (a zero
+//!   table for none), shifted windows, patch merging (timm's at the start of a stage, ablate's at the end of
+//!   the one before), any head width.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::collections::HashMap;
@@ -45,11 +49,20 @@ pub enum Layout {
     Qwen3,
     Bert,
     Vit,
+    Swin,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 7] =
-        [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3, Layout::Bert, Layout::Vit];
+    pub const ALL: [Layout; 8] = [
+        Layout::Gpt2,
+        Layout::Opt,
+        Layout::Llama,
+        Layout::Mistral,
+        Layout::Qwen3,
+        Layout::Bert,
+        Layout::Vit,
+        Layout::Swin,
+    ];
     /// The decoder layouts (kind lm), the plainest first.
     pub const DECODERS: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3];
 
@@ -62,6 +75,7 @@ impl Layout {
             Layout::Qwen3 => "qwen3",
             Layout::Bert => "bert",
             Layout::Vit => "vit",
+            Layout::Swin => "swin",
         }
     }
 
@@ -69,6 +83,7 @@ impl Layout {
     pub fn kind(self) -> RunKind {
         match self {
             Layout::Vit => RunKind::Vit,
+            Layout::Swin => RunKind::Swin,
             Layout::Bert => RunKind::Bert,
             _ => RunKind::Lm,
         }
@@ -91,6 +106,7 @@ impl Layout {
             Layout::Qwen3 => "Qwen3ForCausalLM",
             Layout::Bert => "BertForMaskedLM",
             Layout::Vit => "ViTForImageClassification",
+            Layout::Swin => "timm SwinTransformer",
         }
     }
 }
@@ -226,6 +242,9 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if p.encoding.is_absolute() && p.combine == Combine::Concat {
         return no("position.combine", "concat".into(), "positions are added, not concatenated");
     }
+    if layout == Layout::Swin {
+        return swin_refusal(cfg, &t);
+    }
     if layout == Layout::Bert {
         let b = cfg.bert();
         if b.task != crate::recipe::BertTask::Pretrain {
@@ -262,6 +281,8 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match layout {
+        // Refused above, by swin_refusal.
+        Layout::Swin => {}
         Layout::Gpt2 | Layout::Opt | Layout::Bert | Layout::Vit => {
             if t.norm != Norm::LayerNorm {
                 return no("norm", serde_name(t.norm), "the norm is LayerNorm");
@@ -360,6 +381,146 @@ fn pattern_refusal(layout: Layout, t: &TransformerSpec) -> Option<String> {
     })
 }
 
+/// Why timm's `SwinTransformer` cannot express the Swin `cfg` (None: it can): pre-LN blocks with LayerNorm,
+/// an exact-GELU two-matrix FFN of one width ratio, a relative position bias per window offset (ablate's
+/// `bias_2d`; no encoding is that table at zero), every second block shifted, a final norm.
+fn swin_refusal(cfg: &Config, t: &TransformerSpec) -> Option<String> {
+    let no = |key: &str, value: String, why: &str| Some(format!("{key}={value}: {why} in the swin layout"));
+    let a = &t.attention;
+    if !cfg.vision().shift {
+        return no("vision.shift", "false".into(), "every second block shifts its windows");
+    }
+    if t.norm != Norm::LayerNorm {
+        return no("transformer.norm", serde_name(t.norm), "the norm is LayerNorm");
+    }
+    if t.activation != Activation::Gelu {
+        return no("transformer.activation", serde_name(t.activation), "the FFN is two matrices around a GELU");
+    }
+    if !matches!(t.position.encoding, PositionEncoding::Bias2d | PositionEncoding::None) {
+        return no("transformer.pe", serde_name(t.position.encoding), "positions are a bias per window offset");
+    }
+    if a.kv_heads != a.heads {
+        return no("transformer.attention.kv_heads", a.kv_heads.to_string(), "every head has its own keys and values");
+    }
+    if !t.pre_ln {
+        return no("transformer.pre_ln", "false".into(), "blocks are pre-LN");
+    }
+    if !t.final_norm {
+        return no("transformer.final_norm", "false".into(), "the last stage ends with a norm");
+    }
+    if a.scale != Scale::SqrtDk {
+        return no("transformer.attention.scale", serde_name(a.scale), "scores are scaled by 1/√d_head");
+    }
+    // timm's FFN is int(width · mlp_ratio) wide at every stage: ablate's must be that number.
+    let spec = cfg.staged_spec();
+    let ratio = t.ffn_hidden as f64 / t.d_model as f64;
+    for i in 0..spec.stages() {
+        let stage = spec.stage(i);
+        if (stage.d_model as f64 * ratio) as i64 != stage.ffn_hidden {
+            return no(
+                "transformer.ffn_hidden",
+                t.ffn_hidden.to_string(),
+                "the FFN's width is one ratio of the stage's",
+            );
+        }
+    }
+    None
+}
+
+/// The Swin `cfg`'s variables (`weights`) under timm's `SwinTransformer` names, with timm's `config.json`:
+/// the architecture and the arguments that rebuild it (`timm.create_model("local-dir:DIR", pretrained=True)`).
+fn swin_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> Result<Exported> {
+    let spec = cfg.staged_spec();
+    let t = &spec.transformer;
+    let get = |name: &str| -> Result<Tensor> {
+        let w = weights.get(name).with_context(|| format!("the checkpoint has no `{name}`"))?;
+        Ok(w.detach().to_device(Device::Cpu).to_kind(Kind::Float))
+    };
+    let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+    // A bias ablate was built without is timm's at zero.
+    let bias = |name: &str, width: i64| -> Result<Tensor> {
+        if weights.contains_key(name) {
+            get(name)
+        } else {
+            Ok(zeros(&[width]))
+        }
+    };
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    for (ours, theirs) in [
+        ("patch_embed.weight", "patch_embed.proj.weight"),
+        ("patch_embed.bias", "patch_embed.proj.bias"),
+        ("patch_norm.weight", "patch_embed.norm.weight"),
+        ("patch_norm.bias", "patch_embed.norm.bias"),
+        ("norm.weight", "norm.weight"),
+        ("norm.bias", "norm.bias"),
+        ("head.weight", "head.fc.weight"),
+        ("head.bias", "head.fc.bias"),
+    ] {
+        out.push((theirs.into(), get(ours)?));
+    }
+    for i in 0..spec.stages() {
+        let stage = spec.stage(i);
+        let (d, heads, window) = (stage.d_model, stage.attention.heads, spec.window(i));
+        for j in 0..spec.depths[i] {
+            let ours = |rest: &str| format!("layers.{i}.blocks.{j}.{rest}");
+            for (o, th) in [
+                ("norm1.weight", "norm1.weight"),
+                ("norm1.bias", "norm1.bias"),
+                ("attn.qkv.weight", "attn.qkv.weight"),
+                ("attn.out.weight", "attn.proj.weight"),
+                ("norm2.weight", "norm2.weight"),
+                ("norm2.bias", "norm2.bias"),
+                ("mlp.up.weight", "mlp.fc1.weight"),
+                ("mlp.down.weight", "mlp.fc2.weight"),
+            ] {
+                out.push((ours(th), get(&ours(o))?));
+            }
+            if t.attention.bias {
+                out.push((ours("attn.qkv.bias"), get(&ours("attn.qkv.bias"))?));
+            }
+            out.push((ours("attn.proj.bias"), bias(&ours("attn.out.bias"), d)?));
+            out.push((ours("mlp.fc1.bias"), bias(&ours("mlp.up.bias"), stage.ffn_hidden)?));
+            out.push((ours("mlp.fc2.bias"), bias(&ours("mlp.down.bias"), d)?));
+            let table = "attn.relative_position_bias_table";
+            let span = 2 * window - 1;
+            out.push((
+                ours(table),
+                if weights.contains_key(&ours(table)) { get(&ours(table))? } else { zeros(&[span * span, heads]) },
+            ));
+        }
+        // ablate merges patches at the end of a stage, timm at the start of the next.
+        if i + 1 < spec.stages() {
+            for part in ["norm.weight", "norm.bias", "reduction.weight"] {
+                out.push((
+                    format!("layers.{}.downsample.{part}", i + 1),
+                    get(&format!("layers.{i}.downsample.{part}"))?,
+                ));
+            }
+        }
+    }
+    let image = cfg.image();
+    let classes = cfg.vision().classes;
+    let heads: Vec<i64> = (0..spec.stages()).map(|i| spec.stage(i).attention.heads).collect();
+    let config = json!({
+        "architecture": "swin_tiny_patch4_window7_224",
+        "num_classes": classes,
+        "num_features": spec.stage(spec.stages() - 1).d_model,
+        "model_args": {
+            "img_size": image.size, "patch_size": image.patch, "in_chans": image.channels, "embed_dim": t.d_model,
+            "depths": spec.depths, "num_heads": heads, "head_dim": t.attention.head_dim, "window_size": spec.window,
+            "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64, "qkv_bias": t.attention.bias,
+            "drop_rate": t.dropout, "proj_drop_rate": t.dropout, "attn_drop_rate": t.attention.dropout,
+            "drop_path_rate": 0.0,
+        },
+        "pretrained_cfg": {
+            "input_size": [image.channels, image.size, image.size], "num_classes": classes,
+            "mean": vec![0.0; image.channels as usize], "std": vec![1.0; image.channels as usize],
+            "interpolation": "bilinear", "crop_pct": 1.0,
+        },
+    });
+    Ok(Exported { layout: Layout::Swin, config, tensors: out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() })
+}
+
 /// Each layer's causal window (None: dense).
 fn layer_windows(t: &TransformerSpec) -> Vec<Option<i64>> {
     (0..t.layers).map(|i| t.for_layer(i).attention.pattern.window).collect()
@@ -453,6 +614,7 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     for i in 0..t.layers {
         let l = |rest: &str| format!("{stack}.{i}.{rest}");
         match layout {
+            Layout::Swin => {}
             Layout::Gpt2 => {
                 let h = |rest: &str| format!("transformer.h.{i}.{rest}");
                 link(l("norm_attn.weight"), one(h("ln_1.weight")), Op::Same, None);
@@ -553,6 +715,8 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     let learned = t.position.encoding == PositionEncoding::Learned;
     let final_norm = |suffix: &str| format!("final_norm.{suffix}");
     match layout {
+        // timm's names are written by swin_to_timm, stage by stage.
+        Layout::Swin => return out,
         Layout::Gpt2 => {
             link("token_embedding.weight".into(), one("transformer.wte.weight".into()), Op::Same, None);
             if learned {
@@ -627,6 +791,9 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
     if let Some(why) = refusal(layout, cfg) {
         bail!("ablate export: {why}");
     }
+    if layout == Layout::Swin {
+        return swin_to_timm(cfg, weights);
+    }
     let t = cfg.transformer_spec();
     let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
     let mut out: Vec<(String, Tensor)> = Vec::new();
@@ -697,6 +864,7 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
         "torch_dtype": "float32",
     });
     let specific = match layout {
+        Layout::Swin => json!({}),
         Layout::Gpt2 => json!({
             "model_type": "gpt2",
             "n_embd": t.d_model,
@@ -851,9 +1019,10 @@ pub fn write_tokenizer(dir: &Path, tokenizer: &crate::data::tokenize::TextTokeni
 /// Writes `README.md`, the model card: where the model comes from (recipe, run, commit), its test metrics,
 /// the layout and how to open it.
 pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metrics: &[(String, String)]) -> Result<()> {
+    let library = if layout == Layout::Swin { "timm" } else { "transformers" };
     let mut card = format!(
-        "---\nlibrary_name: transformers\ntags: [ablate]\n---\n# {run_id}\n\nTrained by ablate ({source}); exported by \
-         `ablate export` in Hugging Face's {} layout (`{}`).\n\n",
+        "---\nlibrary_name: {library}\ntags: [ablate]\n---\n# {run_id}\n\nTrained by ablate ({source}); exported by \
+         `ablate export` in the {} layout (`{}`).\n\n",
         layout.name(),
         layout.class()
     );
@@ -865,6 +1034,10 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         card.push('\n');
     }
     card.push_str(match layout.kind() {
+        RunKind::Swin => {
+            "```python\nimport timm\nmodel = timm.create_model(\"local-dir:DIR\", pretrained=True)  # images as ablate \
+             reads them\n```\n"
+        }
         RunKind::Lm => {
             "```python\nfrom transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\nmodel = \
              AutoModelForCausalLM.from_pretrained(\"DIR\")\ntokenizer = PreTrainedTokenizerFast(tokenizer_file=\"DIR/tokenizer.json\")\n```\n"

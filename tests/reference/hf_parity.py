@@ -1,5 +1,5 @@
 """The transformers side of tests/interop.rs: loads each exported directory of the manifest with the pinned
-PyPI transformers (fp32, eager CPU), and writes <dir>/parity.json: a decoder's logits on the manifest's token
+PyPI transformers (fp32, eager CPU), or a Swin with timm, and writes <dir>/parity.json: a decoder's logits on the manifest's token
 ids (flattened) and its greedy continuation of the prompt, a masked LM's logits on the ids, or an image
 classifier's class scores on the manifest's images. One process for every export: importing transformers
 takes seconds."""
@@ -13,6 +13,18 @@ from transformers import AutoModelForCausalLM, AutoModelForImageClassification, 
 def main(manifest_path):
     torch.manual_seed(0)
     for entry in json.load(open(manifest_path)):
+        if entry.get("timm"):
+            # A timm model: rebuilt from its config.json's architecture and arguments, its weights loaded.
+            import timm
+
+            model = timm.create_model("local-dir:" + entry["dir"], pretrained=True)
+            model.eval()
+            images = torch.tensor(entry["images"], dtype=torch.float32).view(entry["shape"])
+            with torch.no_grad():
+                logits = model(images)
+            with open(entry["dir"] + "/parity.json", "w") as f:
+                json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
+            continue
         if "images" in entry:
             # An image classifier: its class scores on the images ablate read.
             model = AutoModelForImageClassification.from_pretrained(entry["dir"], dtype=torch.float32)
