@@ -46,6 +46,9 @@ fn base(layout: Layout) -> &'static str {
         Layout::Vit => "kind: vit\ntransformer: {d_model: 32, layers: 2, heads: 4}\n",
         // ablate's Swin (two stages of two blocks, 7×7 windows over a 14×14 grid of 2×2 patches, the 2-D bias).
         Layout::Swin => "kind: swin\n",
+        // ablate's DaViT (a spatial and a channel block per stage, convolutional positions) in timm's 7×7
+        // stride-4 stem, 4×4 windows (the 7×7 grid padded to 8×8, as both pad it).
+        Layout::Davit => "kind: davit\nvision: {patch_size: 4, window: 4}\n",
     }
 }
 
@@ -187,7 +190,7 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
                             .unwrap();
                     entries.push(serde_json::json!({
                         "dir": out, "images": Vec::<f32>::try_from(images.reshape([-1])).unwrap(), "shape": images.size(),
-                        "timm": layout == Layout::Swin,
+                        "timm": matches!(layout, Layout::Swin | Layout::Davit),
                     }));
                     (logits, Vec::new())
                 }
@@ -274,7 +277,7 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          attention per layer); a BERT pre-trained by masked LM (kind bert) in \
          `bert` (`BertForMaskedLM`, its masked-LM logits compared); a ViT (kind vit) in `vit` \
          (`ViTForImageClassification`, whose class scores are compared on the same images); a Swin (kind swin) in \
-         `swin`, timm's `SwinTransformer` (its state dict and a `config.json` of its architecture and arguments, \
+         `swin`, timm's `SwinTransformer`, and a DaViT (kind davit) in `davit`, timm's `DaVit` (each its state dict and a `config.json` of its architecture and arguments, \
          which `timm.create_model(\"local-dir:DIR\", pretrained=True)` rebuilds; the pinned timm 1.0.31 loads it). For each layout, a small decoder (d_model 32, two \
          layers, four heads, every weight drawn at random) is built with its base settings and then with each row of \
          the knob matrix (`tests/common/knob_rows.rs`) set on top; every export is loaded by the pinned \
@@ -293,10 +296,14 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          grey images in 4×4 patches; swin is ablate's default Swin (two stages of two pre-LN blocks, d_model 32 and \
          2 heads doubling per stage, 7×7 windows shifted every second block over a 14×14 grid of 2×2 patches of \
          28×28 grey images, a relative bias per window offset, patch merging; ablate merges at the end of a \
-         stage, timm at the start of the next, the same weights). A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
+         stage, timm at the start of the next, the same weights); davit is ablate's default DaViT (a spatial and a \
+         channel block per stage, each with its two depthwise position convolutions) with timm's 7×7 stride-4 stem \
+         (`vision.patch_size: 4`) and 4×4 windows (`vision.window: 4`; the 7×7 grid is padded to 8×8 by both, and \
+         timm pads a grid smaller than the window where ablate shrinks the window, so that is refused). A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
          Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
          gains of a layer swapped (0.44), ViT's (0.38), Mistral's window written as ablate's width (no query \
-         counted: 0.79 at the base), Swin's two LayerNorm gains of a block swapped (0.49). The \
+         counted: 0.79 at the base), Swin's two LayerNorm gains of a block swapped (0.49), DaViT's two position convolutions of a block \
+         swapped (0.15). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
     let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();

@@ -1,6 +1,6 @@
-//! A trained decoder, BERT, ViT or Swin in the layouts researchers' tools read: Hugging Face's GPT-2, OPT,
-//! Llama, Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`),
-//! ViT (`ViTForImageClassification`) and timm's `SwinTransformer`, so that `transformers` (and
+//! A trained decoder, BERT, ViT, Swin or DaViT in the layouts researchers' tools read: Hugging Face's GPT-2,
+//! OPT, Llama, Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`),
+//! ViT (`ViTForImageClassification`), timm's `SwinTransformer` and `DaVit`, so that `transformers` (and
 //! TransformerLens through it) or timm opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
@@ -28,6 +28,9 @@
 //!   the arguments that rebuild it): pre-LN blocks, exact GELU, the relative bias per window offset (a zero
 //!   table for none), shifted windows, patch merging (timm's at the start of a stage, ablate's at the end of
 //!   the one before), any head width.
+//! - `davit` (kind davit): timm's `DaVit` (`head_norm_first`, so the final norm precedes the pooling as
+//!   ablate's does): spatial and channel blocks in timm's pairs, the depthwise position convolutions (zeros
+//!   for none), a 7×7 stride-4 stem, heads of d_model / heads.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::collections::HashMap;
@@ -50,10 +53,11 @@ pub enum Layout {
     Bert,
     Vit,
     Swin,
+    Davit,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 8] = [
+    pub const ALL: [Layout; 9] = [
         Layout::Gpt2,
         Layout::Opt,
         Layout::Llama,
@@ -62,6 +66,7 @@ impl Layout {
         Layout::Bert,
         Layout::Vit,
         Layout::Swin,
+        Layout::Davit,
     ];
     /// The decoder layouts (kind lm), the plainest first.
     pub const DECODERS: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3];
@@ -76,6 +81,7 @@ impl Layout {
             Layout::Bert => "bert",
             Layout::Vit => "vit",
             Layout::Swin => "swin",
+            Layout::Davit => "davit",
         }
     }
 
@@ -84,6 +90,7 @@ impl Layout {
         match self {
             Layout::Vit => RunKind::Vit,
             Layout::Swin => RunKind::Swin,
+            Layout::Davit => RunKind::Davit,
             Layout::Bert => RunKind::Bert,
             _ => RunKind::Lm,
         }
@@ -107,6 +114,7 @@ impl Layout {
             Layout::Bert => "BertForMaskedLM",
             Layout::Vit => "ViTForImageClassification",
             Layout::Swin => "timm SwinTransformer",
+            Layout::Davit => "timm DaVit",
         }
     }
 }
@@ -242,8 +250,8 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     if p.encoding.is_absolute() && p.combine == Combine::Concat {
         return no("position.combine", "concat".into(), "positions are added, not concatenated");
     }
-    if layout == Layout::Swin {
-        return swin_refusal(cfg, &t);
+    if matches!(layout, Layout::Swin | Layout::Davit) {
+        return timm_refusal(layout, cfg, &t);
     }
     if layout == Layout::Bert {
         let b = cfg.bert();
@@ -281,8 +289,8 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match layout {
-        // Refused above, by swin_refusal.
-        Layout::Swin => {}
+        // Refused above, by timm_refusal.
+        Layout::Swin | Layout::Davit => {}
         Layout::Gpt2 | Layout::Opt | Layout::Bert | Layout::Vit => {
             if t.norm != Norm::LayerNorm {
                 return no("norm", serde_name(t.norm), "the norm is LayerNorm");
@@ -381,23 +389,21 @@ fn pattern_refusal(layout: Layout, t: &TransformerSpec) -> Option<String> {
     })
 }
 
-/// Why timm's `SwinTransformer` cannot express the Swin `cfg` (None: it can): pre-LN blocks with LayerNorm,
-/// an exact-GELU two-matrix FFN of one width ratio, a relative position bias per window offset (ablate's
-/// `bias_2d`; no encoding is that table at zero), every second block shifted, a final norm.
-fn swin_refusal(cfg: &Config, t: &TransformerSpec) -> Option<String> {
-    let no = |key: &str, value: String, why: &str| Some(format!("{key}={value}: {why} in the swin layout"));
+/// Why timm's `SwinTransformer` (`swin`) or `DaVit` (`davit`) cannot express the `cfg` (None: it can).
+/// Both: pre-LN blocks with LayerNorm, an exact-GELU two-matrix FFN of one width ratio, a final norm, every
+/// head its own keys and values. Swin: a relative bias per window offset (ablate's `bias_2d`; no encoding is
+/// that table at zero), every second block shifted. DaViT: the convolutional position encoding (`conv`; none
+/// is its convolution at zero), heads of d_model / heads, a 7×7 stride-4 stem, stages that repeat the block
+/// kinds whole, windows no larger than any stage's grid (timm pads a smaller grid; ablate shrinks the window).
+fn timm_refusal(layout: Layout, cfg: &Config, t: &TransformerSpec) -> Option<String> {
+    let name = layout.name();
+    let no = |key: &str, value: String, why: &str| Some(format!("{key}={value}: {why} in the {name} layout"));
     let a = &t.attention;
-    if !cfg.vision().shift {
-        return no("vision.shift", "false".into(), "every second block shifts its windows");
-    }
     if t.norm != Norm::LayerNorm {
         return no("transformer.norm", serde_name(t.norm), "the norm is LayerNorm");
     }
     if t.activation != Activation::Gelu {
         return no("transformer.activation", serde_name(t.activation), "the FFN is two matrices around a GELU");
-    }
-    if !matches!(t.position.encoding, PositionEncoding::Bias2d | PositionEncoding::None) {
-        return no("transformer.pe", serde_name(t.position.encoding), "positions are a bias per window offset");
     }
     if a.kv_heads != a.heads {
         return no("transformer.attention.kv_heads", a.kv_heads.to_string(), "every head has its own keys and values");
@@ -422,6 +428,39 @@ fn swin_refusal(cfg: &Config, t: &TransformerSpec) -> Option<String> {
                 t.ffn_hidden.to_string(),
                 "the FFN's width is one ratio of the stage's",
             );
+        }
+    }
+    let encoding = t.position.encoding;
+    match layout {
+        Layout::Swin => {
+            if !cfg.vision().shift {
+                return no("vision.shift", "false".into(), "every second block shifts its windows");
+            }
+            if !matches!(encoding, PositionEncoding::Bias2d | PositionEncoding::None) {
+                return no("transformer.pe", serde_name(encoding), "positions are a bias per window offset");
+            }
+        }
+        _ => {
+            if !matches!(encoding, PositionEncoding::Conv | PositionEncoding::None) {
+                return no("transformer.pe", serde_name(encoding), "positions are a depthwise convolution per block");
+            }
+            if a.inner() != t.d_model {
+                return no("transformer.attention.head_dim", a.head_dim.to_string(), "heads are d_model / heads wide");
+            }
+            if spec.image.patch != 4 {
+                return no(
+                    "vision.patch_size",
+                    spec.image.patch.to_string(),
+                    "the stem is a 7×7 convolution of stride 4",
+                );
+            }
+            let kinds = spec.blocks.len() as i64;
+            if let Some(d) = spec.depths.iter().find(|d| *d % kinds != 0) {
+                return no("vision.depths", d.to_string(), "a stage repeats the block kinds whole");
+            }
+            if (0..spec.stages()).any(|i| spec.window(i) != spec.window) {
+                return no("vision.window", spec.window.to_string(), "a window larger than the grid pads the grid");
+            }
         }
     }
     None
@@ -521,6 +560,107 @@ fn swin_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> Result<Expor
     Ok(Exported { layout: Layout::Swin, config, tensors: out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() })
 }
 
+/// The DaViT `cfg`'s variables under timm's `DaVit` names (block j of a stage is timm's pair j / kinds, member
+/// j % kinds; the final norm is timm's `norm_pre`, applied before the pooling as ablate does), with timm's
+/// `config.json`.
+fn davit_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> Result<Exported> {
+    let spec = cfg.staged_spec();
+    let t = &spec.transformer;
+    let get = |name: &str| -> Result<Tensor> {
+        let w = weights.get(name).with_context(|| format!("the checkpoint has no `{name}`"))?;
+        Ok(w.detach().to_device(Device::Cpu).to_kind(Kind::Float))
+    };
+    // A bias, or a position convolution, ablate was built without is timm's at zero.
+    let or_zeros = |name: &str, shape: &[i64]| -> Result<Tensor> {
+        if weights.contains_key(name) {
+            get(name)
+        } else {
+            Ok(Tensor::zeros(shape, (Kind::Float, Device::Cpu)))
+        }
+    };
+    let mut out: Vec<(String, Tensor)> = Vec::new();
+    for (ours, theirs) in [
+        ("stem.weight", "stem.conv.weight"),
+        ("stem.bias", "stem.conv.bias"),
+        ("stem_norm.weight", "stem.norm.weight"),
+        ("stem_norm.bias", "stem.norm.bias"),
+        ("norm.weight", "norm_pre.weight"),
+        ("norm.bias", "norm_pre.bias"),
+        ("head.weight", "head.fc.weight"),
+        ("head.bias", "head.fc.bias"),
+    ] {
+        out.push((theirs.into(), get(ours)?));
+    }
+    let kinds = spec.blocks.len() as i64;
+    for i in 0..spec.stages() {
+        let stage = spec.stage(i);
+        let d = stage.d_model;
+        if i > 0 {
+            for (ours, theirs) in [
+                ("downsample_norm.weight", "downsample.norm.weight"),
+                ("downsample_norm.bias", "downsample.norm.bias"),
+                ("downsample.weight", "downsample.conv.weight"),
+                ("downsample.bias", "downsample.conv.bias"),
+            ] {
+                out.push((format!("stages.{i}.{theirs}"), get(&format!("stages.{i}.{ours}"))?));
+            }
+        }
+        for j in 0..spec.depths[i] {
+            let ours = |rest: &str| format!("stages.{i}.blocks.{j}.{rest}");
+            let theirs = |rest: &str| format!("stages.{i}.blocks.{}.{}.{rest}", j / kinds, j % kinds);
+            for (o, th) in [
+                ("norm1.weight", "norm1.weight"),
+                ("norm1.bias", "norm1.bias"),
+                ("attn.qkv.weight", "attn.qkv.weight"),
+                ("attn.out.weight", "attn.proj.weight"),
+                ("norm2.weight", "norm2.weight"),
+                ("norm2.bias", "norm2.bias"),
+                ("mlp.up.weight", "mlp.fc1.weight"),
+                ("mlp.down.weight", "mlp.fc2.weight"),
+            ] {
+                out.push((theirs(th), get(&ours(o))?));
+            }
+            if t.attention.bias {
+                out.push((theirs("attn.qkv.bias"), get(&ours("attn.qkv.bias"))?));
+            }
+            out.push((theirs("attn.proj.bias"), or_zeros(&ours("attn.out.bias"), &[d])?));
+            out.push((theirs("mlp.fc1.bias"), or_zeros(&ours("mlp.up.bias"), &[stage.ffn_hidden])?));
+            out.push((theirs("mlp.fc2.bias"), or_zeros(&ours("mlp.down.bias"), &[d])?));
+            for (k, cpe) in ["cpe1", "cpe2"].iter().enumerate() {
+                out.push((
+                    theirs(&format!("{cpe}.proj.weight")),
+                    or_zeros(&ours(&format!("cpe.{k}.proj.weight")), &[d, 1, 3, 3])?,
+                ));
+                out.push((theirs(&format!("{cpe}.proj.bias")), or_zeros(&ours(&format!("cpe.{k}.proj.bias")), &[d])?));
+            }
+        }
+    }
+    let image = cfg.image();
+    let classes = cfg.vision().classes;
+    let stages = 0..spec.stages();
+    let kind_names: Vec<String> = spec.blocks.iter().map(|k| serde_name(*k)).collect();
+    let config = json!({
+        "architecture": "davit_tiny",
+        "num_classes": classes,
+        "num_features": spec.stage(spec.stages() - 1).d_model,
+        "model_args": {
+            "in_chans": image.channels,
+            "depths": spec.depths.iter().map(|d| d / kinds).collect::<Vec<_>>(),
+            "embed_dims": stages.clone().map(|i| spec.stage(i).d_model).collect::<Vec<_>>(),
+            "num_heads": stages.map(|i| spec.stage(i).attention.heads).collect::<Vec<_>>(),
+            "window_size": spec.window, "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64,
+            "qkv_bias": t.attention.bias, "attn_types": kind_names, "head_norm_first": true,
+            "drop_rate": t.dropout, "drop_path_rate": 0.0,
+        },
+        "pretrained_cfg": {
+            "input_size": [image.channels, image.size, image.size], "num_classes": classes,
+            "mean": vec![0.0; image.channels as usize], "std": vec![1.0; image.channels as usize],
+            "interpolation": "bilinear", "crop_pct": 1.0,
+        },
+    });
+    Ok(Exported { layout: Layout::Davit, config, tensors: out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() })
+}
+
 /// Each layer's causal window (None: dense).
 fn layer_windows(t: &TransformerSpec) -> Vec<Option<i64>> {
     (0..t.layers).map(|i| t.for_layer(i).attention.pattern.window).collect()
@@ -614,7 +754,7 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     for i in 0..t.layers {
         let l = |rest: &str| format!("{stack}.{i}.{rest}");
         match layout {
-            Layout::Swin => {}
+            Layout::Swin | Layout::Davit => {}
             Layout::Gpt2 => {
                 let h = |rest: &str| format!("transformer.h.{i}.{rest}");
                 link(l("norm_attn.weight"), one(h("ln_1.weight")), Op::Same, None);
@@ -716,7 +856,7 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     let final_norm = |suffix: &str| format!("final_norm.{suffix}");
     match layout {
         // timm's names are written by swin_to_timm, stage by stage.
-        Layout::Swin => return out,
+        Layout::Swin | Layout::Davit => return out,
         Layout::Gpt2 => {
             link("token_embedding.weight".into(), one("transformer.wte.weight".into()), Op::Same, None);
             if learned {
@@ -791,8 +931,10 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
     if let Some(why) = refusal(layout, cfg) {
         bail!("ablate export: {why}");
     }
-    if layout == Layout::Swin {
-        return swin_to_timm(cfg, weights);
+    match layout {
+        Layout::Swin => return swin_to_timm(cfg, weights),
+        Layout::Davit => return davit_to_timm(cfg, weights),
+        _ => {}
     }
     let t = cfg.transformer_spec();
     let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
@@ -864,7 +1006,7 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
         "torch_dtype": "float32",
     });
     let specific = match layout {
-        Layout::Swin => json!({}),
+        Layout::Swin | Layout::Davit => json!({}),
         Layout::Gpt2 => json!({
             "model_type": "gpt2",
             "n_embd": t.d_model,
@@ -1019,7 +1161,8 @@ pub fn write_tokenizer(dir: &Path, tokenizer: &crate::data::tokenize::TextTokeni
 /// Writes `README.md`, the model card: where the model comes from (recipe, run, commit), its test metrics,
 /// the layout and how to open it.
 pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metrics: &[(String, String)]) -> Result<()> {
-    let library = if layout == Layout::Swin { "timm" } else { "transformers" };
+    let timm = matches!(layout, Layout::Swin | Layout::Davit);
+    let library = if timm { "timm" } else { "transformers" };
     let mut card = format!(
         "---\nlibrary_name: {library}\ntags: [ablate]\n---\n# {run_id}\n\nTrained by ablate ({source}); exported by \
          `ablate export` in the {} layout (`{}`).\n\n",
@@ -1034,7 +1177,7 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         card.push('\n');
     }
     card.push_str(match layout.kind() {
-        RunKind::Swin => {
+        RunKind::Swin | RunKind::Davit => {
             "```python\nimport timm\nmodel = timm.create_model(\"local-dir:DIR\", pretrained=True)  # images as ablate \
              reads them\n```\n"
         }

@@ -58,7 +58,7 @@ fn class_defaults(layout: Layout) -> Value {
             "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
             "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28, "layer_types": null,
         }),
-        Layout::Bert | Layout::Vit | Layout::Swin => json!({}),
+        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => json!({}),
     }
 }
 
@@ -135,7 +135,7 @@ pub fn read(dir: &Path) -> Result<HfCheckpoint> {
                 fill(&mut config, "layer_types", json!(types));
             }
         }
-        Layout::Bert | Layout::Vit | Layout::Swin => {}
+        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => {}
     }
     Ok(HfCheckpoint { dir: dir.to_path_buf(), layout, config })
 }
@@ -214,7 +214,9 @@ impl HfCheckpoint {
                     "attention": {"bias": true, "dropout": self.number("attention_dropout")},
                 })
             }
-            Layout::Bert | Layout::Vit | Layout::Swin => bail!("{}: ablate imports decoders", self.dir.display()),
+            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => {
+                bail!("{}: ablate imports decoders", self.dir.display())
+            }
             Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
                 let act = self.activation("hidden_act", true)?;
                 let rope = self.key("rope_parameters");
@@ -295,7 +297,7 @@ impl HfCheckpoint {
             Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
                 &[("rms_norm_eps", json!(1e-5), "ablate's RMSNorm ε is 1e-5")]
             }
-            Layout::Bert | Layout::Vit | Layout::Swin => &[],
+            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => &[],
         };
         for (key, value, why) in neutral {
             if !same(&self.key(key), value) {
