@@ -49,6 +49,8 @@ fn base(layout: Layout) -> &'static str {
         // ablate's DaViT (a spatial and a channel block per stage, convolutional positions) in timm's 7×7
         // stride-4 stem, 4×4 windows (the 7×7 grid padded to 8×8, as both pad it).
         Layout::Davit => "kind: davit\nvision: {patch_size: 4, window: 4}\n",
+        // ablate's ImageGPT (pre-LN, learned positions) with ImageGPT's norm, RMSNorm.
+        Layout::ImageGpt => "kind: image_gpt\ntransformer: {d_model: 32, layers: 2, heads: 4, norm: rms_norm}\n",
     }
 }
 
@@ -181,6 +183,21 @@ fn every_knob_row_a_layout_accepts_opens_in_transformers_with_ablates_logits_or_
                     }));
                     (logits, Vec::new())
                 }
+                // ImageGPT: its next-pixel logits over the palette after the start token and the example pixels.
+                None if cfg.kind == ablate::recipe::Kind::ImageGpt => {
+                    let spec = cfg.image_gpt_spec();
+                    let (pixels, palette) = (spec.grid().pow(2), spec.palette);
+                    let tokens = ablate::tasks::example_tokens(2, pixels, palette, Device::Cpu);
+                    let start = Tensor::full([2, 1], palette, (Kind::Int64, Device::Cpu));
+                    let ids = Tensor::cat(&[start, tokens.narrow(1, 0, pixels - 1)], 1);
+                    let logits: Vec<f32> =
+                        tch::no_grad(|| Vec::try_from(model.forward_example(2, false, Device::Cpu).reshape([-1])))
+                            .unwrap();
+                    entries.push(serde_json::json!({
+                        "dir": out, "ids": Vec::<Vec<i64>>::try_from(&ids).unwrap(), "imagegpt": true,
+                    }));
+                    (logits, Vec::new())
+                }
                 // An image classifier: its class scores on the fixed example images every model of a shape reads.
                 None => {
                     let image = cfg.image();
@@ -275,7 +292,8 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          also has post-LN layers), `llama` (`LlamaForCausalLM`), `mistral` (`MistralForCausalLM`: no biases, one \
          sliding window for every layer) or `qwen3` (`Qwen3ForCausalLM`: QK-norm, and a sliding window or full \
          attention per layer); a BERT pre-trained by masked LM (kind bert) in \
-         `bert` (`BertForMaskedLM`, its masked-LM logits compared); a ViT (kind vit) in `vit` \
+         `bert` (`BertForMaskedLM`, its masked-LM logits compared); an ImageGPT (kind image_gpt) in `imagegpt` \
+         (`ImageGPTForCausalImageModeling`, its next-pixel logits after the start token compared); a ViT (kind vit) in `vit` \
          (`ViTForImageClassification`, whose class scores are compared on the same images); a Swin (kind swin) in \
          `swin`, timm's `SwinTransformer`, and a DaViT (kind davit) in `davit`, timm's `DaVit` (each its state dict and a `config.json` of its architecture and arguments, \
          which `timm.create_model(\"local-dir:DIR\", pretrained=True)` rebuilds; the pinned timm 1.0.31 loads it). For each layout, a small decoder (d_model 32, two \
@@ -299,11 +317,17 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          stage, timm at the start of the next, the same weights); davit is ablate's default DaViT (a spatial and a \
          channel block per stage, each with its two depthwise position convolutions) with timm's 7×7 stride-4 stem \
          (`vision.patch_size: 4`) and 4×4 windows (`vision.window: 4`; the 7×7 grid is padded to 8×8 by both, and \
-         timm pads a grid smaller than the window where ablate shrinks the window, so that is refused). A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
+         timm pads a grid smaller than the window where ablate shrinks the window, so that is refused); imagegpt is \
+         ablate's default ImageGPT (pre-LN, learned positions, a start token after the palette) with \
+         `transformer.norm: rms_norm`, since ImageGPT's `ImageGPTLayerNorm` neither centres nor has a bias (its \
+         head has no row for the start token, never a target: ablate's last row is dropped). The encoder-decoder \
+         (kind translate), the sequence classifier and the CNN have no layout and are refused in one line naming \
+         the kind. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
          Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
          gains of a layer swapped (0.44), ViT's (0.38), Mistral's window written as ablate's width (no query \
          counted: 0.79 at the base), Swin's two LayerNorm gains of a block swapped (0.49), DaViT's two position convolutions of a block \
-         swapped (0.15). The \
+         swapped (0.15), ImageGPT's head written without its first row instead of its last, the start token's \
+         (1.37). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
     );
     let names: Vec<&str> = Layout::ALL.iter().map(|l| l.name()).collect();

@@ -149,7 +149,7 @@ pub struct ExportArgs {
     /// The tools to write for: `hf` (Hugging Face transformers, which TransformerLens reads too).
     #[arg(long, default_value = "hf", value_parser = ["hf"])]
     to: String,
-    /// `auto` (the plainest layout that expresses the model exactly), `gpt2`, `opt`, `llama`, `mistral` or `qwen3` (decoders), `bert`, `vit`, `swin`, `davit` (timm).
+    /// `auto` (the plainest layout that expresses the model exactly), `gpt2`, `opt`, `llama`, `mistral` or `qwen3` (decoders), `bert`, `vit`, `imagegpt`, `swin`, `davit` (timm).
     #[arg(long, default_value = "auto")]
     layout: String,
     /// The directory to write (created if missing).

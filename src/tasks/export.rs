@@ -1,6 +1,7 @@
 //! A trained decoder, BERT, ViT, Swin or DaViT in the layouts researchers' tools read: Hugging Face's GPT-2,
 //! OPT, Llama, Mistral and Qwen3 (`model.safetensors`, `config.json`, the tokenizer), BERT (`BertForMaskedLM`),
-//! ViT (`ViTForImageClassification`), timm's `SwinTransformer` and `DaVit`, so that `transformers` (and
+//! ViT (`ViTForImageClassification`), ImageGPT (`ImageGPTForCausalImageModeling`), timm's
+//! `SwinTransformer` and `DaVit`, so that `transformers` (and
 //! TransformerLens through it) or timm opens an ablate run. Each layout expresses a set of settings exactly; a model with a setting its
 //! layout cannot express is refused in one line naming the key and the layout, never written as a silently
 //! different model. `tests/interop.rs` loads every export of every knob row with the real library and
@@ -31,6 +32,11 @@
 //! - `davit` (kind davit): timm's `DaVit` (`head_norm_first`, so the final norm precedes the pooling as
 //!   ablate's does): spatial and channel blocks in timm's pairs, the depthwise position convolutions (zeros
 //!   for none), a 7×7 stride-4 stem, heads of d_model / heads.
+//! - `imagegpt` (kind image_gpt): GPT-2's layout with ImageGPT's RMSNorm (`ImageGPTLayerNorm`: no centring, no
+//!   bias), so ablate's `norm: rms_norm`; the head without the start token's row.
+//!
+//! The encoder-decoder (translate), the sequence classifier and the CNN have no layout here: refused in one
+//! line naming the kind.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::collections::HashMap;
@@ -54,10 +60,11 @@ pub enum Layout {
     Vit,
     Swin,
     Davit,
+    ImageGpt,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 9] = [
+    pub const ALL: [Layout; 10] = [
         Layout::Gpt2,
         Layout::Opt,
         Layout::Llama,
@@ -67,6 +74,7 @@ impl Layout {
         Layout::Vit,
         Layout::Swin,
         Layout::Davit,
+        Layout::ImageGpt,
     ];
     /// The decoder layouts (kind lm), the plainest first.
     pub const DECODERS: [Layout; 5] = [Layout::Gpt2, Layout::Opt, Layout::Llama, Layout::Mistral, Layout::Qwen3];
@@ -82,6 +90,7 @@ impl Layout {
             Layout::Vit => "vit",
             Layout::Swin => "swin",
             Layout::Davit => "davit",
+            Layout::ImageGpt => "imagegpt",
         }
     }
 
@@ -91,6 +100,7 @@ impl Layout {
             Layout::Vit => RunKind::Vit,
             Layout::Swin => RunKind::Swin,
             Layout::Davit => RunKind::Davit,
+            Layout::ImageGpt => RunKind::ImageGpt,
             Layout::Bert => RunKind::Bert,
             _ => RunKind::Lm,
         }
@@ -115,6 +125,7 @@ impl Layout {
             Layout::Vit => "ViTForImageClassification",
             Layout::Swin => "timm SwinTransformer",
             Layout::Davit => "timm DaVit",
+            Layout::ImageGpt => "ImageGPTForCausalImageModeling",
         }
     }
 }
@@ -291,9 +302,13 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
     match layout {
         // Refused above, by timm_refusal.
         Layout::Swin | Layout::Davit => {}
-        Layout::Gpt2 | Layout::Opt | Layout::Bert | Layout::Vit => {
-            if t.norm != Norm::LayerNorm {
-                return no("norm", serde_name(t.norm), "the norm is LayerNorm");
+        Layout::Gpt2 | Layout::Opt | Layout::Bert | Layout::Vit | Layout::ImageGpt => {
+            // ImageGPT's norm is RMSNorm (its `ImageGPTLayerNorm` neither centres nor has a bias).
+            match (layout, t.norm) {
+                (Layout::ImageGpt, Norm::RmsNorm) => {}
+                (Layout::ImageGpt, n) => return no("norm", serde_name(n), "the norm is RMSNorm"),
+                (_, Norm::LayerNorm) => {}
+                (_, n) => return no("norm", serde_name(n), "the norm is LayerNorm"),
             }
             if t.activation.is_gated() {
                 return no("activation", serde_name(t.activation), "the FFN has two matrices");
@@ -331,17 +346,19 @@ pub fn refusal(layout: Layout, cfg: &Config) -> Option<String> {
         }
     }
     match (layout, t.pre_ln, t.final_norm) {
-        (Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit, false, _) => {
+        (Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit | Layout::ImageGpt, false, _) => {
             no("pre_ln", "false".into(), "layers are pre-LN")
         }
-        (Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit, true, false) => {
-            no("final_norm", "false".into(), "the stack ends with a norm")
-        }
+        (
+            Layout::Gpt2 | Layout::Llama | Layout::Mistral | Layout::Qwen3 | Layout::Vit | Layout::ImageGpt,
+            true,
+            false,
+        ) => no("final_norm", "false".into(), "the stack ends with a norm"),
         (Layout::Opt, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
         (Layout::Bert, true, _) => no("pre_ln", "true".into(), "layers are post-LN"),
         (Layout::Bert, false, true) => no("final_norm", "true".into(), "a post-LN stack has no final norm"),
         _ => match (layout, a.scale) {
-            (_, Scale::SqrtDk) | (Layout::Gpt2, Scale::None) => None,
+            (_, Scale::SqrtDk) | (Layout::Gpt2 | Layout::ImageGpt, Scale::None) => None,
             (_, Scale::None) => no("attention.scale", "none".into(), "scores are scaled by 1/√d_head"),
             (_, Scale::Factor(f)) => no("attention.scale", f.to_string(), "scores are scaled by 1/√d_head"),
         },
@@ -719,6 +736,8 @@ pub(super) enum Op {
     Batch,
     /// One tensor the layout stores under several names (BERT's tied MLM bias).
     Copies,
+    /// The matrix without its last row (ImageGPT's head, which never predicts the start token).
+    DropLastRow,
 }
 
 /// One correspondence between ablate's variables and a layout's tensors.
@@ -749,22 +768,25 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     let stack = match layout {
         Layout::Vit => "blocks",
         Layout::Bert => "bert.layers",
+        Layout::ImageGpt => "decoder.layers",
         _ => "layers",
     };
     for i in 0..t.layers {
         let l = |rest: &str| format!("{stack}.{i}.{rest}");
         match layout {
             Layout::Swin | Layout::Davit => {}
-            Layout::Gpt2 => {
+            Layout::Gpt2 | Layout::ImageGpt => {
                 let h = |rest: &str| format!("transformer.h.{i}.{rest}");
                 link(l("norm_attn.weight"), one(h("ln_1.weight")), Op::Same, None);
-                link(l("norm_attn.bias"), one(h("ln_1.bias")), Op::Same, None);
+                if layout == Layout::Gpt2 {
+                    link(l("norm_attn.bias"), one(h("ln_1.bias")), Op::Same, None);
+                    link(l("norm_ffn.bias"), one(h("ln_2.bias")), Op::Same, None);
+                }
                 link(l("attn.qkv.weight"), one(h("attn.c_attn.weight")), Op::Transpose, None);
                 link(l("attn.qkv.bias"), one(h("attn.c_attn.bias")), Op::Same, Some(vec![wq + wk + wv]));
                 link(l("attn.out.weight"), one(h("attn.c_proj.weight")), Op::Transpose, None);
                 link(l("attn.out.bias"), one(h("attn.c_proj.bias")), Op::Same, Some(vec![d]));
                 link(l("norm_ffn.weight"), one(h("ln_2.weight")), Op::Same, None);
-                link(l("norm_ffn.bias"), one(h("ln_2.bias")), Op::Same, None);
                 link(l("ffn.up.weight"), one(h("mlp.c_fc.weight")), Op::Transpose, None);
                 link(l("ffn.up.bias"), one(h("mlp.c_fc.bias")), Op::Same, Some(vec![ffn]));
                 link(l("ffn.down.weight"), one(h("mlp.c_proj.weight")), Op::Transpose, None);
@@ -857,6 +879,18 @@ pub(super) fn links(layout: Layout, t: &TransformerSpec) -> Vec<Link> {
     match layout {
         // timm's names are written by swin_to_timm, stage by stage.
         Layout::Swin | Layout::Davit => return out,
+        // ImageGPT's head has no row for its start token, which is never a target.
+        Layout::ImageGpt => {
+            let e = |rest: &str| vec![format!("transformer.{rest}")];
+            link("decoder.token_embedding.weight".into(), e("wte.weight"), Op::Same, None);
+            if learned {
+                link("decoder.position.table".into(), e("wpe.weight"), Op::Same, None);
+            }
+            link("decoder.final_norm.weight".into(), e("ln_f.weight"), Op::Same, None);
+            let head = if t.tie_embeddings { "decoder.token_embedding.weight" } else { "decoder.lm_head.weight" };
+            link(head.into(), one("lm_head.weight".into()), Op::DropLastRow, None);
+            return out;
+        }
         Layout::Gpt2 => {
             link("token_embedding.weight".into(), one("transformer.wte.weight".into()), Op::Same, None);
             if learned {
@@ -936,7 +970,11 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
         Layout::Davit => return davit_to_timm(cfg, weights),
         _ => {}
     }
-    let t = cfg.transformer_spec();
+    // ImageGPT's sequence is the start token and the pixels: its block is the grid's.
+    let (t, vocab) = match layout {
+        Layout::ImageGpt => (cfg.image_gpt_spec().transformer, cfg.image_gpt().palette + 1),
+        _ => (cfg.transformer_spec(), vocab),
+    };
     let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
     let mut out: Vec<(String, Tensor)> = Vec::new();
     for link in links(layout, &t) {
@@ -952,6 +990,7 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
             Op::Offset(rows) => vec![Tensor::cat(&[zeros(&[rows, ours.size()[1]]), ours], 0)],
             Op::Batch => vec![ours.unsqueeze(0)],
             Op::Copies => link.theirs.iter().map(|_| ours.shallow_clone()).collect(),
+            Op::DropLastRow => vec![ours.narrow(0, 0, ours.size()[0] - 1)],
         };
         out.extend(link.theirs.into_iter().zip(theirs).map(|(name, w)| (name, w.contiguous())));
     }
@@ -970,7 +1009,7 @@ pub fn convert(layout: Layout, cfg: &Config, weights: &HashMap<String, Tensor>, 
             _ => zeros(&[rows, t.d_model]),
         };
         out.push(match layout {
-            Layout::Gpt2 => ("transformer.wpe.weight".into(), table),
+            Layout::Gpt2 | Layout::ImageGpt => ("transformer.wpe.weight".into(), table),
             Layout::Bert => ("bert.embeddings.position_embeddings.weight".into(), table),
             Layout::Vit => ("vit.embeddings.position_embeddings".into(), table.unsqueeze(0)),
             _ => {
@@ -1007,6 +1046,22 @@ pub(super) fn hf_config(layout: Layout, t: &TransformerSpec, vocab: i64) -> serd
     });
     let specific = match layout {
         Layout::Swin | Layout::Davit => json!({}),
+        Layout::ImageGpt => json!({
+            "model_type": "imagegpt",
+            "n_embd": t.d_model,
+            "n_layer": t.layers,
+            "n_head": a.heads,
+            "n_inner": t.ffn_hidden,
+            "n_positions": t.block_size,
+            "activation_function": hf_activation(t.activation),
+            "layer_norm_epsilon": 1e-5,
+            "resid_pdrop": t.dropout,
+            "embd_pdrop": t.dropout,
+            "attn_pdrop": a.dropout,
+            "scale_attn_weights": a.scale == Scale::SqrtDk,
+            // The head is its own matrix (the embedding's rows but the start token's, when ablate ties them).
+            "tie_word_embeddings": false,
+        }),
         Layout::Gpt2 => json!({
             "model_type": "gpt2",
             "n_embd": t.d_model,
@@ -1177,6 +1232,10 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
         card.push('\n');
     }
     card.push_str(match layout.kind() {
+        RunKind::ImageGpt => {
+            "```python\nfrom transformers import ImageGPTForCausalImageModeling\nmodel = \
+             ImageGPTForCausalImageModeling.from_pretrained(\"DIR\")  # pixel tokens of ablate's palette\n```\n"
+        }
         RunKind::Swin | RunKind::Davit => {
             "```python\nimport timm\nmodel = timm.create_model(\"local-dir:DIR\", pretrained=True)  # images as ablate \
              reads them\n```\n"
@@ -1199,7 +1258,32 @@ pub fn write_card(dir: &Path, layout: Layout, source: &str, run_id: &str, metric
 
 #[cfg(test)]
 mod tests {
-    use super::KNOWN_KEYS;
+    use super::{choose, KNOWN_KEYS};
+
+    /// A kind no layout holds (the encoder-decoder, the sequence classifier, the CNN) is refused in one line
+    /// naming the kind, and each kind with layouts gets one of its own.
+    #[test]
+    fn every_kind_gets_a_layout_of_its_own_or_one_line_naming_it() {
+        for (kind, extra, layout) in [
+            ("lm", "transformer: {pre_ln: true}", Some("gpt2")),
+            ("bert", "data: {tokenizer: wordpiece, vocab_size: 50}", Some("bert")),
+            ("vit", "", Some("vit")),
+            ("swin", "", Some("swin")),
+            ("davit", "vision: {patch_size: 4, window: 4}", Some("davit")),
+            ("image_gpt", "transformer: {norm: rms_norm}", Some("imagegpt")),
+            ("translate", "data: {tokenizer: bpe, vocab_size: 300}", None),
+            ("seq_classify", "", None),
+            ("cnn", "", None),
+        ] {
+            let text = format!("kind: {kind}\n{extra}\n");
+            let cfg = crate::recipe::parse(&text, "k.yaml", "k", false).unwrap().runs[0].config.clone();
+            match (choose(&cfg), layout) {
+                (Ok(l), Some(name)) => assert_eq!(l.name(), name, "{kind}"),
+                (Err(line), None) => assert!(!line.contains('\n') && line.contains(kind), "{kind}: {line}"),
+                (got, _) => panic!("{kind}: {:?}", got.map(|l| l.name())),
+            }
+        }
+    }
 
     /// A key renamed in the schema but not here would leave its old name listed and its new one refused: every
     /// listed key must be a key of the Transformer section.

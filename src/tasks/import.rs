@@ -58,7 +58,7 @@ fn class_defaults(layout: Layout) -> Value {
             "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
             "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28, "layer_types": null,
         }),
-        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => json!({}),
+        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit | Layout::ImageGpt => json!({}),
     }
 }
 
@@ -135,7 +135,7 @@ pub fn read(dir: &Path) -> Result<HfCheckpoint> {
                 fill(&mut config, "layer_types", json!(types));
             }
         }
-        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => {}
+        Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit | Layout::ImageGpt => {}
     }
     Ok(HfCheckpoint { dir: dir.to_path_buf(), layout, config })
 }
@@ -214,7 +214,7 @@ impl HfCheckpoint {
                     "attention": {"bias": true, "dropout": self.number("attention_dropout")},
                 })
             }
-            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => {
+            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit | Layout::ImageGpt => {
                 bail!("{}: ablate imports decoders", self.dir.display())
             }
             Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
@@ -297,7 +297,7 @@ impl HfCheckpoint {
             Layout::Llama | Layout::Mistral | Layout::Qwen3 => {
                 &[("rms_norm_eps", json!(1e-5), "ablate's RMSNorm ε is 1e-5")]
             }
-            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit => &[],
+            Layout::Bert | Layout::Vit | Layout::Swin | Layout::Davit | Layout::ImageGpt => &[],
         };
         for (key, value, why) in neutral {
             if !same(&self.key(key), value) {
@@ -366,6 +366,8 @@ impl HfCheckpoint {
                             Op::Offset(rows) => parts[0].narrow(0, rows, parts[0].size()[0] - rows),
                             Op::Batch => parts[0].squeeze_dim(0),
                             Op::Copies => parts[0].shallow_clone(),
+                            // Only ImageGPT's head, whose layout is never read (`read` takes decoders).
+                            Op::DropLastRow => bail!("{}: a head without its last row is not read", path.display()),
                         }
                     }
                     (false, Some(shape)) if parts.iter().all(Option::is_none) => {

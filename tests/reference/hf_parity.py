@@ -35,6 +35,18 @@ def main(manifest_path):
             with open(entry["dir"] + "/parity.json", "w") as f:
                 json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
             continue
+        if entry.get("imagegpt"):
+            # ImageGPT: its next-pixel logits after the start token and the pixels.
+            from transformers import ImageGPTForCausalImageModeling
+
+            model = ImageGPTForCausalImageModeling.from_pretrained(entry["dir"], dtype=torch.float32)
+            model.eval()
+            ids = torch.tensor(entry["ids"], dtype=torch.long)
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits
+            with open(entry["dir"] + "/parity.json", "w") as f:
+                json.dump({"logits": logits.reshape(-1).tolist(), "greedy": []}, f)
+            continue
         if entry.get("masked"):
             # A masked LM: its logits at every position of the manifest's ids.
             model = AutoModelForMaskedLM.from_pretrained(entry["dir"], dtype=torch.float32)
