@@ -146,9 +146,10 @@ pub struct ExportArgs {
     /// with `train.checkpoint: true`).
     #[arg(long)]
     run: Option<String>,
-    /// The tools to write for: `hf` (Hugging Face transformers, which TransformerLens reads too).
-    #[arg(long, default_value = "hf", value_parser = ["hf"])]
-    to: String,
+    /// The library to write for: `hf` (Hugging Face transformers, which TransformerLens reads too) or `timm`
+    /// (Swin, DaViT); when left out, the chosen layout's. A layout of the other library is refused.
+    #[arg(long, value_parser = ["hf", "timm"])]
+    to: Option<String>,
     /// `auto` (the plainest layout that expresses the model exactly), `gpt2`, `opt`, `llama`, `mistral` or `qwen3` (decoders), `bert`, `vit`, `imagegpt`, `swin`, `davit` (timm).
     #[arg(long, default_value = "auto")]
     layout: String,
@@ -181,6 +182,16 @@ pub fn export(args: &ExportArgs) -> anyhow::Result<()> {
         "auto" => export::choose(&loaded.config).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
         name => export::Layout::parse(name).map_err(|e| anyhow::anyhow!("--layout: {e}"))?,
     };
+    if let Some(to) = &args.to {
+        if layout.library() != to {
+            anyhow::bail!(
+                "--to {to}: the {} layout is {}'s (--to {})",
+                layout.name(),
+                layout.library(),
+                layout.library()
+            );
+        }
+    }
     let weights: std::collections::HashMap<String, tch::Tensor> = loaded.vs.variables();
     let vocab = weights.get("token_embedding.weight").map_or(0, |w| w.size()[0]);
     let exported = export::convert(layout, &loaded.config, &weights, vocab)?;
