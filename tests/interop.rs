@@ -325,7 +325,7 @@ fn check_or_write_doc(table: &[(String, Layout, String)]) {
          the kind. A cell marked \"ablate refuses this model\" is a knob the kind does not read. \
          Shown failing: Llama's gate and up projections swapped (0.88 relative at the base), BERT's two LayerNorm \
          gains of a layer swapped (0.44), ViT's (0.38), Mistral's window written as ablate's width (no query \
-         counted: 0.79 at the base), Swin's two LayerNorm gains of a block swapped (0.49), DaViT's two position convolutions of a block \
+         counted: 0.79 at the base), Qwen3's query and key norms swapped (0.095), Swin's two LayerNorm gains of a block swapped (0.49), DaViT's two position convolutions of a block \
          swapped (0.15), ImageGPT's head written without its first row instead of its last, the start token's \
          (1.37). The \
          deviations were measured on the CPU that wrote this file; other CPUs differ in the last digits.\n\n",
