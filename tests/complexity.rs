@@ -180,6 +180,10 @@ fn every_kind_builds_its_example_input_on_the_device_it_is_given() {
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
+        // A task's helpers in a folder of their own (export's layouts) build no example input.
+        if !path.is_file() {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).unwrap();
         let Some(start) = text.find("fn forward_example(") else { continue };
         let body = &text[start..start + text[start..].find("\n    }\n").unwrap()];
