@@ -87,26 +87,98 @@ pub(super) fn timm_refusal(layout: Layout, cfg: &Config, t: &TransformerSpec) ->
     None
 }
 
+/// timm's state dict as it is written: ablate's variables, on the CPU in fp32, under timm's names.
+struct TimmTensors<'a> {
+    weights: &'a HashMap<String, Tensor>,
+    out: Vec<(String, Tensor)>,
+}
+
+impl<'a> TimmTensors<'a> {
+    fn new(weights: &'a HashMap<String, Tensor>) -> Self {
+        Self { weights, out: Vec::new() }
+    }
+
+    /// ablate's `ours` as timm's `theirs`.
+    fn copy(&mut self, theirs: String, ours: &str) -> Result<()> {
+        let w = self.weights.get(ours).with_context(|| format!("the checkpoint has no `{ours}`"))?;
+        self.out.push((theirs, w.detach().to_device(Device::Cpu).to_kind(Kind::Float)));
+        Ok(())
+    }
+
+    /// ablate's `ours` as timm's `theirs`, or zeros of `shape` where ablate was built without it (a bias, a 2-D
+    /// bias table, a position convolution): timm's module at zero computes what ablate's absence does.
+    fn copy_or_zeros(&mut self, theirs: String, ours: &str, shape: &[i64]) -> Result<()> {
+        if self.weights.contains_key(ours) {
+            return self.copy(theirs, ours);
+        }
+        self.out.push((theirs, Tensor::zeros(shape, (Kind::Float, Device::Cpu))));
+        Ok(())
+    }
+
+    /// Top-level variables, renamed.
+    fn rename(&mut self, pairs: &[(&str, &str)]) -> Result<()> {
+        pairs.iter().try_for_each(|(ours, theirs)| self.copy(theirs.to_string(), ours))
+    }
+
+    /// One pre-LN block of `stage`, named by `ours` and `theirs`: the norms, the attention's projections, the
+    /// FFN (timm's proj and FFN biases always exist; its qkv bias is `qkv_bias`).
+    fn block(
+        &mut self,
+        stage: &TransformerSpec,
+        ours: impl Fn(&str) -> String,
+        theirs: impl Fn(&str) -> String,
+    ) -> Result<()> {
+        for (o, th) in [
+            ("norm1.weight", "norm1.weight"),
+            ("norm1.bias", "norm1.bias"),
+            ("attn.qkv.weight", "attn.qkv.weight"),
+            ("attn.out.weight", "attn.proj.weight"),
+            ("norm2.weight", "norm2.weight"),
+            ("norm2.bias", "norm2.bias"),
+            ("mlp.up.weight", "mlp.fc1.weight"),
+            ("mlp.down.weight", "mlp.fc2.weight"),
+        ] {
+            self.copy(theirs(th), &ours(o))?;
+        }
+        if stage.attention.bias {
+            self.copy(theirs("attn.qkv.bias"), &ours("attn.qkv.bias"))?;
+        }
+        let d = stage.d_model;
+        self.copy_or_zeros(theirs("attn.proj.bias"), &ours("attn.out.bias"), &[d])?;
+        self.copy_or_zeros(theirs("mlp.fc1.bias"), &ours("mlp.up.bias"), &[stage.ffn_hidden])?;
+        self.copy_or_zeros(theirs("mlp.fc2.bias"), &ours("mlp.down.bias"), &[d])
+    }
+
+    fn exported(self, layout: Layout, config: serde_json::Value) -> Exported {
+        Exported { layout, config, tensors: self.out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() }
+    }
+}
+
+/// timm's `config.json` of the staged `cfg`: `architecture` rebuilt from `model_args`, with the image and the
+/// classes (no normalisation: the export reads images as ablate does).
+fn timm_config(cfg: &Config, architecture: &str, model_args: serde_json::Value) -> serde_json::Value {
+    let spec = cfg.staged_spec();
+    let (image, classes) = (cfg.image(), cfg.vision().classes);
+    json!({
+        "architecture": architecture,
+        "num_classes": classes,
+        "num_features": spec.stage(spec.stages() - 1).d_model,
+        "model_args": model_args,
+        "pretrained_cfg": {
+            "input_size": [image.channels, image.size, image.size], "num_classes": classes,
+            "mean": vec![0.0; image.channels as usize], "std": vec![1.0; image.channels as usize],
+            "interpolation": "bilinear", "crop_pct": 1.0,
+        },
+    })
+}
+
 /// The Swin `cfg`'s variables (`weights`) under timm's `SwinTransformer` names, with timm's `config.json`:
 /// the architecture and the arguments that rebuild it (`timm.create_model("local-dir:DIR", pretrained=True)`).
 pub(super) fn swin_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> Result<Exported> {
     let spec = cfg.staged_spec();
     let t = &spec.transformer;
-    let get = |name: &str| -> Result<Tensor> {
-        let w = weights.get(name).with_context(|| format!("the checkpoint has no `{name}`"))?;
-        Ok(w.detach().to_device(Device::Cpu).to_kind(Kind::Float))
-    };
-    let zeros = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
-    // A bias ablate was built without is timm's at zero.
-    let bias = |name: &str, width: i64| -> Result<Tensor> {
-        if weights.contains_key(name) {
-            get(name)
-        } else {
-            Ok(zeros(&[width]))
-        }
-    };
-    let mut out: Vec<(String, Tensor)> = Vec::new();
-    for (ours, theirs) in [
+    let mut out = TimmTensors::new(weights);
+    out.rename(&[
         ("patch_embed.weight", "patch_embed.proj.weight"),
         ("patch_embed.bias", "patch_embed.proj.bias"),
         ("patch_norm.weight", "patch_embed.norm.weight"),
@@ -115,70 +187,33 @@ pub(super) fn swin_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> R
         ("norm.bias", "norm.bias"),
         ("head.weight", "head.fc.weight"),
         ("head.bias", "head.fc.bias"),
-    ] {
-        out.push((theirs.into(), get(ours)?));
-    }
+    ])?;
     for i in 0..spec.stages() {
         let stage = spec.stage(i);
-        let (d, heads, window) = (stage.d_model, stage.attention.heads, spec.window(i));
+        let span = 2 * spec.window(i) - 1;
         for j in 0..spec.depths[i] {
-            let ours = |rest: &str| format!("layers.{i}.blocks.{j}.{rest}");
-            for (o, th) in [
-                ("norm1.weight", "norm1.weight"),
-                ("norm1.bias", "norm1.bias"),
-                ("attn.qkv.weight", "attn.qkv.weight"),
-                ("attn.out.weight", "attn.proj.weight"),
-                ("norm2.weight", "norm2.weight"),
-                ("norm2.bias", "norm2.bias"),
-                ("mlp.up.weight", "mlp.fc1.weight"),
-                ("mlp.down.weight", "mlp.fc2.weight"),
-            ] {
-                out.push((ours(th), get(&ours(o))?));
-            }
-            if t.attention.bias {
-                out.push((ours("attn.qkv.bias"), get(&ours("attn.qkv.bias"))?));
-            }
-            out.push((ours("attn.proj.bias"), bias(&ours("attn.out.bias"), d)?));
-            out.push((ours("mlp.fc1.bias"), bias(&ours("mlp.up.bias"), stage.ffn_hidden)?));
-            out.push((ours("mlp.fc2.bias"), bias(&ours("mlp.down.bias"), d)?));
-            let table = "attn.relative_position_bias_table";
-            let span = 2 * window - 1;
-            out.push((
-                ours(table),
-                if weights.contains_key(&ours(table)) { get(&ours(table))? } else { zeros(&[span * span, heads]) },
-            ));
+            let name = |rest: &str| format!("layers.{i}.blocks.{j}.{rest}");
+            out.block(&stage, name, name)?;
+            let table = name("attn.relative_position_bias_table");
+            out.copy_or_zeros(table.clone(), &table, &[span * span, stage.attention.heads])?;
         }
         // ablate merges patches at the end of a stage, timm at the start of the next.
         if i + 1 < spec.stages() {
             for part in ["norm.weight", "norm.bias", "reduction.weight"] {
-                out.push((
-                    format!("layers.{}.downsample.{part}", i + 1),
-                    get(&format!("layers.{i}.downsample.{part}"))?,
-                ));
+                out.copy(format!("layers.{}.downsample.{part}", i + 1), &format!("layers.{i}.downsample.{part}"))?;
             }
         }
     }
     let image = cfg.image();
-    let classes = cfg.vision().classes;
     let heads: Vec<i64> = (0..spec.stages()).map(|i| spec.stage(i).attention.heads).collect();
-    let config = json!({
-        "architecture": "swin_tiny_patch4_window7_224",
-        "num_classes": classes,
-        "num_features": spec.stage(spec.stages() - 1).d_model,
-        "model_args": {
-            "img_size": image.size, "patch_size": image.patch, "in_chans": image.channels, "embed_dim": t.d_model,
-            "depths": spec.depths, "num_heads": heads, "head_dim": t.attention.head_dim, "window_size": spec.window,
-            "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64, "qkv_bias": t.attention.bias,
-            "drop_rate": t.dropout, "proj_drop_rate": t.dropout, "attn_drop_rate": t.attention.dropout,
-            "drop_path_rate": 0.0,
-        },
-        "pretrained_cfg": {
-            "input_size": [image.channels, image.size, image.size], "num_classes": classes,
-            "mean": vec![0.0; image.channels as usize], "std": vec![1.0; image.channels as usize],
-            "interpolation": "bilinear", "crop_pct": 1.0,
-        },
+    let model_args = json!({
+        "img_size": image.size, "patch_size": image.patch, "in_chans": image.channels, "embed_dim": t.d_model,
+        "depths": spec.depths, "num_heads": heads, "head_dim": t.attention.head_dim, "window_size": spec.window,
+        "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64, "qkv_bias": t.attention.bias,
+        "drop_rate": t.dropout, "proj_drop_rate": t.dropout, "attn_drop_rate": t.attention.dropout,
+        "drop_path_rate": 0.0,
     });
-    Ok(Exported { layout: Layout::Swin, config, tensors: out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() })
+    Ok(out.exported(Layout::Swin, timm_config(cfg, "swin_tiny_patch4_window7_224", model_args)))
 }
 
 /// The DaViT `cfg`'s variables under timm's `DaVit` names (block j of a stage is timm's pair j / kinds, member
@@ -187,20 +222,8 @@ pub(super) fn swin_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> R
 pub(super) fn davit_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> Result<Exported> {
     let spec = cfg.staged_spec();
     let t = &spec.transformer;
-    let get = |name: &str| -> Result<Tensor> {
-        let w = weights.get(name).with_context(|| format!("the checkpoint has no `{name}`"))?;
-        Ok(w.detach().to_device(Device::Cpu).to_kind(Kind::Float))
-    };
-    // A bias, or a position convolution, ablate was built without is timm's at zero.
-    let or_zeros = |name: &str, shape: &[i64]| -> Result<Tensor> {
-        if weights.contains_key(name) {
-            get(name)
-        } else {
-            Ok(Tensor::zeros(shape, (Kind::Float, Device::Cpu)))
-        }
-    };
-    let mut out: Vec<(String, Tensor)> = Vec::new();
-    for (ours, theirs) in [
+    let mut out = TimmTensors::new(weights);
+    out.rename(&[
         ("stem.weight", "stem.conv.weight"),
         ("stem.bias", "stem.conv.bias"),
         ("stem_norm.weight", "stem.norm.weight"),
@@ -209,9 +232,7 @@ pub(super) fn davit_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> 
         ("norm.bias", "norm_pre.bias"),
         ("head.weight", "head.fc.weight"),
         ("head.bias", "head.fc.bias"),
-    ] {
-        out.push((theirs.into(), get(ours)?));
-    }
+    ])?;
     let kinds = spec.blocks.len() as i64;
     for i in 0..spec.stages() {
         let stage = spec.stage(i);
@@ -223,61 +244,34 @@ pub(super) fn davit_to_timm(cfg: &Config, weights: &HashMap<String, Tensor>) -> 
                 ("downsample.weight", "downsample.conv.weight"),
                 ("downsample.bias", "downsample.conv.bias"),
             ] {
-                out.push((format!("stages.{i}.{theirs}"), get(&format!("stages.{i}.{ours}"))?));
+                out.copy(format!("stages.{i}.{theirs}"), &format!("stages.{i}.{ours}"))?;
             }
         }
         for j in 0..spec.depths[i] {
             let ours = |rest: &str| format!("stages.{i}.blocks.{j}.{rest}");
             let theirs = |rest: &str| format!("stages.{i}.blocks.{}.{}.{rest}", j / kinds, j % kinds);
-            for (o, th) in [
-                ("norm1.weight", "norm1.weight"),
-                ("norm1.bias", "norm1.bias"),
-                ("attn.qkv.weight", "attn.qkv.weight"),
-                ("attn.out.weight", "attn.proj.weight"),
-                ("norm2.weight", "norm2.weight"),
-                ("norm2.bias", "norm2.bias"),
-                ("mlp.up.weight", "mlp.fc1.weight"),
-                ("mlp.down.weight", "mlp.fc2.weight"),
-            ] {
-                out.push((theirs(th), get(&ours(o))?));
-            }
-            if t.attention.bias {
-                out.push((theirs("attn.qkv.bias"), get(&ours("attn.qkv.bias"))?));
-            }
-            out.push((theirs("attn.proj.bias"), or_zeros(&ours("attn.out.bias"), &[d])?));
-            out.push((theirs("mlp.fc1.bias"), or_zeros(&ours("mlp.up.bias"), &[stage.ffn_hidden])?));
-            out.push((theirs("mlp.fc2.bias"), or_zeros(&ours("mlp.down.bias"), &[d])?));
+            out.block(&stage, ours, theirs)?;
+            // The position convolutions ablate was built without (pe none) are timm's at zero.
             for (k, cpe) in ["cpe1", "cpe2"].iter().enumerate() {
-                out.push((
+                out.copy_or_zeros(
                     theirs(&format!("{cpe}.proj.weight")),
-                    or_zeros(&ours(&format!("cpe.{k}.proj.weight")), &[d, 1, 3, 3])?,
-                ));
-                out.push((theirs(&format!("{cpe}.proj.bias")), or_zeros(&ours(&format!("cpe.{k}.proj.bias")), &[d])?));
+                    &ours(&format!("cpe.{k}.proj.weight")),
+                    &[d, 1, 3, 3],
+                )?;
+                out.copy_or_zeros(theirs(&format!("{cpe}.proj.bias")), &ours(&format!("cpe.{k}.proj.bias")), &[d])?;
             }
         }
     }
-    let image = cfg.image();
-    let classes = cfg.vision().classes;
     let stages = 0..spec.stages();
     let kind_names: Vec<String> = spec.blocks.iter().map(|k| serde_name(*k)).collect();
-    let config = json!({
-        "architecture": "davit_tiny",
-        "num_classes": classes,
-        "num_features": spec.stage(spec.stages() - 1).d_model,
-        "model_args": {
-            "in_chans": image.channels,
-            "depths": spec.depths.iter().map(|d| d / kinds).collect::<Vec<_>>(),
-            "embed_dims": stages.clone().map(|i| spec.stage(i).d_model).collect::<Vec<_>>(),
-            "num_heads": stages.map(|i| spec.stage(i).attention.heads).collect::<Vec<_>>(),
-            "window_size": spec.window, "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64,
-            "qkv_bias": t.attention.bias, "attn_types": kind_names, "head_norm_first": true,
-            "drop_rate": t.dropout, "drop_path_rate": 0.0,
-        },
-        "pretrained_cfg": {
-            "input_size": [image.channels, image.size, image.size], "num_classes": classes,
-            "mean": vec![0.0; image.channels as usize], "std": vec![1.0; image.channels as usize],
-            "interpolation": "bilinear", "crop_pct": 1.0,
-        },
+    let model_args = json!({
+        "in_chans": cfg.image().channels,
+        "depths": spec.depths.iter().map(|d| d / kinds).collect::<Vec<_>>(),
+        "embed_dims": stages.clone().map(|i| spec.stage(i).d_model).collect::<Vec<_>>(),
+        "num_heads": stages.map(|i| spec.stage(i).attention.heads).collect::<Vec<_>>(),
+        "window_size": spec.window, "mlp_ratio": t.ffn_hidden as f64 / t.d_model as f64,
+        "qkv_bias": t.attention.bias, "attn_types": kind_names, "head_norm_first": true,
+        "drop_rate": t.dropout, "drop_path_rate": 0.0,
     });
-    Ok(Exported { layout: Layout::Davit, config, tensors: out.into_iter().map(|(n, w)| (n, w.contiguous())).collect() })
+    Ok(out.exported(Layout::Davit, timm_config(cfg, "davit_tiny", model_args)))
 }
