@@ -333,6 +333,12 @@ fn until_settled_on_a_worker_pool_and_on_shards_trains_what_one_process_trains()
     let (ok, err) = run(&pool, &["--workers", "2"]);
     assert!(ok, "{err}");
     assert_same_rows(&pool, &local, "the worker pool");
+    // Called again (as after an interruption), the pool's pilot pass meets its shards' added seeds: kept,
+    // nothing retrained.
+    let before = untimed(&pool);
+    let (ok, err) = run(&pool, &["--workers", "2"]);
+    assert!(ok, "a second call to the pool: {err}");
+    assert_eq!(untimed(&pool), before, "nothing retrained");
     // By hand, as the Slurm scripts do: the pilot's shards, their merge, the added seeds' shards, the merge.
     let merge = |extra: &[&str]| {
         let mut args = vec!["merge", p, "--out", shards.to_str().unwrap()];

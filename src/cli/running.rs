@@ -131,14 +131,18 @@ impl Settling {
 
     /// The runs of one pass over `base` (the recipe as given) with `targets`, in the order of the full recipe,
     /// its second scale filtered the same way by that scale's targets; with `finished_in`, also every run
-    /// already in that directory's `runs.csv` (rows an earlier call added beyond this call's plan).
+    /// already in that directory's `runs.csv` or one of its shards' (rows an earlier call added beyond this
+    /// call's plan). Every shard reads the same rows, so the shards split the same list of runs.
     fn pass(&self, base: &Recipe, targets: &Targets, finished_in: Option<&std::path::Path>) -> Recipe {
         let pilot = base.seeds.len();
         let filter = |recipe: &Recipe, arms: &ArmTargets, dir: Option<std::path::PathBuf>| {
-            let finished: std::collections::HashSet<String> = dir
-                .and_then(|d| ablate::judge::reading::reported_runs(&d).ok())
-                .map(|rows| rows.into_iter().map(|r| r["run_id"].clone()).collect())
-                .unwrap_or_default();
+            let mut dirs: Vec<std::path::PathBuf> = dir.iter().cloned().collect();
+            dirs.extend(dir.iter().flat_map(|d| ablate::run::scale::shard_dirs(d).unwrap_or_default()));
+            let finished: std::collections::HashSet<String> = dirs
+                .iter()
+                .filter_map(|d| ablate::judge::reading::reported_runs(d).ok())
+                .flat_map(|rows| rows.into_iter().map(|r| r["run_id"].clone()))
+                .collect();
             let keeps = |r: &&ablate::recipe::RunSpec| {
                 ablate::run::settle::keeps(r, &self.pool, pilot, arms) || finished.contains(&r.id)
             };
@@ -331,7 +335,9 @@ fn until_settled(args: &RunArgs, sweep: &Sweep, device: tch::Device) -> anyhow::
     match (args.shard, args.settle_phase) {
         (Some(_), Some(phase)) => {
             let targets = settling.targets(base, phase, &sweep.out)?;
-            return run_recipe(&settling.pass(base, &targets, None), &opts);
+            // Rows an earlier call added beyond this pass's plan (the second stage of an earlier pool, in
+            // this shard or merged) stay, as they do in one process: a resumed pool's pilot pass meets them.
+            return run_recipe(&settling.pass(base, &targets, Some(&sweep.out)), &opts);
         }
         (Some(shard), None) => anyhow::bail!(
             "--until-settled --shard {shard}: a shard trains one of the two passes: add --settle-phase pilot (the recipe's seeds), or --settle-phase added once `ablate merge {} --until-settled` has combined the pilot",
