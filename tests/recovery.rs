@@ -241,6 +241,35 @@ fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
 }
 
 #[test]
+fn fp16_on_a_cpu_without_vector_half_arithmetic_is_refused_before_any_run_starts() {
+    let dir = scratch("fp16");
+    let corpus = common::corpus_file("fp16", &"the cat sat on the mat. ".repeat(60));
+    let recipe = dir.join("fp16.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  heads: 2\n  block_size: 16\ndata:\n  path: {}\n\
+             train:\n  steps: 2\n  batch_size: 2\n  precision: fp16\n",
+            corpus.display()
+        ),
+    )
+    .unwrap();
+    let out = ablate(&recipe, &dir.join("out")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    match ablate::train::precision::cpu_fp16_refusal() {
+        Some(lacks) => {
+            assert!(!out.status.success(), "{err}");
+            assert!(err.contains("sets train.precision fp16, but") && err.contains(&lacks), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+            assert!(!dir.join("out/runs.csv").exists());
+        }
+        // A CPU with vector half arithmetic trains it.
+        None => assert!(out.status.success() && dir.join("out/runs.csv").exists(), "{err}"),
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_runs_csv_from_before_a_column_was_added_is_widened_when_a_run_is_appended_and_a_foreign_one_is_refused() {
     let _serial = in_process();
     let dir = scratch("widen");

@@ -1200,7 +1200,8 @@ pub struct TrainConfig {
     /// restarts from its last one and finishes exactly as an uninterrupted run would. `null`: never.
     pub checkpoint_every: Option<i64>,
     /// `fp32`; `bf16` or `fp16` autocast (matmuls in the low precision, reductions and weights in float32);
-    /// `fp16` adds dynamic loss scaling.
+    /// `fp16` adds dynamic loss scaling. On a CPU, `fp16` is refused before training where libtorch would
+    /// emulate it (no AVX-512, AVX512-FP16, AMX-FP16 or ARM half-precision SIMD).
     pub precision: Precision,
     /// TF32 for float32 matmuls and convolutions on CUDA GPUs (Ampere and later): several times the fp32
     /// matmul throughput, with products rounded to a 10-bit mantissa, so it changes the arithmetic and is

@@ -214,7 +214,8 @@ fn plan<'r>(recipe: &'r Recipe, opts: &SweepOptions, mine: Vec<&'r RunSpec>) -> 
 }
 
 /// The settings that depend on the device, checked (and prepared) before the first step: TF32 exists on
-/// CUDA only; deterministic cuBLAS needs a fixed workspace chosen before its first call.
+/// CUDA only; fp16 on a CPU needs vector half arithmetic (`precision::cpu_fp16_refusal`); deterministic
+/// cuBLAS needs a fixed workspace chosen before its first call.
 pub fn check_device_settings(file: &str, runs: &[&RunSpec], device: Device) -> Result<()> {
     if device == Device::Cpu {
         if let Some(run) = runs.iter().find(|r| r.config.train.tf32) {
@@ -222,6 +223,15 @@ pub fn check_device_settings(file: &str, runs: &[&RunSpec], device: Device) -> R
                 "{file}: run `{}` sets train.tf32, a float32 matmul mode of CUDA GPUs (Ampere and later); this sweep trains on the CPU, where it would do nothing",
                 run.id
             );
+        }
+        if let Some(run) = runs.iter().find(|r| r.config.train.precision == crate::recipe::Precision::Fp16) {
+            if let Some(lacks) = crate::train::precision::cpu_fp16_refusal() {
+                bail!(
+                    "{file}: run `{}` sets train.precision fp16, but {lacks}: libtorch emulates half precision \
+                     there, many times slower than fp32; train fp16 on a GPU or such a CPU, or compare fp32 with bf16",
+                    run.id
+                );
+            }
         }
     } else if runs.iter().any(|r| r.config.train.deterministic) && std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none()
     {
