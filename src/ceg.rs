@@ -15,7 +15,12 @@
 //!
 //! Whether the advantage changes with scale is the paired difference of the per-seed exponents,
 //! α_arm − α_baseline, judged like every comparison (`crate::design`, at ±δ on α): *grows* (the arm's loss
-//! falls faster with compute), *shrinks*, *no difference* beyond ±δ, or *inconclusive*.
+//! falls faster with compute), *shrinks*, *no difference* beyond ±δ, or *inconclusive*. The exponent trades
+//! against the floor: a short ladder far above E barely pins it, and a floor the arms do not share is read
+//! as an exponent difference. So the difference is judged twice, under the shared floor and under each arm's
+//! own floor ([`FloorFit::Free`]), and a verdict is stated only when both fits give it ([`ScaleVerdict`]);
+//! `tests/ceg.rs` simulates arms with equal exponents and different floors, where the shared fit alone
+//! claims a change far above its level.
 use crate::design::{judge_family, Evidence, Stages};
 use crate::stats::{mean_std, t_critical, Verdict};
 
@@ -133,18 +138,41 @@ pub fn fit_floor(curves: &[(&[f64], &[f64])], ceiling: f64) -> f64 {
     }
 }
 
+/// How a seed's floor E is fitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloorFit {
+    /// One E for the seed's two ladders (the gains and the fit check use this).
+    Shared,
+    /// Each ladder its own E: an arm that lowers the floor is then not read as a steeper frontier.
+    Free,
+}
+
 /// One seed's pair of frontiers (baseline, arm), with the floor they share fitted to that seed's two
 /// ladders ([`fit_floor`]): every per-seed quantity then carries the floor's own uncertainty, so the spread
 /// over seeds includes it.
 pub fn seed_pairs(baseline: &Ladder, arm: &Ladder) -> Vec<(u64, Frontier, Frontier)> {
+    seed_pairs_with(baseline, arm, FloorFit::Shared)
+}
+
+/// [`seed_pairs`] with the floor fitted as `floors` says.
+pub fn seed_pairs_with(baseline: &Ladder, arm: &Ladder, floors: FloorFit) -> Vec<(u64, Frontier, Frontier)> {
+    let lowest = |losses: &[&[f64]]| losses.iter().flat_map(|l| l.iter()).copied().fold(f64::INFINITY, f64::min);
     arm.seeds
         .iter()
         .filter_map(|(s, mine)| {
             let (_, theirs) = baseline.seeds.iter().find(|(t, _)| t == s)?;
-            let lowest = theirs.iter().chain(mine).copied().fold(f64::INFINITY, f64::min);
-            let floor = fit_floor(&[(&baseline.compute, theirs), (&arm.compute, mine)], lowest);
-            let b = Frontier::fit(&baseline.compute, theirs, floor)?;
-            let a = Frontier::fit(&arm.compute, mine, floor)?;
+            let (floor_b, floor_a) = match floors {
+                FloorFit::Shared => {
+                    let e = fit_floor(&[(&baseline.compute, theirs), (&arm.compute, mine)], lowest(&[theirs, mine]));
+                    (e, e)
+                }
+                FloorFit::Free => (
+                    fit_floor(&[(&baseline.compute, theirs)], lowest(&[theirs])),
+                    fit_floor(&[(&arm.compute, mine)], lowest(&[mine])),
+                ),
+            };
+            let b = Frontier::fit(&baseline.compute, theirs, floor_b)?;
+            let a = Frontier::fit(&arm.compute, mine, floor_a)?;
             Some((*s, b, a))
         })
         .collect()
@@ -190,15 +218,21 @@ pub fn gain(baseline: &Ladder, arm: &Ladder, target: f64) -> Option<Gain> {
     Some(Gain { target, ratio: mean.exp(), interval, log_ratios, inside: within(baseline) && within(arm) })
 }
 
-/// How well the law describes a pair of ladders: the root mean square of every seed's residuals (its losses
-/// minus its fitted frontier's, both arms, every rung) against the seeds' own spread (the root mean of the
-/// variance over seeds at each rung of each arm). A law that misses the rungs by much more than the seeds
-/// differ ([`FitCheck::fits`]) describes no frontier, and a gain read off it is no estimate.
+/// How well the law describes a pair of ladders: the residual standard deviation of every seed's fit (its
+/// losses minus its fitted frontier's, both arms, every rung), on the residuals' degrees of freedom (the
+/// points less the [`PARAMETERS_PER_SEED`] each seed's fit spends), against the seeds' own spread (the root
+/// mean of the variance over seeds at each rung of each arm). A law that misses the rungs by much more than
+/// the seeds differ ([`FitCheck::fits`]) describes no frontier, and a gain read off it is no estimate.
+/// Without the correction, 8 points fitted with 5 parameters would show a residual √(3/8) ≈ 0.61 of its
+/// size, and the rule would pass laws that miss.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FitCheck {
     pub residual: f64,
     pub seed_spread: f64,
 }
+
+/// The parameters a seed's fit of two ladders spends: the shared floor E, and A and α per arm.
+pub const PARAMETERS_PER_SEED: usize = 5;
 
 impl FitCheck {
     /// The residuals within twice the seeds' spread.
@@ -217,6 +251,7 @@ pub fn fit_check(baseline: &Ladder, arm: &Ladder) -> Option<FitCheck> {
             squares.extend(ladder.compute.iter().zip(losses).map(|(c, l)| (l - f.loss_at(*c)).powi(2)));
         }
     }
+    let dof = squares.len().checked_sub(PARAMETERS_PER_SEED * pairs.len()).filter(|&d| d > 0)?;
     let mut variances = Vec::new();
     for ladder in [baseline, arm] {
         for i in 0..ladder.compute.len() {
@@ -230,12 +265,89 @@ pub fn fit_check(baseline: &Ladder, arm: &Ladder) -> Option<FitCheck> {
         return None;
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    Some(FitCheck { residual: mean(&squares).sqrt(), seed_spread: mean(&variances).sqrt() })
+    let residual = (squares.iter().sum::<f64>() / dof as f64).sqrt();
+    Some(FitCheck { residual, seed_spread: mean(&variances).sqrt() })
 }
 
 /// Per seed both arms fitted: α_arm − α_baseline.
 pub fn exponent_differences(baseline: &Ladder, arm: &Ladder) -> Vec<(u64, f64)> {
-    seed_pairs(baseline, arm).iter().map(|(s, b, a)| (*s, a.exponent - b.exponent)).collect()
+    exponent_differences_with(baseline, arm, FloorFit::Shared)
+}
+
+/// [`exponent_differences`] with the floor fitted as `floors` says.
+pub fn exponent_differences_with(baseline: &Ladder, arm: &Ladder, floors: FloorFit) -> Vec<(u64, f64)> {
+    seed_pairs_with(baseline, arm, floors).iter().map(|(s, b, a)| (*s, a.exponent - b.exponent)).collect()
+}
+
+/// How an arm's advantage changes with compute, judged under both floor fits: the per-seed exponent
+/// differences and their verdict (Holm over the family) under the shared floor and under free floors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleVerdict {
+    pub shared: (Vec<f64>, Verdict),
+    pub free: (Vec<f64>, Verdict),
+}
+
+/// The change a verdict on α_arm − α_baseline states (`None`: it states none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleClass {
+    Grows,
+    Shrinks,
+    NoChange,
+}
+
+impl ScaleVerdict {
+    fn class(verdict: &Verdict) -> Option<ScaleClass> {
+        match verdict {
+            Verdict::Better { negligible: true, .. }
+            | Verdict::Worse { negligible: true, .. }
+            | Verdict::Equivalent => Some(ScaleClass::NoChange),
+            Verdict::Better { .. } => Some(ScaleClass::Grows),
+            Verdict::Worse { .. } => Some(ScaleClass::Shrinks),
+            _ => None,
+        }
+    }
+
+    /// What is stated: the class both fits give; `None` where either states none or they differ.
+    pub fn stated(&self) -> Option<ScaleClass> {
+        let shared = self.shared_class()?;
+        (Self::class(&self.free.1) == Some(shared)).then_some(shared)
+    }
+
+    /// The class the shared-floor fit alone gives (what was stated before both fits were asked).
+    pub fn shared_class(&self) -> Option<ScaleClass> {
+        Self::class(&self.shared.1)
+    }
+
+    /// The verdict in words: the shared fit's where both fits agree, else *inconclusive: depends on the
+    /// floor* naming each fit's; inconclusive under both, the shared fit's words (the seeds it would take).
+    pub fn words(&self) -> String {
+        let (shared, free) = (Self::class(&self.shared.1), Self::class(&self.free.1));
+        if shared == free {
+            return scale_word(&self.shared.1);
+        }
+        format!(
+            "inconclusive: depends on the floor (shared E: {}; free E: {})",
+            scale_word(&self.shared.1),
+            scale_word(&self.free.1)
+        )
+    }
+}
+
+/// [`ScaleVerdict`] of each of `arms` against `baseline` at ±`delta` (each fit's family Holm-adjusted).
+pub fn scale_verdicts(baseline: &Ladder, arms: &[&Ladder], delta: f64) -> Vec<ScaleVerdict> {
+    let differences = |floors: FloorFit| -> Vec<Vec<f64>> {
+        arms.iter()
+            .map(|arm| exponent_differences_with(baseline, arm, floors).into_iter().map(|d| d.1).collect())
+            .collect()
+    };
+    let (shared, free) = (differences(FloorFit::Shared), differences(FloorFit::Free));
+    let (shared_verdicts, free_verdicts) = (exponent_verdicts(&shared, delta), exponent_verdicts(&free, delta));
+    shared
+        .into_iter()
+        .zip(shared_verdicts)
+        .zip(free.into_iter().zip(free_verdicts))
+        .map(|(shared, free)| ScaleVerdict { shared, free })
+        .collect()
 }
 
 /// The verdicts on α_arm − α_baseline for a family of arms (each arm's per-seed differences), at ±`delta`,

@@ -2,7 +2,9 @@
 //! a known gain, the estimate is unbiased within its standard error and its 95% interval covers the truth
 //! 93–97% of the time, with the floor fitted as the tool fits it; a z interval in its place fails the same
 //! bounds. And a fit by hand.
-use ablate::ceg::{exponent_differences, exponent_verdicts, fit_check, fit_floor, gain, Frontier, Ladder};
+use ablate::ceg::{
+    exponent_differences, exponent_verdicts, fit_check, fit_floor, gain, scale_verdicts, Frontier, Ladder, ScaleClass,
+};
 use ablate::stats::{splitmix64, Verdict};
 
 /// A standard normal draw (Box–Muller) from splitmix64.
@@ -98,6 +100,82 @@ fn a_growing_exponent_is_called_so_and_equal_exponents_are_not() {
     let rate = wrong as f64 / replicates as f64;
     eprintln!("equal exponents called different: {wrong} of {replicates} ({rate:.4})");
     assert!(rate <= 0.05 + 3.0 * (0.05f64 * 0.95 / replicates as f64).sqrt(), "{wrong} of {replicates}");
+}
+
+/// The baseline on L = 1.6 + 3·(C/C₀)^−0.35 and the arm on `arm` = (E, A, α): L = E + A·(C/C₀)^−α. Rungs
+/// C₀·{1, 2, 4, 8}, losses from about 4.6 to 3.8, far above either floor. Seed and run noise as [`ladders`].
+fn ladders_with_floors(seeds: usize, arm: (f64, f64, f64), noise: f64, state: &mut u64) -> (Ladder, Ladder) {
+    let compute = vec![1.0e12, 2.0e12, 4.0e12, 8.0e12];
+    let curve = |c: f64, (e, a, alpha): (f64, f64, f64)| e + a * (c / 1.0e12).powf(-alpha);
+    let (mut base, mut arms) = (Vec::new(), Vec::new());
+    for s in 0..seeds as u64 {
+        let shared = 0.02 * normal(state);
+        base.push((s, compute.iter().map(|&c| curve(c, (1.6, 3.0, 0.35)) + shared + noise * normal(state)).collect()));
+        arms.push((s, compute.iter().map(|&c| curve(c, arm) + shared + noise * normal(state)).collect()));
+    }
+    (Ladder { compute: compute.clone(), seeds: base }, Ladder { compute, seeds: arms })
+}
+
+/// Where the floor is poorly identified, the shared floor alone can hide an exponent difference. The arm's
+/// exponent is 0.25 against the baseline's 0.35 (a true difference of −0.10, twice δ = 0.05), its floor
+/// 0.864 and coefficient 3.325: over this short ladder it is within 0.018 of the baseline's curve at 1.5·C,
+/// so one floor fitted to both arms reads them as equally steep. Judged on the shared-floor fit alone (the
+/// rule before issue 69), "no change beyond ±δ" is claimed far more often than the equivalence test's 5%;
+/// stated only where each arm's own floor agrees (`ScaleVerdict::stated`), at most at that level. With equal
+/// exponents and floors, the rule claims no change of either sign beyond its level, and it still calls a
+/// true difference (0.45 against 0.35, little noise) grown.
+#[test]
+fn an_exponent_verdict_is_stated_only_where_the_shared_and_free_floors_agree() {
+    let mut state = 69;
+    let replicates = 1000;
+    let bound = 0.05 + 3.0 * (0.05f64 * 0.95 / replicates as f64).sqrt();
+    // (the arm's E, A, α; the class a claim of which is false; whether the shared floor alone fails here)
+    let regimes = [
+        ((0.8643, 3.3246, 0.25), ScaleClass::NoChange, true),
+        ((1.6, 3.0, 0.35), ScaleClass::Grows, false),
+        ((1.6, 3.0, 0.35), ScaleClass::Shrinks, false),
+    ];
+    for (arm, false_class, shared_fails) in regimes {
+        let (mut shared_claims, mut stated_claims) = (0, 0);
+        for _ in 0..replicates {
+            let (base, arm) = ladders_with_floors(5, arm, 0.01, &mut state);
+            let v = &scale_verdicts(&base, &[&arm], 0.05)[0];
+            shared_claims += usize::from(v.shared_class() == Some(false_class));
+            stated_claims += usize::from(v.stated() == Some(false_class));
+        }
+        let rate = |n: usize| n as f64 / replicates as f64;
+        let (shared_rate, stated_rate) = (rate(shared_claims), rate(stated_claims));
+        eprintln!(
+            "arm (E, A, α) = {arm:?} against (1.6, 3, 0.35): {false_class:?} claimed by the shared floor alone \
+             {shared_rate:.3}, by the rule {stated_rate:.3} (bound {bound:.3})"
+        );
+        assert!(stated_rate <= bound, "the rule claims {false_class:?} in {stated_rate:.3} of replicates");
+        if shared_fails {
+            assert!(shared_rate > bound, "the shared floor alone claims {shared_rate:.3}: this regime cannot tell");
+        }
+    }
+    let (base, arm) = ladders(5, 1.0, 0.45, 0.002, &mut state);
+    let v = &scale_verdicts(&base, &[&arm], 0.05)[0];
+    assert_eq!(v.stated(), Some(ScaleClass::Grows), "{v:?}");
+    assert_eq!(v.words(), "grows with compute");
+}
+
+/// The fit check's residual is a standard deviation on the residuals' degrees of freedom: ladders on the law
+/// with run noise σ = 0.01 (each seed's shift is absorbed by its floor) give a mean squared residual near σ²
+/// over 400 replicates of 5 seeds, where the mean square over all points (the rule before issue 69: 40
+/// points, 25 parameters) comes out near 3/8 of it and would pass laws that miss by up to 1.6× more.
+#[test]
+fn the_fit_checks_residual_is_on_its_degrees_of_freedom() {
+    let mut state = 70;
+    let (replicates, noise) = (400, 0.01);
+    let mut ratio = 0.0;
+    for _ in 0..replicates {
+        let (base, arm) = ladders_with_floors(5, (1.6, 3.0, 0.35), noise, &mut state);
+        ratio += fit_check(&base, &arm).unwrap().residual.powi(2) / (noise * noise);
+    }
+    let ratio = ratio / replicates as f64;
+    eprintln!("mean squared residual / σ²: {ratio:.3} (the uncorrected mean square: {:.3})", ratio * 15.0 / 40.0);
+    assert!((0.8..=1.2).contains(&ratio), "mean squared residual {ratio:.3} σ²");
 }
 
 /// By hand: points on L = 2 + 8·C^−0.5 exactly (C = 1, 4, 16, 64: L = 10, 6, 4, 3) fit back to A = 8,

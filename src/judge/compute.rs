@@ -9,9 +9,7 @@ use std::collections::BTreeMap;
 
 use super::plot::charts::{compute_chart, ComputeAxes, FrontierBand, GainBand};
 use super::reading::Results;
-use crate::ceg::{
-    exponent_differences, exponent_verdicts, fit_check, gain, scale_word, seed_pairs, FitCheck, Frontier, Ladder,
-};
+use crate::ceg::{fit_check, gain, scale_verdicts, seed_pairs, FitCheck, Frontier, Ladder};
 use crate::recipe::compare::Comparison;
 use crate::recipe::Recipe;
 use crate::stats::Estimate;
@@ -293,29 +291,32 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
          \"Compute-equivalent gains\"); the gain at L* is C_baseline(L*) / C_arm(L*), the compute the baseline \
          needs for the arm's result, as a geometric mean over seeds with a 95% t interval (simulated coverage \
          94.6–94.9%, `tests/ceg.rs`). A target outside either arm's measured range is a forecast, not a \
-         finding. With compute: the paired difference α_arm − α_baseline, Holm over the arms, at ±{delta}.\n\n\
-         The law must describe the ladders first: where its residuals (RMS over seeds, arms and rungs) exceed \
-         twice the seeds' own spread, the row says the law misfits and its gain is no estimate.\n\n\
-         | arm | L* | worth (× the baseline's compute) [95% CI] | seeds | fit: residual / seed spread | α_arm − α_baseline [95% CI] | with compute |\n\
+         finding. With compute: the paired difference α_arm − α_baseline, Holm over the arms, at ±{delta}, \
+         under the shared floor and under each arm's own floor (free E); a verdict is stated only where both \
+         fits give it, else *inconclusive: depends on the floor* (simulated in `tests/ceg.rs`).\n\n\
+         The law must describe the ladders first: where its residual standard deviation (over seeds, arms and \
+         rungs, on the degrees of freedom left after each seed's 5 parameters) exceeds twice the seeds' own \
+         spread, the row says the law misfits and its gain is no estimate.\n\n\
+         | arm | L* | worth (× the baseline's compute) [95% CI] | seeds | fit: residual / seed spread | α_arm − α_baseline [95% CI]: shared E; free E | with compute |\n\
          |---|---|---|---|---|---|---|\n"
     );
     // Absent targets: the baseline's mean at each inner rung (inside its range by construction).
     let targets = targets(&compute.targets, &arms[base].1);
     let others: Vec<usize> = (0..arms.len()).filter(|&i| i != base).collect();
-    let differences: Vec<Vec<f64>> =
-        others.iter().map(|&i| exponent_differences(&arms[base].1, &arms[i].1).iter().map(|d| d.1).collect()).collect();
-    let verdicts = exponent_verdicts(&differences, delta);
+    let ladders: Vec<&Ladder> = others.iter().map(|&i| &arms[i].1).collect();
+    let verdicts = scale_verdicts(&arms[base].1, &ladders, delta);
+    let interval = |differences: &[f64]| match differences.len() {
+        0 => "–".to_string(),
+        1 => format!("{:+.3} (one seed)", differences[0]),
+        _ => {
+            let e = Estimate::of(differences);
+            let h = e.half_width.unwrap_or(f64::NAN);
+            format!("{:+.3} [{:+.3}, {:+.3}]", e.mean, e.mean - h, e.mean + h)
+        }
+    };
     for (k, &i) in others.iter().enumerate() {
         let (arm, ladder) = &arms[i];
-        let alpha = match differences[k].len() {
-            0 => "–".to_string(),
-            1 => format!("{:+.3} (one seed)", differences[k][0]),
-            _ => {
-                let e = Estimate::of(&differences[k]);
-                let h = e.half_width.unwrap_or(f64::NAN);
-                format!("{:+.3} [{:+.3}, {:+.3}]", e.mean, e.mean - h, e.mean + h)
-            }
-        };
+        let alpha = format!("{}; {}", interval(&verdicts[k].shared.0), interval(&verdicts[k].free.0));
         let fit = fit_check(&arms[base].1, ladder);
         let fit_cell = fit.map_or("–".to_string(), |f| {
             format!("{:.4} / {:.4}{}", f.residual, f.seed_spread, if f.fits() { "" } else { ": **the law misfits**" })
@@ -337,7 +338,7 @@ pub fn section(results: &Results, column: &str) -> Result<Option<String>> {
             }
             let with_compute = match fit.is_some_and(|f| !f.fits()) {
                 true => "no verdict (the law misfits)".to_string(),
-                false => scale_word(&verdicts[k]),
+                false => verdicts[k].words(),
             };
             out.push_str(&format!(
                 "| {arm} | {target:.4} | {worth} | {} | {fit_cell} | {alpha} | {with_compute} |\n",
