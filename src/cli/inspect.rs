@@ -374,8 +374,8 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
     let recipe = recipe::load(&path, false)?;
     let results_root = target::default_out(&recipe).parent().map(Path::to_path_buf).unwrap_or_default();
     let mut data = DataCache::new(&results_root, false);
-    println!("| run | kind | params | forward GFLOPs | per |");
-    println!("|---|---|---|---|---|");
+    println!("| run | kind | params | forward GFLOPs | per | frequency level (test loss) |");
+    println!("|---|---|---|---|---|---|");
     for run in &recipe.runs {
         let kind = task(run.config.kind);
         kind.prepare(&run.config, &mut data)?;
@@ -383,7 +383,8 @@ fn describe_recipe(name: &str) -> anyhow::Result<()> {
         let params = parameter_count(&run.config, vocab);
         let (flops, per) = kind.forward_flops(&run.config, params, vocab);
         let flops = if flops.is_finite() { format!("{:.4}", flops / 1e9) } else { "—".into() };
-        println!("| {} | {} | {params} | {flops} | {per} |", run.id, run.config.kind);
+        let level = kind.frequency_level(&run.config, &data)?.map_or("—".into(), |l| format!("{l:.4}"));
+        println!("| {} | {} | {params} | {flops} | {per} | {level} |", run.id, run.config.kind);
     }
     Ok(())
 }

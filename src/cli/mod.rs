@@ -90,7 +90,8 @@ enum Command {
     /// --tasks-per-node).
     Slurm(running::SlurmArgs),
     /// Parameter count and analytic forward multiply-accumulates of a named model preset (or of all), or of
-    /// every run of a recipe.
+    /// every run of a recipe, with a text run's frequency level: the test loss of a model that knows only
+    /// the training text's token frequencies.
     Describe(inspect::DescribeArgs),
     /// Print a markdown table of a recipe's results: per variant n, mean ± sample std and 95% CI over seeds of
     /// the final metrics; with --baseline, paired differences against one variant and their t-test.

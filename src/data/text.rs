@@ -480,6 +480,17 @@ impl TextData {
         Ok(Self { tokenizer, train, validation, test })
     }
 
+    /// The frequency level: the test split's cross-entropy (nats per token) under the training split's token
+    /// frequencies, add-one smoothed over the tokenizer's vocabulary — the loss of a model that has learnt
+    /// which tokens are common and nothing else (no context). A model near it has learnt no order.
+    pub fn unigram_cross_entropy(&self) -> f64 {
+        let vocab = self.tokenizer.vocab_size().max(1);
+        let counts = self.train.bincount(None::<Tensor>, vocab).to_kind(tch::Kind::Double) + 1.0;
+        let log_p = (&counts / counts.sum(tch::Kind::Double)).log();
+        let test = self.test.to_kind(tch::Kind::Int64);
+        -log_p.index_select(0, &test).mean(tch::Kind::Double).double_value(&[])
+    }
+
     /// One of the held-out splits.
     pub fn held_out(&self, split: HeldOut) -> &Tensor {
         match split {
@@ -550,6 +561,16 @@ mod tests {
         let ids = t.encode("low held").unwrap();
         assert_eq!(t.decode(&ids), "low held");
         assert!(t.encode("hex").unwrap_err().to_string().contains("'x'"));
+    }
+
+    #[test]
+    fn the_frequency_level_is_the_test_splits_cross_entropy_under_smoothed_training_counts() {
+        // Characters a, b, c (vocabulary 3). Training "aaab" (no validation), test "ac": counts a 3, b 1,
+        // c 0, smoothed to 4, 2, 1 of 7; the level is −(ln 4/7 + ln 1/7) / 2.
+        let d = TextData::from_text("aaabac", 2.0 / 6.0, 0.0).unwrap();
+        assert_eq!((d.train.numel(), d.test.numel(), d.tokenizer.vocab_size()), (4, 2, 3));
+        let expected = -((4.0f64 / 7.0).ln() + (1.0f64 / 7.0).ln()) / 2.0;
+        assert!((d.unigram_cross_entropy() - expected).abs() < 1e-12, "{}", d.unigram_cross_entropy());
     }
 
     #[test]

@@ -1016,6 +1016,18 @@ impl Task for Bert {
         Ok(cfg.transformer.block_size as f64)
     }
 
+    /// Pre-training's loss is per predicted token, each a text token (masked ones drawn uniformly among the
+    /// text's, or every next one): the test split's frequency level applies to both objectives.
+    fn frequency_level(&self, cfg: &Config, data: &DataCache) -> Result<Option<f64>> {
+        if cfg.bert().task != BertTask::Pretrain {
+            return Ok(None);
+        }
+        Ok(match DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))? {
+            Dataset::Text(text) => Some(text.unigram_cross_entropy()),
+            Dataset::Copy(_) => None,
+        })
+    }
+
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let Dataset::Text(text) = DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))? else {
             bail!("kind bert reads text (data.task: text)")

@@ -253,6 +253,13 @@ impl Task for LanguageModel {
         Ok(cfg.transformer.block_size as f64)
     }
 
+    fn frequency_level(&self, cfg: &Config, data: &DataCache) -> Result<Option<f64>> {
+        Ok(match DataCache::loaded(&data.text, &data_key(cfg))? {
+            Dataset::Text(text) => Some(text.unigram_cross_entropy()),
+            Dataset::Copy(_) => None,
+        })
+    }
+
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
         let data = DataCache::loaded(&data.text, &data_key(cfg))?;
         let (t, device) = (&cfg.train, ctx.device);

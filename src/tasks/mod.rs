@@ -229,6 +229,13 @@ pub trait Task: Sync {
     /// Tokens one training example holds, as its throughput counts them (a text block, patch tokens,
     /// pixels; a translation pair's mean length), from prepared data: what a tokens budget divides by.
     fn tokens_per_example(&self, cfg: &Config, data: &DataCache) -> Result<f64>;
+
+    /// The loss, in the run's test-loss units, of a model that knows only the training text's token
+    /// frequencies ([`crate::data::text::TextData::unigram_cross_entropy`]), for a kind whose test loss is
+    /// a mean over text tokens; `None` for the others.
+    fn frequency_level(&self, _cfg: &Config, _data: &DataCache) -> Result<Option<f64>> {
+        Ok(None)
+    }
 }
 
 /// Steps a seconds budget may take at most: a ceiling it does not reach (the loop stops at the budget).
