@@ -422,3 +422,28 @@ pub fn coord_check(args: &CoordCheckArgs) -> anyhow::Result<()> {
     eprintln!("ablate: wrote {}", out.display());
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct InitGradsArgs {
+    /// A recipe of kind lm: every run's decoder, built and seeded as it trains.
+    recipe: PathBuf,
+    #[command(flatten)]
+    overrides: super::OverrideArgs,
+    /// Training batches the norms are averaged over.
+    #[arg(long, default_value_t = 8)]
+    batches: i64,
+}
+
+/// `ablate init-grads`: per run and layer, the gradient norms at initialisation (Xiong et al. 2020's
+/// Figure 3 statistic), as a Markdown table.
+pub fn init_grads(args: &InitGradsArgs) -> anyhow::Result<()> {
+    let sweep = target::Sweep::load(&args.recipe, false, &args.overrides.parse()?, None)?;
+    println!("| run | layer | gradient norm (whole layer) | gradient norm (FFN weights) |");
+    println!("|---|---|---|---|");
+    for run in &sweep.recipe.runs {
+        for g in ablate::run::init_grads::init_gradients(&run.config, args.batches)? {
+            println!("| {} | {} | {:.4} | {:.4} |", run.id, g.layer, g.layer_norm, g.ffn_norm);
+        }
+    }
+    Ok(())
+}

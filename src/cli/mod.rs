@@ -146,6 +146,10 @@ enum Command {
     /// every layer's output and the logits after the last step, per width (a table, coord_check.csv, and a
     /// chart per parametrisation).
     CoordCheck(inspect::CoordCheckArgs),
+    /// Per run of a decoder recipe and per layer, the gradient norms at initialisation averaged over a few
+    /// training batches (the whole layer's, and its FFN weights' alone): Xiong et al. 2020's Figure 3, where a
+    /// post-LN model's grow towards the output and a pre-LN model's stay level.
+    InitGrads(inspect::InitGradsArgs),
     /// Time each arm of a recipe's compute ladder (`compare.compute`) in turn for a fixed number of steps,
     /// repeat after repeat, and write <out>/wall_clock.csv: the speeds that turn its gains in compute into
     /// gains in wall-clock time (stated only where the cores were quiet).
@@ -206,6 +210,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Attention(args)) => inspect::attention(&args),
         Some(Command::Embed(args)) => inspect::embed(&args),
         Some(Command::CoordCheck(args)) => inspect::coord_check(&args),
+        Some(Command::InitGrads(args)) => inspect::init_grads(&args),
         Some(Command::Data(args)) => data::data(&args),
         Some(Command::WallClock(args)) => running::wall_clock(&args),
         Some(Command::ComplexityPoint(args)) => bench::complexity_point(&args),

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod complexity;
 pub mod coord;
 pub mod heads;
+pub mod init_grads;
 pub mod launch;
 pub mod results;
 pub mod scale;
