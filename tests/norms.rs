@@ -195,3 +195,32 @@ fn scaled_embeddings_are_the_token_embeddings_times_sqrt_d_before_the_positions(
         tch::no_grad(|| (0..8).map(|i| scaled.forward_cached(&idx.narrow(1, i, 1), &mut cache)).collect());
     assert!(max_abs_diff(&a, &Tensor::cat(&steps, 1)) < 1e-4);
 }
+
+/// `ablate init-grads` (Xiong et al. 2020's Figure 3 statistic): per layer of each run's decoder, finite
+/// positive gradient norms at initialisation, the FFN weights' never above their whole layer's, and the
+/// same numbers from the same seed (the model and the batches are drawn as training draws them).
+#[test]
+fn gradient_norms_at_initialisation_come_per_layer_and_repeat_for_a_seed() {
+    let corpus = common::corpus_file("init-grads", &"the quick brown fox jumps over the lazy dog. ".repeat(80));
+    let text = format!(
+        "kind: lm\ntransformer: {{d_model: 16, layers: 3, heads: 2, block_size: 16, pre_ln: false}}\n\
+         data: {{path: {}}}\ntrain: {{steps: 2, batch_size: 4}}\n",
+        corpus.display()
+    );
+    let recipe = ablate::recipe::parse(&text, "g.yaml", "g", false).unwrap();
+    let cfg = &recipe.runs[0].config;
+    let grads = ablate::run::init_grads::init_gradients(cfg, 2).unwrap();
+    assert_eq!(grads.iter().map(|g| g.layer).collect::<Vec<_>>(), [0, 1, 2]);
+    for g in &grads {
+        assert!(g.layer_norm.is_finite() && g.ffn_norm > 0.0 && g.ffn_norm <= g.layer_norm, "{g:?}");
+    }
+    assert_eq!(ablate::run::init_grads::init_gradients(cfg, 2).unwrap(), grads, "the same seed, the same norms");
+    let mut other = cfg.clone();
+    other.train.seed += 1;
+    assert_ne!(ablate::run::init_grads::init_gradients(&other, 2).unwrap(), grads, "another seed, another draw");
+    let mut kind = cfg.clone();
+    kind.kind = ablate::recipe::Kind::Bert;
+    let err = ablate::run::init_grads::init_gradients(&kind, 2).unwrap_err().to_string();
+    assert!(err.contains("kind lm"), "{err}");
+    let _ = std::fs::remove_file(corpus);
+}

@@ -48,7 +48,8 @@ pub fn init_gradients(cfg: &Config, batches: i64) -> Result<Vec<LayerGradient>> 
     tch::manual_seed(cfg.train.seed as i64);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Gpt::new(&vs.root(), &cfg.transformer_spec(), data.tokenizer().vocab_size());
-    let variables = vs.variables();
+    // In name order: the norms sum squares in a fixed order, so a seed gives the same digits every time.
+    let variables: std::collections::BTreeMap<String, tch::Tensor> = vs.variables().into_iter().collect();
     let layers = cfg.transformer.layers;
     let mut sums = vec![(0.0, 0.0); layers as usize];
     for _ in 0..batches {
