@@ -247,6 +247,23 @@ pub fn outlier_probes() -> Vec<Metric> {
     ]
 }
 
+/// The residual-stream probe (`train.probe_residual`): outliers where Bondarenko et al. measure them, and
+/// where attention parks.
+pub fn residual_probes() -> Vec<Metric> {
+    vec![
+        Metric::column("resid_peak_ratio", "largest residual-stream activation over its RMS", "", false)
+            .diagnostic()
+            .digits(3),
+        Metric::column("resid_kurtosis", "kurtosis of the residual stream", "", false).diagnostic().digits(3),
+        Metric::column("attn_first_token_mass", "attention weight on the first token", "", false)
+            .diagnostic()
+            .digits(4),
+        Metric::column("attn_delimiter_mass", "attention weight on spaces and newlines", "", false)
+            .diagnostic()
+            .digits(4),
+    ]
+}
+
 /// The attention probes (`train.probe_attention`).
 pub fn attention_probes() -> Vec<Metric> {
     vec![

@@ -108,6 +108,7 @@ const CASES: &[(&str, usize, &str)] = &[
     ("kind: translate\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntranslate:\n  length_penalty: 1.0\n", 6, "translate.beam_width is 1 (greedy)"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntrain:\n  eval_lengths: [2]\n", 6, "length generalisation evaluates a decoder"),
     ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntrain:\n  probe_outliers: true\n", 6, "the outlier probe reads a decoder's test batches"),
+    ("kind: bert\ndata:\n  tokenizer: bpe\n  vocab_size: 300\ntrain:\n  probe_residual: true\n", 6, "the residual-stream probe reads a decoder's test batches"),
     // Vision: a Swin token grid the window does not tile, a patch that does not divide the image, a model
     // that does not fit the images.
     ("kind: swin\nvision:\n  patch_size: 2\n  depths: [2, 2]\n  window: 5\n", 5, "windows that do: 1, 2, 7, 14"),

@@ -527,3 +527,41 @@ fn the_outlier_probe_measures_each_attention_output() {
     let (peak, kurtosis) = (run.outcome.get("attn_out_peak_ratio"), run.outcome.get("attn_out_kurtosis"));
     assert!(peak >= 1.0 && peak.is_finite() && kurtosis >= 1.0 && kurtosis.is_finite(), "{peak} {kurtosis}");
 }
+
+/// The residual-stream probe (`train.probe_residual`): the outlier statistics of each layer's output (one
+/// pair per layer and pass, the same input giving the same pair), and attention's weight on the first
+/// position and on delimiters. Every later query's weights sum to 1, so with every token a delimiter the
+/// delimiter mass is 1; a token that never occurs carries none; a vocabulary without delimiters gives NaN.
+/// Trained with the probe, a run records all four columns.
+#[test]
+fn the_residual_probe_measures_each_layer_and_where_attention_parks() {
+    use ablate::tasks::lm::{residual_probe, ResidualProbe};
+    let (_vs, model) = tiny_model(11, 5);
+    let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6, 1, 2]).view([2, 4]);
+    let batches = vec![(idx.shallow_clone(), idx.shallow_clone())];
+    let all: Vec<i64> = (0..11).collect();
+    let probe = |delimiters: &[i64]| -> ResidualProbe { residual_probe(&model, &batches, delimiters) };
+    let every = probe(&all);
+    assert!((every.delimiter_mass - 1.0).abs() < 1e-6, "{}", every.delimiter_mass);
+    assert!(every.first_token_mass > 0.0 && every.first_token_mass < 1.0, "{}", every.first_token_mass);
+    assert!(every.peak_ratio >= 1.0 && every.kurtosis >= 1.0, "{} {}", every.peak_ratio, every.kurtosis);
+    assert_eq!(probe(&[10]).delimiter_mass, 0.0, "a token that never occurs");
+    assert!(probe(&[]).delimiter_mass.is_nan());
+    let again = probe(&all);
+    assert_eq!((again.peak_ratio, again.kurtosis), (every.peak_ratio, every.kurtosis));
+    use ablate::transformer::layers::{record_residual_stream, take_residual_stream};
+    record_residual_stream(true);
+    tch::no_grad(|| drop(model.forward(&idx, false)));
+    assert_eq!(take_residual_stream().len(), 2, "one pair per layer");
+    record_residual_stream(false);
+    let corpus = common::corpus_file("residual", &"abcdefghij klm\n".repeat(300));
+    let cfg = common::config(&format!(
+        "kind: lm\ntransformer: {{d_model: 16, layers: 2, heads: 2, block_size: 16}}\ndata: {{path: {}, test_fraction: 0.3}}\ntrain: {{steps: 3, batch_size: 4, eval_interval: 3, eval_batches: 2, probe_residual: true}}\n",
+        corpus.display()
+    ));
+    let (run, _) = common::train(&cfg);
+    for column in ["resid_peak_ratio", "resid_kurtosis", "attn_first_token_mass", "attn_delimiter_mass"] {
+        let v = run.outcome.get(column);
+        assert!(v.is_finite() && v > 0.0, "{column}: {v}");
+    }
+}

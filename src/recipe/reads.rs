@@ -88,6 +88,9 @@ pub fn unread(cfg: &Config, key: &str) -> Option<String> {
             "probe_outliers" => (kind != Kind::Lm).then(|| {
                 format!("the outlier probe reads a decoder's test batches (kind lm); this run is kind {kind}")
             }),
+            "probe_residual" => (kind != Kind::Lm).then(|| {
+                format!("the residual-stream probe reads a decoder's test batches (kind lm); this run is kind {kind}")
+            }),
             "init_from" => (kind != Kind::Lm).then(|| {
                 format!("starts a decoder from a Hugging Face checkpoint (kind lm); this run is kind {kind}")
             }),
@@ -130,6 +133,7 @@ pub fn silent_default(cfg: &Config, key: &str) -> bool {
         "train.tf32" => !cfg.train.tf32,
         "train.deterministic" => !cfg.train.deterministic,
         "train.probe_outliers" => !cfg.train.probe_outliers,
+        "train.probe_residual" => !cfg.train.probe_residual,
         "train.init_from" => cfg.train.init_from.is_none(),
         "transformer.attention.pattern.window_schedule" => t.attention.pattern.window_schedule.is_empty(),
         "transformer.parametrisation" => t.parametrisation == crate::recipe::Parametrisation::Standard,

@@ -1186,6 +1186,14 @@ pub struct TrainConfig {
     /// batches) and `attn_out_kurtosis` (the mean over layers and batches); and `attn_logit_max`, the largest
     /// |q·k| · scale any query sees (after QK-norm and RoPE, before additive biases). Kind lm.
     pub probe_outliers: bool,
+    /// After training, over the test batches, where Bondarenko et al. 2023 find outliers and what makes
+    /// them: the residual stream after every layer (`resid_peak_ratio`, the largest |x| over its root mean
+    /// square, the largest over layers and batches; `resid_kurtosis`, the mean over layers and batches), and
+    /// where attention parks, averaged over layers, heads and every query but the first:
+    /// `attn_first_token_mass`, the weight on the first position (about 0.06 for uniform causal attention
+    /// over 64 positions), and `attn_delimiter_mass`, the weight on space and newline tokens (character
+    /// vocabularies only; NaN otherwise). Kind lm.
+    pub probe_residual: bool,
     /// Seed for initialisation, batching and dropout; a recipe's `seeds` list overrides it per run.
     pub seed: u64,
     /// kind lm: start from a Hugging Face decoder's weights instead of random ones: a local directory
@@ -1328,6 +1336,7 @@ impl Default for TrainConfig {
             log_interval: 10,
             probe_attention: false,
             probe_outliers: false,
+            probe_residual: false,
             init_from: None,
             seed: 0,
             checkpoint: false,

@@ -208,6 +208,9 @@ impl Task for LanguageModel {
         if cfg.train.probe_outliers {
             m.extend(metrics::outlier_probes());
         }
+        if cfg.train.probe_residual {
+            m.extend(metrics::residual_probes());
+        }
         if cfg.train.probe_attention {
             m.extend(metrics::attention_probes());
         }
@@ -322,6 +325,8 @@ impl Task for LanguageModel {
             Some(step) => format!("(no sample: training diverged at step {step})"),
         };
         let outliers = (t.probe_outliers && reads_test).then(|| outlier_probe(&model, &objective.test));
+        let residual = (t.probe_residual && reads_test)
+            .then(|| residual_probe(&model, &objective.test, &delimiter_ids(data.tokenizer())));
         drop(_autocast);
         let per_text = match data {
             Dataset::Text(_) if reads_test => Some(text_loss(&model, &objective.test, data.tokenizer())),
@@ -336,6 +341,12 @@ impl Task for LanguageModel {
             outcome.set("attn_out_peak_ratio", peak_ratio);
             outcome.set("attn_out_kurtosis", kurtosis);
             outcome.set("attn_logit_max", logit);
+        }
+        if let Some(r) = residual {
+            outcome.set("resid_peak_ratio", r.peak_ratio);
+            outcome.set("resid_kurtosis", r.kurtosis);
+            outcome.set("attn_first_token_mass", r.first_token_mass);
+            outcome.set("attn_delimiter_mass", r.delimiter_mass);
         }
         for (k, (loss, accuracy)) in lengths {
             outcome.set(&format!("test_loss_x{k}"), loss);
@@ -372,6 +383,60 @@ fn outlier_probe(model: &Gpt, batches: &[(Tensor, Tensor)]) -> (f64, f64, f64) {
     let peak_ratio = stats.iter().map(|s| s.0).fold(f64::NAN, f64::max);
     let kurtosis = stats.iter().map(|s| s.1).sum::<f64>() / stats.len() as f64;
     (peak_ratio, kurtosis, logits.into_iter().fold(f64::NAN, f64::max))
+}
+
+/// The residual-stream probe's four numbers (`train.probe_residual`).
+pub struct ResidualProbe {
+    pub peak_ratio: f64,
+    pub kurtosis: f64,
+    pub first_token_mass: f64,
+    pub delimiter_mass: f64,
+}
+
+/// The ids of a character vocabulary's space and newline (empty for a subword vocabulary, whose tokens
+/// carry their spaces inside them).
+pub fn delimiter_ids(tokenizer: &crate::data::tokenize::TextTokenizer) -> Vec<i64> {
+    match tokenizer {
+        crate::data::tokenize::TextTokenizer::Char(c) => {
+            [" ", "\n"].iter().filter_map(|d| c.encode(d).ok()).flatten().collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The residual-stream probe over the test batches: the outlier statistics of every layer's output, and the
+/// mean attention weight (over layers, heads, batches and every query but the first, which has only the
+/// first key) on the first position and on the `delimiters`' positions (NaN without delimiters).
+pub fn residual_probe(model: &Gpt, batches: &[(Tensor, Tensor)], delimiters: &[i64]) -> ResidualProbe {
+    use crate::transformer::layers::{record_residual_stream, take_residual_stream, Pass};
+    let (mut first, mut delimiter, mut rows) = (0.0, 0.0, 0.0);
+    record_residual_stream(true);
+    tch::no_grad(|| {
+        for (x, _) in batches {
+            let (_, weights) = model.forward_with_weights(x, Pass::eval().with_weights());
+            let n = x.size()[1];
+            let is_delimiter = delimiters
+                .iter()
+                .fold(x.zeros_like().to_kind(DType::Bool), |acc, &d| acc.logical_or(&x.eq(d)))
+                .to_kind(DType::Float);
+            for w in &weights {
+                // w: (B, H, N, N), the queries' weights over the keys; the first query is left out.
+                let later = w.narrow(2, 1, n - 1).to_kind(DType::Double);
+                first += later.select(3, 0).sum(DType::Double).double_value(&[]);
+                let on_delimiters = later.matmul(&is_delimiter.to_kind(DType::Double).unsqueeze(1).unsqueeze(-1));
+                delimiter += on_delimiters.sum(DType::Double).double_value(&[]);
+                rows += (later.size()[0] * later.size()[1] * later.size()[2]) as f64;
+            }
+        }
+    });
+    let stats = take_residual_stream();
+    record_residual_stream(false);
+    ResidualProbe {
+        peak_ratio: stats.iter().map(|s| s.0).fold(f64::NAN, f64::max),
+        kurtosis: stats.iter().map(|s| s.1).sum::<f64>() / stats.len() as f64,
+        first_token_mass: first / rows,
+        delimiter_mass: if delimiters.is_empty() { f64::NAN } else { delimiter / rows },
+    }
 }
 
 #[cfg(test)]

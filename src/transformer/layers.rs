@@ -57,6 +57,31 @@ pub fn outlier_statistics(x: &Tensor) -> (f64, f64) {
     (x.abs().max().double_value(&[]) / rms, fourth / (variance * variance))
 }
 
+thread_local! {
+    /// While recording (`train.probe_residual`), [`outlier_statistics`] of the residual stream after each
+    /// layer, one pair per layer and forward pass.
+    static RESIDUAL_STREAM: std::cell::RefCell<Option<Vec<(f64, f64)>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Starts (`true`) or stops recording, on this thread, [`outlier_statistics`] of the residual stream after
+/// every layer of a stack.
+pub fn record_residual_stream(on: bool) {
+    RESIDUAL_STREAM.with(|a| *a.borrow_mut() = on.then(Vec::new));
+}
+
+/// What was recorded since recording started or was last taken: one (peak ratio, kurtosis) per layer and pass.
+pub fn take_residual_stream() -> Vec<(f64, f64)> {
+    RESIDUAL_STREAM.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+}
+
+fn record_layer_output(x: &Tensor) {
+    RESIDUAL_STREAM.with(|a| {
+        if let Some(values) = a.borrow_mut().as_mut() {
+            values.push(outlier_statistics(x));
+        }
+    });
+}
+
 fn record_attention_output(x: &Tensor) {
     ATTENTION_OUTPUTS.with(|a| {
         if let Some(values) = a.borrow_mut().as_mut() {
@@ -737,6 +762,7 @@ impl Stack {
             };
             first_values.get_or_insert(values);
             record(&x);
+            record_layer_output(&x);
             if (i as i64) < count / 2 && self.layers.iter().any(|l| l.skip_weight().is_some()) {
                 skips.push(x.shallow_clone());
             }
