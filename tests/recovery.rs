@@ -217,21 +217,28 @@ fn train_deterministic_sets_libtorchs_modes_and_a_cpu_run_under_it_repeats_the_p
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
-    let dir = scratch("tf32");
-    let corpus = common::corpus_file("tf32", &"the cat sat on the mat. ".repeat(60));
-    let recipe = dir.join("tf32.yaml");
+/// A one-layer decoder of two steps on a small corpus with `setting` added under `train:`, run by the binary
+/// into `<scratch name>/out`: the scratch directory and what the process returned.
+fn run_tiny_decoder_with(name: &str, setting: &str) -> (PathBuf, std::process::Output) {
+    let dir = scratch(name);
+    let corpus = common::corpus_file(name, &"the cat sat on the mat. ".repeat(60));
+    let recipe = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &recipe,
         format!(
             "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  heads: 2\n  block_size: 16\ndata:\n  path: {}\n\
-             train:\n  steps: 2\n  batch_size: 2\n  tf32: true\n",
+             train:\n  steps: 2\n  batch_size: 2\n  {setting}\n",
             corpus.display()
         ),
     )
     .unwrap();
     let out = ablate(&recipe, &dir.join("out")).output().unwrap();
+    (dir, out)
+}
+
+#[test]
+fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
+    let (dir, out) = run_tiny_decoder_with("tf32", "tf32: true");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("sets train.tf32") && err.contains("on the CPU, where it would do nothing"), "{err}");
@@ -242,19 +249,7 @@ fn train_tf32_is_refused_on_the_cpu_before_any_run_starts() {
 
 #[test]
 fn fp16_on_a_cpu_without_vector_half_arithmetic_is_refused_before_any_run_starts() {
-    let dir = scratch("fp16");
-    let corpus = common::corpus_file("fp16", &"the cat sat on the mat. ".repeat(60));
-    let recipe = dir.join("fp16.yaml");
-    std::fs::write(
-        &recipe,
-        format!(
-            "kind: lm\ntransformer:\n  d_model: 16\n  layers: 1\n  heads: 2\n  block_size: 16\ndata:\n  path: {}\n\
-             train:\n  steps: 2\n  batch_size: 2\n  precision: fp16\n",
-            corpus.display()
-        ),
-    )
-    .unwrap();
-    let out = ablate(&recipe, &dir.join("out")).output().unwrap();
+    let (dir, out) = run_tiny_decoder_with("fp16", "precision: fp16");
     let err = String::from_utf8_lossy(&out.stderr);
     match ablate::train::precision::cpu_fp16_refusal() {
         Some(lacks) => {

@@ -11,37 +11,71 @@ pub use super::norm::{softcap, NormLayer};
 use super::positions::{AbsolutePositions, ConvPosEnc};
 use super::spec::{AbsoluteAt, Activation, TransformerSpec};
 
+/// A per-thread recording: `None` while off, else what was recorded since it started or was last taken.
+type Recording<T> = std::cell::RefCell<Option<Vec<T>>>;
+type RecordingKey<T> = std::thread::LocalKey<Recording<T>>;
+
+/// Starts (`true`, empty) or stops a recording.
+fn set_recording<T>(key: &'static RecordingKey<T>, on: bool) {
+    key.with(|r| *r.borrow_mut() = on.then(Vec::new));
+}
+
+/// What a recording holds, emptied (nothing while it is off).
+fn take_recorded<T>(key: &'static RecordingKey<T>) -> Vec<T> {
+    key.with(|r| r.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+}
+
+/// Appends `value()` to a recording that is on; computes nothing while it is off.
+fn push_recorded<T>(key: &'static RecordingKey<T>, value: impl FnOnce() -> T) {
+    key.with(|r| {
+        if let Some(values) = r.borrow_mut().as_mut() {
+            values.push(value());
+        }
+    });
+}
+
 thread_local! {
     /// While recording (a coordinate check), the mean |x| of the stack's input and of each layer's output.
-    static ACTIVATIONS: std::cell::RefCell<Option<Vec<f64>>> = const { std::cell::RefCell::new(None) };
+    static ACTIVATIONS: Recording<f64> = const { std::cell::RefCell::new(None) };
+    /// While recording (`train.probe_outliers`), the peak ratio and the kurtosis of each self-attention
+    /// unit's output, one pair per unit and forward pass.
+    static ATTENTION_OUTPUTS: Recording<(f64, f64)> = const { std::cell::RefCell::new(None) };
+    /// While recording (`train.probe_residual`), [`outlier_statistics`] of the residual stream after each
+    /// layer, one pair per layer and forward pass.
+    static RESIDUAL_STREAM: Recording<(f64, f64)> = const { std::cell::RefCell::new(None) };
 }
 
 /// Starts (`true`) or stops recording, on this thread, the mean absolute value of every stack's input and of
 /// each of its layers' outputs (muP's coordinate check reads them).
 pub fn record_activations(on: bool) {
-    ACTIVATIONS.with(|a| *a.borrow_mut() = on.then(Vec::new));
+    set_recording(&ACTIVATIONS, on);
 }
 
 /// What was recorded since recording started or was last taken: input, then layer 0, 1, …
 pub fn take_activations() -> Vec<f64> {
-    ACTIVATIONS.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
-}
-
-thread_local! {
-    /// While recording (`train.probe_outliers`), the peak ratio and the kurtosis of each self-attention
-    /// unit's output, one pair per unit and forward pass.
-    static ATTENTION_OUTPUTS: std::cell::RefCell<Option<Vec<(f64, f64)>>> = const { std::cell::RefCell::new(None) };
+    take_recorded(&ACTIVATIONS)
 }
 
 /// Starts (`true`) or stops recording, on this thread, [`outlier_statistics`] of every self-attention unit's
 /// output (after its output projection and gate, before the residual sum).
 pub fn record_attention_outputs(on: bool) {
-    ATTENTION_OUTPUTS.with(|a| *a.borrow_mut() = on.then(Vec::new));
+    set_recording(&ATTENTION_OUTPUTS, on);
 }
 
 /// What was recorded since recording started or was last taken: one (peak ratio, kurtosis) per unit and pass.
 pub fn take_attention_outputs() -> Vec<(f64, f64)> {
-    ATTENTION_OUTPUTS.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+    take_recorded(&ATTENTION_OUTPUTS)
+}
+
+/// Starts (`true`) or stops recording, on this thread, [`outlier_statistics`] of the residual stream after
+/// every layer of a stack.
+pub fn record_residual_stream(on: bool) {
+    set_recording(&RESIDUAL_STREAM, on);
+}
+
+/// What was recorded since recording started or was last taken: one (peak ratio, kurtosis) per layer and pass.
+pub fn take_residual_stream() -> Vec<(f64, f64)> {
+    take_recorded(&RESIDUAL_STREAM)
 }
 
 /// The outlier statistics of a tensor's values (after Bondarenko et al. 2023), both free of the tensor's
@@ -57,45 +91,16 @@ pub fn outlier_statistics(x: &Tensor) -> (f64, f64) {
     (x.abs().max().double_value(&[]) / rms, fourth / (variance * variance))
 }
 
-thread_local! {
-    /// While recording (`train.probe_residual`), [`outlier_statistics`] of the residual stream after each
-    /// layer, one pair per layer and forward pass.
-    static RESIDUAL_STREAM: std::cell::RefCell<Option<Vec<(f64, f64)>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Starts (`true`) or stops recording, on this thread, [`outlier_statistics`] of the residual stream after
-/// every layer of a stack.
-pub fn record_residual_stream(on: bool) {
-    RESIDUAL_STREAM.with(|a| *a.borrow_mut() = on.then(Vec::new));
-}
-
-/// What was recorded since recording started or was last taken: one (peak ratio, kurtosis) per layer and pass.
-pub fn take_residual_stream() -> Vec<(f64, f64)> {
-    RESIDUAL_STREAM.with(|a| a.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
-}
-
 fn record_layer_output(x: &Tensor) {
-    RESIDUAL_STREAM.with(|a| {
-        if let Some(values) = a.borrow_mut().as_mut() {
-            values.push(outlier_statistics(x));
-        }
-    });
+    push_recorded(&RESIDUAL_STREAM, || outlier_statistics(x));
 }
 
 fn record_attention_output(x: &Tensor) {
-    ATTENTION_OUTPUTS.with(|a| {
-        if let Some(values) = a.borrow_mut().as_mut() {
-            values.push(outlier_statistics(x));
-        }
-    });
+    push_recorded(&ATTENTION_OUTPUTS, || outlier_statistics(x));
 }
 
 fn record(x: &Tensor) {
-    ACTIVATIONS.with(|a| {
-        if let Some(values) = a.borrow_mut().as_mut() {
-            values.push(x.abs().mean(tch::Kind::Float).double_value(&[]));
-        }
-    });
+    push_recorded(&ACTIVATIONS, || x.abs().mean(tch::Kind::Float).double_value(&[]));
 }
 
 /// How a model initialises and normalises its layers (a model's convention, not an ablation knob).
