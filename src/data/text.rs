@@ -109,6 +109,14 @@ pub enum Dataset {
 }
 
 impl Dataset {
+    /// A text's frequency level ([`TextData::unigram_cross_entropy`]); `None` for a synthetic task.
+    pub fn frequency_level(&self) -> Option<f64> {
+        match self {
+            Dataset::Text(text) => Some(text.unigram_cross_entropy()),
+            Dataset::Copy(_) => None,
+        }
+    }
+
     pub fn load(cfg: &DataConfig) -> Result<Self> {
         Ok(match cfg.task {
             Task::Text => Dataset::Text(TextData::load(cfg)?),

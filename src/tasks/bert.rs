@@ -1022,10 +1022,7 @@ impl Task for Bert {
         if cfg.bert().task != BertTask::Pretrain {
             return Ok(None);
         }
-        Ok(match DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))? {
-            Dataset::Text(text) => Some(text.unigram_cross_entropy()),
-            Dataset::Copy(_) => None,
-        })
+        Ok(DataCache::loaded(&data.text, &text_key(cfg, &data.results_root))?.frequency_level())
     }
 
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {

@@ -257,10 +257,7 @@ impl Task for LanguageModel {
     }
 
     fn frequency_level(&self, cfg: &Config, data: &DataCache) -> Result<Option<f64>> {
-        Ok(match DataCache::loaded(&data.text, &data_key(cfg))? {
-            Dataset::Text(text) => Some(text.unigram_cross_entropy()),
-            Dataset::Copy(_) => None,
-        })
+        Ok(DataCache::loaded(&data.text, &data_key(cfg))?.frequency_level())
     }
 
     fn train(&self, cfg: &Config, data: &DataCache, ctx: RunContext) -> Result<Trained> {
